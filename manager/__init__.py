@@ -1,0 +1,1 @@
+"""The cluster manager (gRPC service, job store, launchers): see issue 3."""

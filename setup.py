@@ -1,0 +1,33 @@
+"""tfsync: fast parameter-server training on slow, uneven or changing clusters."""
+
+from setuptools import setup
+
+setup(
+    name="tfsync",
+    version="0.1.0",
+    description="Synchronization protocols (BSP, ASP, SSP, Sync-Switch, LB-BSP, ...) on "
+                "TensorFlow's ParameterServerStrategy",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
+              "tfsync.datasets", "tfsync.manager", "tfsync.hooks"],
+    # The design card keeps manager/ and hooks/ at the top of the repository; users
+    # import them only as tfsync.manager and tfsync.hooks.
+    package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},
+    package_data={"tfsync.datasets": ["*.npz"]},
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "tf-keras>=2.21,<2.22",
+        "grpcio>=1.60",
+        "protobuf>=5.26",
+        "psutil>=5.9",
+        "statsmodels>=0.14",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        "plots": ["matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},
+)

@@ -1,0 +1,174 @@
+"""Tests of tfsync.config: the job file, defaults, round trips and one-line errors."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tfsync import config
+from tfsync.config import ConfigError, JobConfig, Phase, load_job
+
+pytestmark = pytest.mark.unit
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "jobs" / "mnist.toml"
+
+
+def _error(d, source="job.toml") -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict(d, source=source)
+    assert "\n" not in str(e.value)
+    return e.value
+
+
+def test_defaults():
+    c = JobConfig.from_dict({})
+    assert c == JobConfig()
+    assert (c.job.name, c.job.run_dir, c.job.seed) == ("job", "runs/job", 0)
+    assert (c.cluster.workers, c.cluster.ps, c.cluster.host) == (2, 1, "127.0.0.1")
+    assert (c.data.name, c.data.path, c.model.name) == ("mnist", None, "cnn")
+    t = c.train
+    assert (t.batch_size, t.learning_rate, t.momentum, t.optimizer) == (64, 0.01, 0.9, "sgd")
+    assert (t.epochs, t.checkpoint_every, t.eval_every, t.timeout_s) == (1.0, 200, 0, 600.0)
+    assert c.protocol == (Phase("bsp", until=0.5), Phase("asp", until=1.0))
+    assert (c.switch.method, c.switch.config) == ("hot", "paper")
+    assert JobConfig.from_dict({"job": {"name": "abc"}}).job.run_dir == "runs/abc"
+
+
+def test_example_job_file_loads_and_round_trips():
+    c = load_job(EXAMPLE)
+    assert c.job.name == "mnist" and c.job.run_dir == "runs/mnist"
+    assert c.train == JobConfig().train and c.protocol == JobConfig().protocol
+    assert JobConfig.from_dict(c.to_dict()) == c
+
+
+def test_round_trip_with_every_option():
+    d = {"job": {"name": "x", "run_dir": "/tmp/r", "seed": 7},
+         "cluster": {"workers": 3, "ps": 2, "host": "10.0.0.1"},
+         "data": {"name": "cifar10", "path": "/data/c.npz"}, "model": {"name": "mlp"},
+         "train": {"batch_size": 32, "learning_rate": 1, "momentum": 0, "epochs": 2,
+                   "checkpoint_every": 0, "eval_every": 50, "timeout_s": 30},
+         "protocol": [{"name": "ssp", "until": 0.25},
+                      {"name": "bsp", "until": 0.5, "batch_sizes": [8, 16, 32]},
+                      {"name": "ssp", "staleness": 0}, ],
+         "switch": {"method": "restart", "config": "lr_only"}}
+    c = JobConfig.from_dict(d)
+    assert c.train.learning_rate == 1.0 and isinstance(c.train.epochs, float)
+    assert [p.staleness for p in c.protocol] == [3, None, 0]
+    assert c.protocol[1].batch_sizes == (8, 16, 32) and c.protocol[2].until == 1.0
+    assert JobConfig.from_dict(c.to_dict()) == c
+    assert c.to_dict()["protocol"][1]["batch_sizes"] == [8, 16, 32]
+    assert "path" not in JobConfig().to_dict()["data"]
+
+
+def test_unknown_key():
+    e = _error({"train": {"batchsize": 3}})
+    assert e.field == "train.batchsize"
+    assert str(e).startswith("job.toml: train.batchsize: unknown key (did you mean batch_size?)")
+    assert _error({"protocol": [{"name": "bsp", "stale": 1}]}).field == "protocol[0].stale"
+
+
+def test_unknown_section():
+    e = _error({"trian": {}})
+    assert e.field == "trian" and "unknown section [trian]" in str(e) and "[train]" in str(e)
+
+
+def test_wrong_type():
+    e = _error({"train": {"learning_rate": "0.1"}})
+    assert str(e) == ('job.toml: train.learning_rate = "0.1": must be a number > 0 '
+                      '(got string)')
+    assert _error({"cluster": {"workers": True}}).field == "cluster.workers"
+    assert _error({"train": {"batch_size": 64.0}}).field == "train.batch_size"
+    assert _error({"train": 5}).field == "train"
+
+
+def test_out_of_range():
+    e = _error({"train": {"batch_size": -3}})
+    assert str(e) == "job.toml: train.batch_size = -3: must be an integer >= 1"
+    assert e.field == "train.batch_size"
+    assert _error({"train": {"momentum": 1.0}}).field == "train.momentum"
+    assert _error({"train": {"timeout_s": 0}}).field == "train.timeout_s"
+    assert _error({"train": {"epochs": float("nan")}}).field == "train.epochs"
+    assert _error({"cluster": {"ps": 0}}).field == "cluster.ps"
+    assert _error({"job": {"name": "a/b"}}).field == "job.name"
+    assert "train.checkpoint_every = -1" in str(_error({"train": {"checkpoint_every": -1}}))
+
+
+def test_bad_choices():
+    assert _error({"data": {"name": "imagenet"}}).field == "data.name"
+    assert _error({"model": {"name": "resnet"}}).field == "model.name"
+    assert _error({"train": {"optimizer": "adam"}}).field == "train.optimizer"
+    assert _error({"switch": {"method": "warm"}}).field == "switch.method"
+    assert _error({"switch": {"config": "auto"}}).field == "switch.config"
+
+
+def test_bad_protocol_name():
+    e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
+    assert e.field == "protocol[0].name"
+    assert str(e) == ('job.toml: protocol[0].name = "bspx": must be one of '
+                      '"bsp", "asp", "ssp"')
+
+
+def test_protocol_registry_is_extensible(monkeypatch):
+    monkeypatch.setattr(config, "PROTOCOLS", config.PROTOCOLS + ("pssp",))
+    monkeypatch.setattr(config, "STALENESS_PROTOCOLS", config.STALENESS_PROTOCOLS + ("pssp",))
+    c = JobConfig.from_dict({"protocol": [{"name": "pssp", "staleness": 5}]})
+    assert c.protocol == (Phase("pssp", until=1.0, staleness=5),)
+
+
+def test_non_increasing_until():
+    e = _error({"protocol": [{"name": "bsp", "until": 0.5}, {"name": "ssp", "until": 0.5},
+                             {"name": "asp"}]})
+    assert e.field == "protocol[1].until" and "strictly increase" in str(e)
+    assert "protocol[1].until = 0.5" in str(e)
+
+
+def test_until_rules():
+    assert _error({"protocol": [{"name": "bsp"}, {"name": "asp"}]}).field == "protocol[0].until"
+    assert _error({"protocol": [{"name": "bsp", "until": 1.0},
+                                {"name": "asp"}]}).field == "protocol[0].until"
+    assert _error({"protocol": [{"name": "bsp", "until": 0.5}]}).field == "protocol[0].until"
+    assert _error({"protocol": [{"name": "bsp", "until": 0}, {"name": "asp"}]}).field \
+        == "protocol[0].until"
+    assert _error({"protocol": [{"name": "asp", "until": 1.5}]}).field == "protocol[0].until"
+    assert _error({"protocol": []}).field == "protocol"
+    assert _error({"protocol": {"name": "bsp"}}).field == "protocol"
+    assert _error({"protocol": [{"until": 1.0}]}).field == "protocol[0].name"
+
+
+def test_staleness_only_for_ssp():
+    e = _error({"protocol": [{"name": "asp", "staleness": 2}]})
+    assert e.field == "protocol[0].staleness" and '"ssp"' in str(e)
+    assert _error({"protocol": [{"name": "ssp", "staleness": -1}]}).field == \
+        "protocol[0].staleness"
+
+
+def test_wrong_batch_sizes_length():
+    e = _error({"cluster": {"workers": 2},
+                "protocol": [{"name": "bsp", "until": 0.5, "batch_sizes": [32, 32, 32]},
+                             {"name": "asp"}]})
+    assert e.field == "protocol[0].batch_sizes"
+    assert "[32, 32, 32]" in str(e) and "cluster.workers = 2" in str(e)
+    assert _error({"protocol": [{"name": "asp", "batch_sizes": [32, 0]}]}).field == \
+        "protocol[0].batch_sizes"
+
+
+def test_direct_construction_is_validated():
+    c = JobConfig()
+    with pytest.raises(ConfigError, match=r"^train.batch_size = 0: must be an integer >= 1$"):
+        dataclasses.replace(c, train=dataclasses.replace(c.train, batch_size=0))
+    with pytest.raises(ConfigError, match="protocol"):
+        JobConfig(protocol=(Phase("bsp"), Phase("asp")))
+
+
+def test_load_job_file_errors(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=f"^{missing}: no such job file"):
+        load_job(missing)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nbatch_size = 64\nlearning_rate = \n")
+    with pytest.raises(ConfigError, match=r"bad.toml: TOML syntax error: .*line 3"):
+        load_job(bad)
+    val = tmp_path / "val.toml"
+    val.write_text("[train]\nbatch_size = -3\n")
+    with pytest.raises(ConfigError) as e:
+        load_job(val)
+    assert str(e.value) == f"{val}: train.batch_size = -3: must be an integer >= 1"

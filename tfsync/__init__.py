@@ -1,0 +1,12 @@
+"""tfsync: synchronization protocols for TensorFlow parameter-server training.
+
+Policies (``tfsync.policy``) are plain Python; the engine (``tfsync.engine``) runs them
+on ParameterServerStrategy. tf_keras (Keras 2) is the Keras that works under that
+strategy (DESIGN.md), so tfsync asks TensorFlow for it before TF is imported.
+"""
+
+import os as _os
+
+_os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+__version__ = "0.1.0"

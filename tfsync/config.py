@@ -1,0 +1,278 @@
+"""The job file (TOML) and `JobConfig`, the one configuration object of CLI and API.
+
+Every bad value raises `ConfigError` with one line naming the dotted field, e.g.
+``job.toml: train.batch_size = -3: must be an integer >= 1``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import tomllib
+from typing import Any, Callable
+
+# Registries: other modules may extend these tuples (e.g. PROTOCOLS += ("pssp",)).
+PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp")
+STALENESS_PROTOCOLS: tuple[str, ...] = ("ssp",)  # phases that take a staleness bound
+DATASETS: tuple[str, ...] = ("mnist", "cifar10")
+MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
+OPTIMIZERS: tuple[str, ...] = ("sgd",)
+SWITCH_METHODS: tuple[str, ...] = ("restart", "hot")
+SWITCH_CONFIGS: tuple[str, ...] = ("paper", "keep", "batch_only", "lr_only")
+DEFAULT_STALENESS = 3
+
+
+class ConfigError(ValueError):
+    """A job file or dict is invalid; `field` is the dotted path, when there is one."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSection:
+    name: str = "job"
+    run_dir: str = ""  # "" -> "runs/<name>"
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.run_dir:
+            object.__setattr__(self, "run_dir", f"runs/{self.name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSection:
+    workers: int = 2
+    ps: int = 1
+    host: str = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    name: str = "mnist"
+    path: str | None = None  # None: tfsync.data's default search
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    name: str = "cnn"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    batch_size: int = 64  # B, per worker
+    learning_rate: float = 0.01  # eta, per worker
+    momentum: float = 0.9
+    optimizer: str = "sgd"
+    epochs: float = 1.0  # total workload, in passes over the training set
+    checkpoint_every: int = 200  # steps; 0 = off
+    eval_every: int = 0  # steps; 0 = off
+    timeout_s: float = 600.0  # a step taking longer fails the job
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str  # one of PROTOCOLS
+    until: float = 1.0  # fraction of the total workload at which this phase ends
+    staleness: int | None = None  # STALENESS_PROTOCOLS only; default DEFAULT_STALENESS
+    batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
+
+    def __post_init__(self):
+        if self.staleness is None and self.name in STALENESS_PROTOCOLS:
+            object.__setattr__(self, "staleness", DEFAULT_STALENESS)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchSection:
+    method: str = "hot"  # "hot": swap the policy in place; "restart": checkpoint + restart
+    # "paper": BSP runs global batch n*B with LR n*eta, ASP B and eta (Sync-Switch);
+    # "keep": B and eta throughout; "batch_only" / "lr_only": scale only that one.
+    config: str = "paper"
+
+
+DEFAULT_PROTOCOL = (Phase("bsp", until=0.5), Phase("asp"))
+_SECTIONS = {"job": JobSection, "cluster": ClusterSection, "data": DataSection,
+             "model": ModelSection, "train": TrainSection, "switch": SwitchSection}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    job: JobSection = JobSection()
+    cluster: ClusterSection = ClusterSection()
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+    protocol: tuple[Phase, ...] = DEFAULT_PROTOCOL
+    switch: SwitchSection = SwitchSection()
+
+    def __post_init__(self):
+        _parse(self.to_dict(), "")  # validate objects built directly, too
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str | None = None) -> JobConfig:
+        """Build from a dict shaped like the job file; `source` prefixes error messages."""
+        return cls(**_parse(d, f"{source}: " if source else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict shaped like the job file (None values left out)."""
+        out: dict[str, Any] = {s: _plain(getattr(self, s)) for s in _SECTIONS}
+        out["protocol"] = [_plain(p) for p in self.protocol]
+        return out
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read and validate a TOML job file."""
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such job file; pass the path of a TOML job file "
+                          f"(example: jobs/mnist.toml)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read job file: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file; a job file is TOML text") from None
+    return JobConfig.from_dict(d, source=os.fspath(path))
+
+
+def _plain(obj) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(obj).items() if v is not None}
+
+
+# ---- validation: each check takes (where, field, value) and returns the clean value ----
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v, default=repr)
+
+
+def _toml_type(v: Any) -> str:
+    return {bool: "boolean", int: "integer", str: "string", list: "array", tuple: "array",
+            dict: "table"}.get(type(v), type(v).__name__)
+
+
+def _bad(where: str, field: str, v: Any, allowed: str, type_ok: bool = True):
+    got = "" if type_ok else f" (got {_toml_type(v)})"
+    raise ConfigError(f"{where}{field} = {_fmt(v)}: must be {allowed}{got}", field)
+
+
+def _rule(allowed: Callable[[], str], typed: Callable, ok: Callable, clean=lambda v: v):
+    """A check(where, field, value) -> clean value, failing with `allowed()` in the message."""
+    def check(where, field, v):
+        if not (typed(v) and ok(v)):
+            _bad(where, field, v, allowed(), typed(v))
+        return clean(v)
+    return check
+
+
+def _int(lo: int) -> Callable:
+    return _rule(lambda: f"an integer >= {lo}", lambda v: type(v) is int, lambda v: v >= lo)
+
+
+def _number(lo: float, hi: float = math.inf, lo_open: bool = True) -> Callable:
+    text = f"a number {'>' if lo_open else '>='} {lo}" + (f" and < {hi}" if hi < math.inf else "")
+    return _rule(lambda: text, lambda v: type(v) in (int, float),
+                 lambda v: math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi,
+                 float)
+
+
+def _choice(registry: str) -> Callable:
+    names = lambda: globals()[registry]  # noqa: E731 -- read at call time: extensions count
+    return _rule(lambda: "one of " + ", ".join(_fmt(n) for n in names()),
+                 lambda v: type(v) is str, lambda v: v in names())
+
+
+def _text(pattern: str = r".+", allowed: str = "a non-empty string") -> Callable:
+    return _rule(lambda: allowed, lambda v: type(v) is str, lambda v: re.fullmatch(pattern, v))
+
+
+_CHECKS: dict[str, Callable] = {
+    "job.name": _text(r"[A-Za-z0-9_.-]+", "a non-empty name of letters, digits, '.', '_', '-'"),
+    "job.run_dir": _text(), "job.seed": _int(0),
+    "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(),
+    "data.name": _choice("DATASETS"), "data.path": _text(), "model.name": _choice("MODELS"),
+    "train.batch_size": _int(1), "train.learning_rate": _number(0),
+    "train.momentum": _number(0, 1, lo_open=False), "train.optimizer": _choice("OPTIMIZERS"),
+    "train.epochs": _number(0), "train.checkpoint_every": _int(0),
+    "train.eval_every": _int(0), "train.timeout_s": _number(0),
+    "switch.method": _choice("SWITCH_METHODS"), "switch.config": _choice("SWITCH_CONFIGS"),
+    "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
+    "protocol.staleness": _int(0),
+}
+
+
+def _known(where: str, field: str, key: str, allowed: list[str], section: bool = False):
+    """Reject a key (or section) that is not in `allowed`, suggesting the closest."""
+    if key not in allowed:
+        close = difflib.get_close_matches(key, allowed, n=1)
+        what = f"unknown section [{key}]" if section else f"{field}: unknown key"
+        hint = (f" (did you mean [{close[0]}]?)" if section else f" (did you mean {close[0]}?)"
+                ) if close else ""
+        raise ConfigError(f"{where}{what}{hint}; allowed: {', '.join(allowed)}", field)
+
+
+def _table(where: str, field: str, v: Any, cls) -> dict[str, Any]:
+    """Check that `v` is a table whose keys are fields of `cls`; return the clean values."""
+    if not isinstance(v, dict):
+        _bad(where, field, v, "a table", False)
+    for key in v:
+        _known(where, f"{field}.{key}", key, [f.name for f in dataclasses.fields(cls)])
+    group = field.split("[")[0]
+    return {k: _CHECKS[f"{group}.{k}"](where, f"{field}.{k}", val)
+            for k, val in v.items() if k != "batch_sizes"}
+
+
+def _parse(d: Any, where: str) -> dict[str, Any]:
+    """Validate a job dict; return JobConfig's keyword arguments."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}job config must be a table (dict), got {_toml_type(d)}")
+    for sec in d:
+        _known(where, sec, sec, list(_SECTIONS) + ["protocol"], section=True)
+    out: dict[str, Any] = {s: cls(**_table(where, s, d.get(s, {}), cls))
+                           for s, cls in _SECTIONS.items()}
+    out["protocol"] = _protocol(where, d.get("protocol"), out["cluster"].workers)
+    return out
+
+
+def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
+    if phases is None:
+        return DEFAULT_PROTOCOL
+    if not isinstance(phases, list) or not phases:
+        _bad(where, "protocol", phases, "a non-empty array of tables (one [[protocol]] per "
+             "phase)", isinstance(phases, list))
+    out, prev = [], 0.0
+    for i, raw in enumerate(phases):
+        f, last = f"protocol[{i}]", i == len(phases) - 1
+        v = _table(where, f, raw, Phase)
+        if "name" not in v:
+            raise ConfigError(f"{where}{f}.name: missing; every phase needs a name, one of "
+                              f"{', '.join(PROTOCOLS)}", f"{f}.name")
+        until = v.get("until", 1.0 if last else None)
+        if until is None:
+            raise ConfigError(f"{where}{f}.until: missing; every phase but the last needs "
+                              f"until, a fraction of the workload in (0, 1)", f"{f}.until")
+        if until > 1.0 or (last and until != 1.0) or (not last and until == 1.0):
+            _bad(where, f"{f}.until", raw["until"], "1.0 or omitted (the last phase runs to "
+                 "the end)" if last else "< 1.0 (only the last phase ends at 1.0)")
+        if until <= prev:
+            _bad(where, f"{f}.until", raw["until"], f"greater than protocol[{i - 1}].until = "
+                 f"{prev} (fractions strictly increase)")
+        if "staleness" in v and v["name"] not in STALENESS_PROTOCOLS:
+            _bad(where, f"{f}.staleness", v["staleness"], "left out: staleness applies only to "
+                 + ", ".join(_fmt(n) for n in STALENESS_PROTOCOLS))
+        sizes = raw.get("batch_sizes")
+        if sizes is not None:
+            if not isinstance(sizes, (list, tuple)) or len(sizes) != workers or \
+                    any(type(b) is not int or b < 1 for b in sizes):
+                _bad(where, f"{f}.batch_sizes", sizes, f"a list of {workers} integers >= 1, "
+                     f"one per worker (cluster.workers = {workers})")
+            v["batch_sizes"] = tuple(sizes)
+        v["until"], prev = until, until
+        out.append(Phase(**v))
+    return tuple(out)

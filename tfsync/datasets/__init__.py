@@ -1,0 +1,1 @@
+"""Data files shipped with tfsync (the bundled MNIST sample)."""

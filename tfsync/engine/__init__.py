@@ -1,0 +1,1 @@
+"""The engine: runs tfsync policies on TensorFlow ParameterServerStrategy."""

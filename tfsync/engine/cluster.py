@@ -1,0 +1,163 @@
+"""A local cluster: one OS process per TF task (PS and workers), on free loopback ports.
+
+Processes are always torn down: on ``stop()``, on leaving the ``with`` block, at
+interpreter exit, and (from the child's side) when the parent dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+
+class ClusterError(RuntimeError):
+    """A task process failed to start or died."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ask the OS for ``count`` distinct free TCP ports (held open together, then released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+@dataclass
+class LocalCluster:
+    """PS and worker task processes on this machine.
+
+    ``spec`` is the TF cluster spec (with a ``chief`` entry for the coordinator, which is
+    this process and has no server of its own).
+    """
+
+    workers: int = 2
+    ps: int = 1
+    host: str = "127.0.0.1"
+    log_dir: str | None = None
+    start_timeout: float = 60.0
+    spec: dict = field(default_factory=dict, init=False)
+    procs: dict = field(default_factory=dict, init=False)
+
+    def __post_init__(self):
+        if self.workers < 1 or self.ps < 1:
+            raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={self.workers}, ps={self.ps}")
+        ports = free_ports(self.workers + self.ps + 1, self.host)
+        addr = [f"{self.host}:{p}" for p in ports]
+        self.spec = {
+            "chief": [addr[0]],
+            "ps": addr[1 : 1 + self.ps],
+            "worker": addr[1 + self.ps :],
+        }
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> "LocalCluster":
+        atexit.register(self.stop)
+        for job in ("ps", "worker"):
+            for i in range(len(self.spec[job])):
+                self.start_task(job, i, wait=False)
+        self.wait_ready()
+        return self
+
+    def start_task(self, job: str, index: int, wait: bool = True) -> subprocess.Popen:
+        cmd = [
+            sys.executable, "-m", "tfsync.engine.server",
+            "--cluster", json.dumps(self.spec), "--job", job, "--index", str(index),
+            "--parent-pid", str(os.getpid()),
+        ]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        env.pop("TF_CONFIG", None)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        out = subprocess.DEVNULL
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            out = open(os.path.join(self.log_dir, f"{job}-{index}.log"), "ab")
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        self.procs[(job, index)] = proc
+        logger.debug("started %s:%d pid %d", job, index, proc.pid)
+        if wait:
+            self.wait_ready([(job, index)])
+        return proc
+
+    def wait_ready(self, tasks=None) -> None:
+        tasks = tasks or list(self.procs)
+        deadline = time.monotonic() + self.start_timeout
+        pending = list(tasks)
+        while pending:
+            job, i = pending[0]
+            proc = self.procs[(job, i)]
+            if proc.poll() is not None:
+                raise ClusterError(
+                    f"task {job}:{i} exited with code {proc.returncode} while starting"
+                    + (f"; see {self.log_dir}/{job}-{i}.log" if self.log_dir else "")
+                )
+            host, port = self.spec[job][i].rsplit(":", 1)
+            if _port_open(host, int(port)):
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"task {job}:{i} did not open {self.spec[job][i]} within {self.start_timeout:.0f} s; "
+                    "raise start_timeout on a loaded machine"
+                )
+            time.sleep(0.05)
+
+    def kill_task(self, job: str, index: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get((job, index))
+        if proc and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=10)
+
+    def dead_tasks(self) -> list[tuple[str, int, int]]:
+        return [(job, i, p.returncode) for (job, i), p in self.procs.items() if p.poll() is not None]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - kernel is slow to reap
+                logger.warning("task pid %d did not exit after SIGKILL", proc.pid)
+        try:
+            atexit.unregister(self.stop)
+        except Exception:  # pragma: no cover
+            pass
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]

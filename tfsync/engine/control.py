@@ -1,0 +1,103 @@
+"""PS-side control state: per-worker token gates and the weighted BSP accumulator.
+
+A token is ``[batch_size, mode, round, seq]`` (int64). A worker's standing closure blocks
+on its own FIFO queue on PS task 0 until the coordinator enqueues a token (the pattern of
+TF1's SyncReplicasOptimizer; DESIGN.md). ``batch_size == 0`` is a no-op token that ends a
+standing closure.
+
+AGGREGATE pushes go to one ConditionalAccumulator holding ``[|B| * g (flattened), |B|]``:
+the accumulator averages its inputs, so ``sum(|B_i| g_i) / sum(|B_i|)`` (paper 002 eq. 8)
+is the ratio of the two parts whatever number of pushes it holds, and a push whose round
+(``local_step``) is older than the accumulator's is dropped atomically on the PS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+TOKEN_LEN = 4
+BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
+MODE_APPLY, MODE_AGGREGATE = 0, 1
+
+
+class PSControl:
+    def __init__(self, num_workers: int, model, optimizer, device: str = "/job:ps/task:0",
+                 capacity: int = 1024):
+        self.num_workers = num_workers
+        self.variables = list(model.trainable_variables)
+        self.optimizer = optimizer
+        self.sizes = [int(np.prod(v.shape)) for v in self.variables]
+        with tf.device(device):
+            self.queues = [tf.queue.FIFOQueue(capacity, [tf.int64], shapes=[[TOKEN_LEN]], name=f"gate{i}")
+                           for i in range(num_workers)]
+            self.accumulator = tf.compat.v1.ConditionalAccumulator(
+                tf.float32, shape=[sum(self.sizes) + 1], name="bsp_accumulator")
+        self.device = device
+        spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
+        self.release = tf.function(self._release, input_signature=[spec])
+        self.barrier = tf.function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+
+    # -- worker side (called inside the step function) ---------------------------------
+    def dequeue(self, worker_index):
+        return tf.switch_case(worker_index, [lambda q=q: q.dequeue() for q in self.queues])
+
+    def apply(self, grads):
+        """ASP-like: apply one worker's gradient now."""
+        for g, v in zip(grads, self.variables):
+            self.optimizer.update_step(g, v)
+        self.optimizer.iterations.assign_add(1)
+        return tf.constant(True)
+
+    def aggregate(self, grads, batch_size, round_):
+        b = tf.cast(batch_size, tf.float32)
+        flat = tf.concat([tf.reshape(g, [-1]) * b for g in grads] + [tf.reshape(b, [1])], 0)
+        self.accumulator.apply_grad(flat, local_step=round_)
+        return tf.constant(True)
+
+    # -- coordinator side -----------------------------------------------------------------
+    def _release(self, tokens):
+        """Enqueue tokens; ``tokens`` rows are ``[worker, *token]``, kept in order per worker."""
+        for i, q in enumerate(self.queues):
+            rows = tf.boolean_mask(tokens[:, 1:], tf.equal(tokens[:, 0], i))
+            q.enqueue_many(rows)
+        return tf.constant(True)
+
+    def _barrier(self, num_required, tokens):
+        """Apply the round's weighted mean gradient, then release ``tokens`` (one call)."""
+        with tf.device(self.device):
+            flat = self.accumulator.take_grad(num_required)
+            total = flat[-1]
+            mean = flat[:-1] / total
+        offset = 0
+        for size, v in zip(self.sizes, self.variables):
+            g = tf.reshape(mean[offset:offset + size], v.shape)
+            offset += size
+            self.optimizer.update_step(g, v)
+        self.optimizer.iterations.assign_add(1)
+        # Release only after every update landed: reading a variable is ordered after
+        # its assignments; a dependency on one variable would not cover the others.
+        done = [v.read_value() for v in self.variables + list(self.optimizer.variables)]
+        with tf.control_dependencies(done):
+            self._release(tokens)
+        return total
+
+    def set_round(self, round_: int) -> None:
+        with tf.device(self.device):
+            self.accumulator.set_global_step(round_)
+
+
+def token_rows(grants, rounds, seqs) -> np.ndarray:
+    """Rows ``[worker, batch, mode, round, seq]`` for ``release``/``barrier``."""
+    rows = np.zeros((len(grants), TOKEN_LEN + 1), np.int64)
+    for r, (g, rnd, seq) in enumerate(zip(grants, rounds, seqs)):
+        mode = MODE_AGGREGATE if g.mode.value == "aggregate" else MODE_APPLY
+        rows[r] = (g.worker, g.batch_size, mode, rnd, seq)
+    return rows
+
+
+def noop_rows(num_workers: int, per_worker: int) -> np.ndarray:
+    rows = np.zeros((num_workers * per_worker, TOKEN_LEN + 1), np.int64)
+    rows[:, 0] = np.repeat(np.arange(num_workers), per_worker)
+    rows[:, 4] = -1
+    return rows

@@ -1,0 +1,56 @@
+"""Entry point of one TF task process (a PS or a worker): ``python -m tfsync.engine.server``.
+
+The process runs a ``tf.distribute.Server`` until it is killed, and exits by itself when
+its parent (the launcher) dies, so a crashed coordinator never leaves orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+
+def _exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Run one TF task (ps or worker) of a tfsync cluster.")
+    p.add_argument("--cluster", required=True, help="cluster spec as JSON: {job: [host:port, ...]}")
+    p.add_argument("--job", required=True, choices=("ps", "worker"))
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    args = p.parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    spec = json.loads(args.cluster)
+    workers = len(spec.get("worker", ()))
+    config = tf.compat.v1.ConfigProto()
+    # DESIGN.md: a worker needs inter-op threads >= num_workers + 1 or a coordinator can
+    # hang on small machines; gated steps block one thread each while they wait.
+    config.inter_op_parallelism_threads = max(4, workers + 2)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(spec), job_name=args.job, task_index=args.index,
+        protocol="grpc", config=config, start=True,
+    )
+    print(f"tfsync task {args.job}:{args.index} serving at {server.target}", flush=True)
+    server.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The gated training step every standing closure runs on a worker.
+
+1. dequeue this worker's next token from its gate on the PS (blocks until granted);
+2. read the weights (after the token: control dependency), compute the gradient on the
+   first ``batch_size`` rows of the worker's next input batch (no retrace per size);
+3. push: apply now, or add to the round's weighted accumulator;
+4. return (worker, token, start, end, loss, version) with worker-side timestamps.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl
+
+
+def make_step_fn(model, control: PSControl, loss_fn):
+    variables = control.variables
+
+    @tf.function
+    def step(worker_index, iterator):
+        token = control.dequeue(worker_index)
+        with tf.control_dependencies([token]):
+            start = tf.timestamp()
+            version = tf.identity(control.optimizer.iterations)
+
+        def work():
+            x, y = next(iterator)
+            b = tf.cast(token[BATCH], tf.int32)
+            x, y = x[:b], y[:b]
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            grads = tape.gradient(loss, variables)
+            pushed = tf.cond(token[MODE] == MODE_AGGREGATE,
+                             lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
+                             lambda: control.apply(grads))
+            with tf.control_dependencies([pushed]):
+                end = tf.timestamp()
+            return tf.cast(loss, tf.float32), end
+
+        loss, end = tf.cond(token[BATCH] > 0, work, lambda: (tf.constant(0.0), start))
+        return worker_index, token, start, end, loss, version
+
+    return step

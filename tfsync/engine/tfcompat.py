@@ -1,0 +1,36 @@
+"""Every private TensorFlow API tfsync relies on, in one place (TF 2.21 pinned in setup.py).
+
+``tests/test_tfcompat.py`` fails loudly when a TF upgrade changes any of these.
+
+- ``ClusterCoordinator._cluster.workers[i].create_resource``: a per-worker value that a
+  scheduled closure receives for the worker that runs it. ``InputContext`` cannot tell a
+  worker its index under ParameterServerStrategy (DESIGN.md), and closures cannot be
+  pinned to a worker, so this is how a closure learns which worker it is on.
+- ``coordinator_values.PerWorkerValues``: wraps those values for ``schedule``.
+- ``ClusterCoordinator._cluster.stop()``: ends the coordinator's worker threads when a
+  generation of the cluster is replaced (restart switch) or training ends.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.distribute.coordinator import values as coordinator_values
+
+
+def worker_index_values(coordinator, num_workers: int):
+    """PerWorkerValues whose element on worker i is the int32 scalar i."""
+    workers = coordinator._cluster.workers
+    if len(workers) != num_workers:
+        raise RuntimeError(f"coordinator has {len(workers)} workers, expected {num_workers}")
+    remote = []
+    for i, worker in enumerate(workers):
+        fn = tf.function(lambda i=i: tf.constant(i, tf.int32))
+        remote.append(worker.create_resource(fn))
+    return coordinator_values.PerWorkerValues(tuple(remote))
+
+
+def stop_coordinator(coordinator) -> None:
+    """Stop the coordinator's closure-processing threads (they are daemons)."""
+    cluster = getattr(coordinator, "_cluster", None)
+    if cluster is not None:
+        cluster.stop()

@@ -1,0 +1,421 @@
+"""The engine: runs synchronization policies on ParameterServerStrategy.
+
+Every worker always has standing closures (2 per worker) that block on its gate on the
+PS. The coordinator's loop takes each finished step, updates the cluster view, asks the
+policy, and carries out its decision: a barrier (apply the round's weighted mean) and/or
+tokens released to gates. Phases run one policy each; between phases the engine drains
+the cluster and switches hot (same tasks) or by restart (checkpoint, new tasks, restore).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
+                           validate_decision)
+from .cluster import ClusterError, LocalCluster
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
+from .generation import Generation, TrainSetup
+from .records import RunRecorder
+
+logger = logging.getLogger(__name__)
+
+STANDING_PER_WORKER = 2
+
+
+class EngineError(RuntimeError):
+    """Training cannot go on (a dead task, a step past its timeout, a stalled policy)."""
+
+
+@dataclass
+class Phase:
+    """Run ``policy`` until ``until`` (a fraction of the workload, in samples).
+
+    ``switch``: how this phase is entered from the previous one ("hot" or "restart").
+    ``lr_scale`` multiplies the base learning rate, ``momentum`` replaces the base
+    momentum (None: keep), both from the configuration policy (paper 003 §IV-C).
+    """
+
+    policy: Policy
+    until: float = 1.0
+    switch: str = "hot"
+    lr_scale: float = 1.0
+    momentum: float | None = None
+
+
+@dataclass
+class EngineState:
+    num_workers: int
+    clocks: list = field(default_factory=list)
+    granted: list = field(default_factory=list)
+    round: int = 0
+    pending_workers: list = field(default_factory=list)
+    pending_samples: int = 0
+    pushes: int = 0
+    updates: int = 0
+    samples: int = 0
+    dropped: int = 0
+    active: set = field(default_factory=set)
+
+    def __post_init__(self):
+        self.clocks = [0] * self.num_workers
+        self.granted = [0] * self.num_workers
+        self.active = set(range(self.num_workers))
+
+
+class Engine:
+    def __init__(self, setup: TrainSetup, workers: int = 2, ps: int = 1, host: str = "127.0.0.1",
+                 run_dir: str = "runs/engine", base_lr: float | None = None,
+                 checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
+                 progress=None, start_timeout: float = 120.0):
+        self.setup = setup
+        self.workers, self.ps, self.host = workers, ps, host
+        self.run_dir = run_dir
+        self.checkpoint_every = int(checkpoint_every)
+        self.timeout_s = float(timeout_s)
+        self.progress = progress
+        self.start_timeout = start_timeout
+        self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
+        self.state = EngineState(workers)
+        self.history: collections.deque[Push] = collections.deque(maxlen=256)
+        self.timeline: list[dict] = []
+        self.switches: list[dict] = []
+        self.checkpoints: list[dict] = []
+        self._results: queue.Queue = queue.Queue()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4 * workers + 4,
+                                                           thread_name_prefix="tfsync-fetch")
+        self._gen: Generation | None = None
+        self._next_cluster: LocalCluster | None = None
+        self._clusters: list[LocalCluster] = []
+        self._standing = 0
+        self._wake_at: float | None = None
+        self._lr_scale = 1.0
+        self._t0 = time.time()
+        self.base_lr = base_lr
+        self._ckpt_manager = None
+        self._last_ckpt_updates = 0
+        self._closing = False
+        self._final_weights = None
+
+    # -- cluster generations ------------------------------------------------------------
+    def _launch(self) -> LocalCluster:
+        cluster = LocalCluster(self.workers, self.ps, self.host,
+                               log_dir=os.path.join(self.run_dir, "logs"),
+                               start_timeout=self.start_timeout)
+        self._clusters.append(cluster)
+        for job in ("ps", "worker"):
+            for i in range(len(cluster.spec[job])):
+                cluster.start_task(job, i, wait=False)
+        return cluster
+
+    def _open_generation(self, cluster: LocalCluster, restore: str | None = None) -> None:
+        cluster.wait_ready()
+        gen = Generation(cluster, self.setup)
+        if restore:
+            gen.checkpoint.restore(restore).assert_existing_objects_matched()
+        gen.control.set_round(self.state.round)
+        gen.warm_up()
+        if self.base_lr is None:
+            self.base_lr = gen.learning_rate
+        self._gen = gen
+        self._ckpt_manager = tf.train.CheckpointManager(
+            gen.checkpoint, os.path.join(self.run_dir, "checkpoints"), max_to_keep=3)
+        self._standing = 0
+        for _ in range(STANDING_PER_WORKER * self.workers):
+            self._schedule()
+
+    def _schedule(self) -> None:
+        gen = self._gen
+        rv = gen.schedule()
+        self._standing += 1
+        fut = self._pool.submit(rv.fetch)
+        fut.add_done_callback(lambda f, g=gen: self._results.put((g, f)))
+
+    def _close_generation(self, kill: bool = True) -> None:
+        gen, self._gen = self._gen, None
+        if gen is None:
+            return
+        if not kill:  # end every standing closure with no-op tokens, then stop threads
+            gen.control.release(tf.constant(noop_rows(self.workers, 2 * STANDING_PER_WORKER + 1)))
+            deadline = time.monotonic() + 30
+            while self._standing > 0 and time.monotonic() < deadline:
+                try:
+                    g, _ = self._results.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if g is gen:
+                    self._standing -= 1
+        gen.close()
+        gen.cluster.stop()
+
+    # -- the view a policy sees ----------------------------------------------------------
+    def view(self) -> ClusterView:
+        s = self.state
+        return ClusterView(
+            num_workers=s.num_workers, clocks=tuple(s.clocks), granted=tuple(s.granted),
+            round=s.round, pending_workers=tuple(s.pending_workers), pending_samples=s.pending_samples,
+            pushes=s.pushes, updates=s.updates, samples=s.samples, now=time.time(),
+            active=frozenset(s.active), history=tuple(self.history))
+
+    # -- carrying out decisions ----------------------------------------------------------
+    def _apply(self, decision: Decision, policy: Policy) -> None:
+        s = self.state
+        members = (set(s.active) - set(decision.remove)) | set(decision.restore)
+        validate_decision(decision, self.view(), frozenset(members))
+        s.active = members
+        if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
+            self._lr_scale = decision.lr_scale
+            self._gen.set_hyper(learning_rate=self.base_lr * self._lr_scale)
+        barrier = decision.barrier and s.pending_workers
+        if barrier:
+            s.round += 1
+        seqs = []
+        for g in decision.grants:
+            s.granted[g.worker] += 1
+            seqs.append(s.granted[g.worker])
+        rows = tf.constant(token_rows(decision.grants, [s.round] * len(seqs), seqs)
+                           if decision.grants else np.zeros((0, 5), np.int64))
+        if barrier:
+            self._gen.control.barrier(tf.constant(len(s.pending_workers), tf.int32), rows)
+            s.updates += 1
+            s.pending_workers, s.pending_samples = [], 0
+        elif decision.grants:
+            self._gen.control.release(rows)
+        if decision.grants:
+            logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
+        self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
+
+    def _outstanding(self) -> int:
+        s = self.state
+        return sum(g - c for g, c in zip(s.granted, s.clocks))
+
+    # -- receiving pushes ----------------------------------------------------------------
+    def _next_result(self):
+        """The next finished closure of the current generation, watching for dead tasks,
+        timeouts and policy timers."""
+        waited = 0.0
+        while True:
+            timeout = 0.5
+            if self._wake_at is not None:
+                timeout = max(0.0, min(timeout, self._wake_at - time.time()))
+            try:
+                gen, fut = self._results.get(timeout=timeout)
+            except queue.Empty:
+                waited += timeout
+                if self._wake_at is not None and time.time() >= self._wake_at:
+                    return None
+                dead = self._gen.cluster.dead_tasks()
+                if dead:
+                    job, i, code = dead[0]
+                    raise EngineError(
+                        f"task {job}:{i} died (exit code {code}); logs in {self.run_dir}/logs. "
+                        f"The last checkpoint is in {self.run_dir}/checkpoints")
+                if waited > self.timeout_s:
+                    raise EngineError(
+                        f"no step finished in {self.timeout_s:.0f} s (outstanding steps: "
+                        f"{self._outstanding()}); raise train.timeout_s if steps are this slow")
+                continue
+            if gen is not self._gen:
+                continue  # a closure of a replaced generation
+            self._standing -= 1
+            err = fut.exception()
+            if err is not None:
+                raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
+            return fut.result()
+
+    def _record(self, result, policy: Policy) -> Push | None:
+        wid, token, start, end, loss, version = (np.asarray(v) for v in result)
+        if int(token[BATCH]) == 0:
+            return None
+        s = self.state
+        w, b = int(wid), int(token[BATCH])
+        mode = PushMode.AGGREGATE if int(token[MODE]) == MODE_AGGREGATE else PushMode.APPLY
+        s.clocks[w] += 1
+        if int(token[SEQ]) != s.clocks[w]:
+            logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w])
+        dropped = mode is PushMode.AGGREGATE and int(token[ROUND]) < s.round
+        during = max(0, s.updates - int(version)) if mode is PushMode.APPLY else 0
+        s.pushes += 1
+        if dropped:
+            s.dropped += 1
+        else:
+            s.samples += b
+            if mode is PushMode.AGGREGATE:
+                s.pending_workers.append(w)
+                s.pending_samples += b
+            else:
+                s.updates += 1
+        now = time.time()
+        push = Push(worker=w, step=s.clocks[w], batch_size=b, start=float(start), end=float(end),
+                    arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
+                    version=int(version), pushes_during=during)
+        self.history.append(push)
+        self.recorder.push({
+            "time": round(now - self._t0, 6), "pushes": s.pushes, "updates": s.updates, "samples": s.samples,
+            "worker": w, "step": push.step, "protocol": policy.name, "batch_size": b,
+            "start": push.start, "end": push.end, "compute_s": round(push.compute_time, 6),
+            "samples_per_s": round(push.samples_per_s, 3), "loss": push.loss, "mode": mode.value,
+            "round": push.round, "dropped": dropped, "version": push.version, "staleness": during,
+            "lr": self.base_lr * self._lr_scale,
+        })
+        return push
+
+    # -- phases --------------------------------------------------------------------------
+    def _run_phase(self, policy: Policy, end_samples: int, total: int) -> None:
+        self._apply(policy.start(self.view()), policy)
+        self._check_live(policy)
+        while self.state.samples < end_samples:
+            result = self._next_result()
+            if result is None:  # timer
+                self._wake_at = None
+                self._apply(policy.on_timer(self.view()), policy)
+                continue
+            if self._gen is not None and not self._closing:
+                self._schedule()
+            push = self._record(result, policy)
+            if push is None or self.state.samples >= end_samples:
+                continue  # the workload of this phase is done: drain, grant nothing more
+            self._apply(policy.on_push(push, self.view()), policy)
+            self._check_live(policy)
+            if self.progress:
+                self.progress(self, policy, total)
+            if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
+                    and self.state.samples < end_samples:
+                self._drain(policy)
+                self._save("periodic")
+                self._apply(policy.start(self.view()), policy)
+        self._drain(policy)
+
+    def _check_live(self, policy: Policy) -> None:
+        if self._outstanding() == 0 and self._wake_at is None:
+            raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
+
+    def _drain(self, policy: Policy) -> None:
+        """Wait for every granted step, then apply what the round aggregated."""
+        while self._outstanding() > 0:
+            result = self._next_result()
+            if result is None:
+                self._wake_at = None
+                continue
+            self._schedule()
+            self._record(result, policy)
+        self._apply(policy.finish(self.view()), policy)
+        if self.state.pending_workers:
+            self._apply(Decision(barrier=True), policy)
+
+    def _save(self, why: str) -> str:
+        t = time.time()
+        path = self._ckpt_manager.save(checkpoint_number=self.state.updates)
+        self._last_ckpt_updates = self.state.updates
+        self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
+                                 "why": why, "seconds": round(time.time() - t, 4)})
+        self.recorder.event("checkpoint", path=path, updates=self.state.updates, why=why)
+        return path
+
+    def _switch(self, old: Policy, phase: Phase, index: int) -> None:
+        t0 = time.time()
+        self._drain(old)
+        t_drained = time.time()
+        if phase.switch == "restart":
+            path = self._save("switch")
+            cluster = self._next_cluster or self._launch()
+            self._next_cluster = None
+            self._close_generation(kill=True)
+            self._open_generation(cluster, restore=path)
+        self._set_config(phase)
+        t1 = time.time()
+        event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch,
+                 "samples": self.state.samples, "updates": self.state.updates,
+                 "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
+                 "overhead_s": round(t1 - t0, 4)}
+        self.switches.append(event)
+        self.recorder.event("switch", **event)
+        logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
+
+    def _set_config(self, phase: Phase) -> None:
+        self._lr_scale = phase.lr_scale
+        self._gen.set_hyper(learning_rate=self.base_lr * phase.lr_scale, momentum=phase.momentum)
+
+    # -- the whole run -------------------------------------------------------------------
+    def run(self, phases: list[Phase], total_samples: int, restore: str | None = None) -> dict:
+        """Train through ``phases`` for ``total_samples`` examples; returns the summary."""
+        if not phases:
+            raise ValueError("run() needs at least one phase")
+        self._closing = False
+        self._t0 = time.time()
+        try:
+            self._open_generation(self._launch(), restore=restore)
+            if self.base_lr is None:
+                self.base_lr = self._gen.learning_rate
+            self._momentum0 = float(self._gen.momentum.numpy())
+            t_init = time.time() - self._t0
+            self._set_config(phases[0])
+            for i, phase in enumerate(phases):
+                if i > 0:
+                    self._switch(phases[i - 1].policy, phase, i)
+                if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self._next_cluster is None:
+                    self._next_cluster = self._launch()  # new tasks start while this phase trains
+                start = {"protocol": phase.policy.name, "samples": self.state.samples,
+                         "updates": self.state.updates, "time": round(time.time() - self._t0, 4),
+                         "policy": phase.policy.describe(), "lr": self.base_lr * phase.lr_scale}
+                self.timeline.append(start)
+                self.recorder.event("phase", **start)
+                self._run_phase(phase.policy, int(round(phase.until * total_samples)), total_samples)
+            wall = time.time() - self._t0
+            self._save("final")
+            summary = self._summary(wall, t_init, total_samples)
+            self.recorder.summary(summary)
+            return summary
+        finally:
+            self.close()
+
+    def evaluate(self) -> float | None:
+        """Test accuracy of the current weights, computed on the coordinator."""
+        if self.setup.x_test is None or self._gen is None:
+            return None
+        local = self.setup.model_fn()
+        local.set_weights(self._gen.model.get_weights())
+        correct = 0
+        for i in range(0, len(self.setup.y_test), 1000):
+            logits = local(self.setup.x_test[i:i + 1000], training=False)
+            correct += int(np.sum(np.argmax(logits, -1) == self.setup.y_test[i:i + 1000]))
+        return correct / len(self.setup.y_test)
+
+    def final_weights(self) -> list[np.ndarray]:
+        return self._final_weights
+
+    def _summary(self, wall: float, t_init: float, total: int) -> dict:
+        s = self.state
+        self._final_weights = self._gen.weights()
+        acc = self.evaluate()
+        return {
+            "wall_s": round(wall, 3), "init_s": round(t_init, 3), "workers": self.workers, "ps": self.ps,
+            "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+            "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
+            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
+            "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
+            "clocks": list(s.clocks), "meta": self.setup.meta,
+        }
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            if self._gen is not None:
+                try:
+                    self._close_generation(kill=False)
+                except Exception as e:  # the cluster may already be gone
+                    logger.debug("closing generation: %s", e)
+        finally:
+            for c in self._clusters:
+                c.stop()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.recorder.close()

@@ -1,0 +1,1 @@
+"""Keras (tf_keras) integration: callbacks for model.fit under ParameterServerStrategy."""

@@ -1,0 +1,49 @@
+"""Synchronization policies: one interface (``base``), one file per protocol.
+
+``get(name_or_policy, **options)`` builds a policy by name; unknown names or options
+raise ValueError listing what is valid.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .asp import ASP
+from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, PolicyError,
+                   Push, PushMode)
+from .bsp import BSP
+from .sizing import FixedSizer
+from .ssp import SSP
+
+REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP}
+
+
+def register(name: str, cls: type[Policy]) -> None:
+    REGISTRY[name] = cls
+
+
+def get(spec, **options) -> Policy:
+    """A policy from a name (``"ssp"``), a dict (``{"name": "ssp", "staleness": 2}``) or an instance."""
+    if isinstance(spec, Policy):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a ready policy instance")
+        return spec
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        options = {**spec, **options}
+    else:
+        name = spec
+    cls = REGISTRY.get(str(name).lower()) if name is not None else None
+    if cls is None:
+        raise ValueError(f"unknown protocol {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    params = inspect.signature(cls.__init__).parameters
+    unknown = sorted(set(options) - set(params) - {"self"})
+    if unknown:
+        valid = sorted(p for p in params if p != "self")
+        raise ValueError(f"protocol {name!r} takes no option {unknown[0]!r}; valid: {', '.join(valid)}")
+    return cls(**options)
+
+
+__all__ = ["ASP", "BSP", "SSP", "BatchSizer", "ClusterView", "Decision", "FixedSizer",
+           "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode", "REGISTRY", "get", "register"]

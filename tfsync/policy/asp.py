@@ -1,0 +1,34 @@
+"""ASP: every push is applied on arrival and its worker runs on at once (paper 004 §3.1:
+A = {W_s}).
+
+``depth`` steps are granted ahead per worker (default 2: one running, one queued on the
+PS), so a worker never waits for the coordinator's answer between its steps.
+"""
+
+from __future__ import annotations
+
+from .base import BatchSizer, ClusterView, Decision, Policy, Push
+
+
+class ASP(Policy):
+    name = "asp"
+
+    def __init__(self, sizer: BatchSizer | None = None, depth: int = 2, seed: int | None = None):
+        super().__init__(sizer, seed)
+        if int(depth) < 1:
+            raise ValueError(f"ASP depth must be >= 1, got {depth!r}")
+        self.depth = int(depth)
+
+    def start(self, view: ClusterView) -> Decision:
+        grants = []
+        for w in sorted(view.members):
+            grants += self.grants_for([w] * (self.depth - view.outstanding(w)), view)
+        return Decision(tuple(grants))
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        if push.worker not in view.members:
+            return Decision()
+        return Decision(self.grants_for([push.worker] * (self.depth - view.outstanding(push.worker)), view))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "depth": self.depth}

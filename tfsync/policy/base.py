@@ -1,0 +1,265 @@
+"""The one interface every synchronization protocol implements.
+
+This is the unified framework of paper 004 (Algorithm 1), extended with batch sizes and
+with the choice of what the server does with a push:
+
+- the server receives a push from worker ``W_s`` (a :class:`Push`);
+- ``W_s`` joins the idle set ``I``;
+- the policy answers with a :class:`Decision`: which workers may start their next step
+  (set ``A``, as :class:`Grant` objects carrying each one's batch size and push mode),
+  and whether the gradients aggregated so far are applied now (a *barrier*).
+
+A grant is a permit for one step. Policies that let workers run ahead (ASP, SSP) may
+grant steps to workers that are still running; the engine queues them first-in,
+first-out, so the worker starts its next step without a round trip to the coordinator.
+The cluster state a policy sees is a :class:`ClusterView`.
+
+Semantics the engine and simulator both keep:
+- AGGREGATE pushes of one round are combined as the batch-size-weighted *mean*
+  g = sum(|B_i| g_i) / sum(|B_i|) (paper 002 §3.4, eq. 8) and applied at the barrier.
+- An AGGREGATE grant carries the round current when it is granted; a push whose round
+  was closed by a barrier before it arrived is reported ``dropped`` (drop-stragglers,
+  paper 000 §VI ref. [17]). Do not queue AGGREGATE grants across a barrier.
+- A protocol switch drains every worker, applies what is aggregated, then calls the new
+  policy's ``start``.
+- SSP staleness follows paper 001 Table III: s = 0 is lock-step.
+
+Nothing here imports TensorFlow: the engine and the simulator drive the same objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class PushMode(enum.Enum):
+    """What the server does with the gradient of a granted step."""
+
+    APPLY = "apply"  # applied on arrival (ASP, SSP, PSSP, ...)
+    AGGREGATE = "aggregate"  # batch-size-weighted sum, applied at the next barrier (BSP)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Worker ``worker`` may run one more step on ``batch_size`` examples."""
+
+    worker: int
+    batch_size: int
+    mode: PushMode = PushMode.APPLY
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer after a push (or at start).
+
+    ``barrier``: apply the aggregated gradients of the current round now, before any
+    step granted here reads the weights, and open the next round.
+    ``remove`` / ``restore``: workers leaving / rejoining the membership (Sync-Switch's
+    elastic policy, paper 003 §IV-B2); a removed worker gets no grants.
+    ``lr_scale``: multiplier on the base learning rate for every update from now on,
+    sticky (None: unchanged); n for BSP and 1 for ASP (paper 003 §IV-C), 1/N in FluentPS.
+    ``wake_at``: call ``Policy.on_timer`` at this coordinator time even if nothing is
+    pushed (wall-clock rules such as straggler windows).
+    """
+
+    grants: tuple[Grant, ...] = ()
+    barrier: bool = False
+    remove: frozenset[int] = frozenset()
+    restore: frozenset[int] = frozenset()
+    lr_scale: float | None = None
+    wake_at: float | None = None
+
+    def __post_init__(self):
+        for name in ("grants",):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("remove", "restore"):
+            if not isinstance(getattr(self, name), frozenset):
+                object.__setattr__(self, name, frozenset(getattr(self, name)))
+
+
+NOTHING = Decision()
+
+
+@dataclass(frozen=True)
+class Push:
+    """What the server saw: one finished step of one worker.
+
+    Worker clock: ``start`` (its gate opened, just before it read the weights) and
+    ``end`` (its push was done), so ``end - start`` is the whole iteration: pull, compute
+    and push (paper 002 §3.1 t = t_p + t_m). Coordinator clock: ``granted_at`` and
+    ``arrival``. Never subtract times across the two clocks.
+    ``loss`` is the worker's minibatch loss at the weights it read (a proxy of L(w)).
+    ``version``: model updates applied when the step read the weights;
+    ``pushes_during``: updates applied by other workers while the step ran (paper 004
+    §3.2 l_n; the staleness of this push).
+    """
+
+    worker: int
+    step: int  # this worker's step count, 1-based (its "clock" after this push)
+    batch_size: int
+    start: float
+    end: float
+    arrival: float
+    loss: float
+    mode: PushMode = PushMode.APPLY
+    round: int = 0  # aggregation round the step was granted in
+    dropped: bool = False  # AGGREGATE push whose round had closed when it arrived
+    version: int = 0
+    pushes_during: int = 0
+    granted_at: float = 0.0
+
+    @property
+    def compute_time(self) -> float:
+        return max(self.end - self.start, 0.0)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch_size / self.compute_time if self.end > self.start else 0.0
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The server's view of the cluster, passed to every policy call.
+
+    ``clocks[w]``: steps worker w has pushed. ``granted[w]``: steps granted to w so far
+    (so ``granted[w] - clocks[w]`` steps are running or queued). A worker is idle when
+    the two are equal. ``round``: the current aggregation round (incremented at every
+    barrier); ``pending_workers`` / ``pending_samples``: what the current round has
+    aggregated. ``pushes``: all pushes so far (paper 004's n); ``updates``: model updates
+    applied (a round under BSP, a push under ASP); ``samples``: examples pushed.
+    ``now``: coordinator time in seconds. ``active``: the members (None = all).
+    ``resources``: latest CPU/memory sample per worker, where a monitor provides them.
+    ``history``: recent pushes, newest last.
+    """
+
+    num_workers: int
+    clocks: tuple[int, ...]
+    granted: tuple[int, ...]
+    round: int = 0
+    pending_workers: tuple[int, ...] = ()
+    pending_samples: int = 0
+    pushes: int = 0
+    updates: int = 0
+    samples: int = 0
+    now: float = 0.0
+    active: frozenset[int] | None = None
+    resources: Mapping[int, object] = field(default_factory=dict, repr=False, compare=False)
+    history: Sequence[Push] = field(default=(), repr=False, compare=False)
+
+    @property
+    def pending(self) -> int:
+        return len(self.pending_workers)
+
+    @property
+    def members(self) -> frozenset[int]:
+        return self.active if self.active is not None else frozenset(range(self.num_workers))
+
+    @property
+    def idle(self) -> frozenset[int]:
+        return frozenset(w for w in self.members if self.granted[w] == self.clocks[w])
+
+    def outstanding(self, worker: int) -> int:
+        return self.granted[worker] - self.clocks[worker]
+
+    @property
+    def min_clock(self) -> int:
+        return min(self.clocks[w] for w in self.members)
+
+
+class BatchSizer:
+    """Chooses each worker's batch size. The default gives every worker the same size."""
+
+    def __init__(self, batch_size: int = 32):
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.batch_size = int(batch_size)
+
+    def size(self, worker: int, view: ClusterView) -> int:
+        return self.batch_size
+
+    def observe(self, push: Push, view: ClusterView) -> None:
+        """Called after every push; adaptive sizers (LB-BSP) learn here."""
+
+    def sizes(self, view: ClusterView) -> dict[int, int]:
+        return {w: self.size(w, view) for w in sorted(view.members)}
+
+    def describe(self) -> dict:
+        return {"name": type(self).__name__, "batch_size": self.batch_size}
+
+
+class Policy:
+    """Base class: safe defaults for every hook. Subclasses override ``on_push``.
+
+    ``name`` is what logs and metrics call the protocol. A policy keeps its own state
+    between calls; ``start`` is called once before the first step (and again after a
+    switch to it) and must grant the first steps.
+    """
+
+    name = "policy"
+
+    def __init__(self, sizer: BatchSizer | None = None, seed: int | None = None):
+        self.sizer = sizer if sizer is not None else BatchSizer()
+        self.rng = random.Random(seed)  # the same seed gives the same draws in sim and engine
+
+    # -- events -------------------------------------------------------------------------
+    def start(self, view: ClusterView) -> Decision:
+        """Begin (or resume after a switch): by default every idle member runs."""
+        return Decision(self.grants_for(sorted(view.idle), view))
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        raise NotImplementedError
+
+    def on_worker_lost(self, worker: int, view: ClusterView) -> Decision:
+        """A worker died or was removed; its running step is lost. Default: nothing."""
+        return NOTHING
+
+    def on_timer(self, view: ClusterView) -> Decision:
+        """A ``wake_at`` time has come. Default: nothing."""
+        return NOTHING
+
+    def finish(self, view: ClusterView) -> Decision:
+        """Training ends: apply whatever is still aggregated."""
+        return Decision(barrier=view.pending > 0)
+
+    # -- helpers ------------------------------------------------------------------------
+    mode = PushMode.APPLY
+
+    def grants_for(self, workers, view: ClusterView) -> tuple[Grant, ...]:
+        """One grant per entry of ``workers`` (repeat a worker to grant several steps);
+        the sizer is asked once per decision, so joint rules (sum = X) hold."""
+        workers = list(workers)
+        if not workers:
+            return ()
+        sizes = self.sizer.sizes(view)
+        return tuple(Grant(w, sizes[w], self.mode) for w in workers)
+
+    def describe(self) -> dict:
+        """Plain-data description for logs and summary.json."""
+        return {"name": self.name, "sizer": self.sizer.describe()}
+
+
+class PolicyError(RuntimeError):
+    """A policy returned a decision the cluster cannot carry out (a bug in the policy)."""
+
+
+def validate_decision(decision: Decision, view: ClusterView, members: frozenset[int]) -> None:
+    """Raise PolicyError if a decision names non-members or bad batch sizes.
+
+    ``members`` is the membership after the decision's remove/restore."""
+    for g in decision.grants:
+        if g.worker not in members:
+            raise PolicyError(
+                f"policy granted a step to worker {g.worker}, which is not a member "
+                f"(members: {sorted(members)})"
+            )
+        if int(g.batch_size) < 1:
+            raise PolicyError(f"policy granted batch size {g.batch_size} to worker {g.worker}; must be >= 1")
+    if decision.lr_scale is not None and not decision.lr_scale > 0:
+        raise PolicyError(f"policy set lr_scale={decision.lr_scale}; must be > 0")

@@ -1,0 +1,23 @@
+"""BSP: every member computes on the same weights; the update is the batch-size-weighted
+mean of their gradients (paper 002, eq. 8), applied when the last one has pushed.
+
+In the unified framework (paper 004, §3.1): A = {} while |I| < k, A = I once |I| = k.
+"""
+
+from __future__ import annotations
+
+from .base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
+
+
+class BSP(Policy):
+    name = "bsp"
+    mode = PushMode.AGGREGATE
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        if view.idle != view.members:
+            return NOTHING
+        return Decision(self.grants_for(sorted(view.members), view), barrier=True)
+
+    def start(self, view: ClusterView) -> Decision:
+        # A round may be open (resume after a switch from a policy that aggregates).
+        return Decision(self.grants_for(sorted(view.idle), view), barrier=view.pending > 0)

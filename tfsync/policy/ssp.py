@@ -1,0 +1,45 @@
+"""SSP with staleness bound s: no worker starts step c + s + 1 before every member has
+finished step c (paper 004 §3.1; paper 001 Table III). Pushes are applied on arrival.
+
+A worker may be granted steps up to ``min_clock + s + 1``, and at most ``depth`` ahead of
+its own clock, so fast workers keep a step queued while they are within the bound.
+"""
+
+from __future__ import annotations
+
+from .base import BatchSizer, ClusterView, Decision, Policy, Push
+
+
+class SSP(Policy):
+    name = "ssp"
+
+    def __init__(self, staleness: int = 3, sizer: BatchSizer | None = None, depth: int = 2,
+                 seed: int | None = None):
+        super().__init__(sizer, seed)
+        if int(staleness) < 0:
+            raise ValueError(f"SSP staleness must be >= 0, got {staleness!r}")
+        if int(depth) < 1:
+            raise ValueError(f"SSP depth must be >= 1, got {depth!r}")
+        self.staleness = int(staleness)
+        self.depth = int(depth)
+
+    def allowed(self, view: ClusterView) -> int:
+        """The highest step number (1-based) any worker may start now."""
+        return view.min_clock + self.staleness + 1
+
+    def _top_up(self, view: ClusterView) -> Decision:
+        bound = self.allowed(view)
+        grants = []
+        for w in sorted(view.members):
+            target = min(bound, view.clocks[w] + self.depth)
+            grants += self.grants_for([w] * (target - view.granted[w]), view)
+        return Decision(tuple(grants))
+
+    def start(self, view: ClusterView) -> Decision:
+        return self._top_up(view)
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        return self._top_up(view)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "staleness": self.staleness, "depth": self.depth}

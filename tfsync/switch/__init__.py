@@ -1,0 +1,1 @@
+"""Sync-Switch: configuration policy at a switch; timing and straggler policies (issue 5)."""
