@@ -29,7 +29,7 @@ def test_defaults():
     assert (t.batch_size, t.learning_rate, t.momentum, t.optimizer) == (64, 0.01, 0.9, "sgd")
     assert (t.epochs, t.checkpoint_every, t.eval_every, t.timeout_s) == (1.0, 200, 0, 600.0)
     assert c.protocol == (Phase("bsp", until=0.5), Phase("asp", until=1.0))
-    assert (c.switch.method, c.switch.config) == ("hot", "paper")
+    assert (c.switch.method, c.switch.lr, c.switch.batch, c.switch.momentum) == ("hot", "linear", "local", "keep")
     assert JobConfig.from_dict({"job": {"name": "abc"}}).job.run_dir == "runs/abc"
 
 
@@ -49,7 +49,7 @@ def test_round_trip_with_every_option():
          "protocol": [{"name": "ssp", "until": 0.25},
                       {"name": "bsp", "until": 0.5, "batch_sizes": [8, 16, 32]},
                       {"name": "ssp", "staleness": 0}, ],
-         "switch": {"method": "restart", "config": "lr_only"}}
+         "switch": {"method": "restart", "lr": "constant", "batch": "global", "momentum": "ramp_exp"}}
     c = JobConfig.from_dict(d)
     assert c.train.learning_rate == 1.0 and isinstance(c.train.epochs, float)
     assert [p.staleness for p in c.protocol] == [3, None, 0]
@@ -97,7 +97,7 @@ def test_bad_choices():
     assert _error({"model": {"name": "resnet"}}).field == "model.name"
     assert _error({"train": {"optimizer": "adam"}}).field == "train.optimizer"
     assert _error({"switch": {"method": "warm"}}).field == "switch.method"
-    assert _error({"switch": {"config": "auto"}}).field == "switch.config"
+    assert _error({"switch": {"momentum": "auto"}}).field == "switch.momentum"
 
 
 def test_bad_protocol_name():

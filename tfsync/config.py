@@ -21,7 +21,9 @@ DATASETS: tuple[str, ...] = ("mnist", "cifar10")
 MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
 OPTIMIZERS: tuple[str, ...] = ("sgd",)
 SWITCH_METHODS: tuple[str, ...] = ("restart", "hot")
-SWITCH_CONFIGS: tuple[str, ...] = ("paper", "keep", "batch_only", "lr_only")
+SWITCH_LR: tuple[str, ...] = ("linear", "constant")
+SWITCH_BATCH: tuple[str, ...] = ("local", "global")
+SWITCH_MOMENTUM: tuple[str, ...] = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
 DEFAULT_STALENESS = 3
 
 
@@ -89,9 +91,10 @@ class Phase:
 @dataclasses.dataclass(frozen=True)
 class SwitchSection:
     method: str = "hot"  # "hot": swap the policy in place; "restart": checkpoint + restart
-    # "paper": BSP runs global batch n*B with LR n*eta, ASP B and eta (Sync-Switch);
-    # "keep": B and eta throughout; "batch_only" / "lr_only": scale only that one.
-    config: str = "paper"
+    # Configuration policy (paper 003 §IV-C; tfsync.switch.configuration):
+    lr: str = "linear"  # BSP runs n*eta, ASP eta | "constant": eta throughout
+    batch: str = "local"  # ASP runs B per worker | "global": n*B per worker (Fig. 8a)
+    momentum: str = "keep"  # after BSP -> ASP: keep | zero | inverse_n | ramp_exp | ramp_linear
 
 
 DEFAULT_PROTOCOL = (Phase("bsp", until=0.5), Phase("asp"))
@@ -201,7 +204,8 @@ _CHECKS: dict[str, Callable] = {
     "train.momentum": _number(0, 1, lo_open=False), "train.optimizer": _choice("OPTIMIZERS"),
     "train.epochs": _number(0), "train.checkpoint_every": _int(0),
     "train.eval_every": _int(0), "train.timeout_s": _number(0),
-    "switch.method": _choice("SWITCH_METHODS"), "switch.config": _choice("SWITCH_CONFIGS"),
+    "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
+    "switch.momentum": _choice("SWITCH_MOMENTUM"),
     "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
     "protocol.staleness": _int(0),
 }

@@ -1,13 +1,44 @@
 """What a run writes to its directory: ``metrics.jsonl`` (one line per push),
-TensorBoard scalars (``tb/``) and ``summary.json`` at the end."""
+TensorBoard scalars (``tb/``) and ``summary.json`` at the end.
+
+TensorBoard events are written as Event protos through ``tf.io.TFRecordWriter`` (a plain
+file writer), not ``tf.summary``: a summary writer is an eager resource, and every
+restart switch reconnects the coordinator's eager context to a new cluster, which
+invalidates resources made before it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+from tensorflow.core.util import event_pb2
+
+
+class EventWriter:
+    """Scalar events in TensorBoard's file format."""
+
+    def __init__(self, log_dir: str):
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._writer = tf.io.TFRecordWriter(os.path.join(log_dir, name))
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event) -> None:
+        self._writer.write(event.SerializeToString())
+
+    def scalars(self, step: int, values: dict) -> None:
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                                             for k, v in values.items()])
+        self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
 
 
 class RunRecorder:
@@ -15,16 +46,17 @@ class RunRecorder:
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
         self._metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1 << 16)
-        self._tb = tf.summary.create_file_writer(os.path.join(run_dir, "tb")) if tensorboard else None
+        self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
 
     def push(self, record: dict) -> None:
         self._metrics.write(json.dumps(record) + "\n")
         if self._tb is not None:
-            with self._tb.as_default(step=record["pushes"]):
-                w = record["worker"]
-                tf.summary.scalar(f"loss/worker{w}", record["loss"])
-                tf.summary.scalar(f"samples_per_s/worker{w}", record["samples_per_s"])
-                tf.summary.scalar(f"batch_size/worker{w}", record["batch_size"])
+            w = record["worker"]
+            self._tb.scalars(record["pushes"], {
+                f"loss/worker{w}": record["loss"],
+                f"samples_per_s/worker{w}": record["samples_per_s"],
+                f"batch_size/worker{w}": record["batch_size"],
+            })
 
     def event(self, kind: str, **fields) -> None:
         self._metrics.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
@@ -32,8 +64,7 @@ class RunRecorder:
 
     def scalar(self, name: str, value: float, step: int) -> None:
         if self._tb is not None:
-            with self._tb.as_default(step=step):
-                tf.summary.scalar(name, value)
+            self._tb.scalars(step, {name: value})
 
     def summary(self, data: dict) -> str:
         path = os.path.join(self.run_dir, "summary.json")
@@ -44,7 +75,8 @@ class RunRecorder:
         return path
 
     def close(self) -> None:
-        self._metrics.close()
+        if not self._metrics.closed:
+            self._metrics.close()
         if self._tb is not None:
-            self._tb.flush()
             self._tb.close()
+            self._tb = None

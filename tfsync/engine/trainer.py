@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gc
 import logging
 import os
 import queue
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -41,15 +43,16 @@ class Phase:
     """Run ``policy`` until ``until`` (a fraction of the workload, in samples).
 
     ``switch``: how this phase is entered from the previous one ("hot" or "restart").
-    ``lr_scale`` multiplies the base learning rate, ``momentum`` replaces the base
-    momentum (None: keep), both from the configuration policy (paper 003 §IV-C).
+    ``lr_scale`` multiplies the base learning rate; ``momentum`` replaces the base
+    momentum (None: keep), or is a function of the epochs since the phase began (the
+    ramps of paper 003 Fig. 8b); both from the configuration policy (§IV-C).
     """
 
     policy: Policy
     until: float = 1.0
     switch: str = "hot"
     lr_scale: float = 1.0
-    momentum: float | None = None
+    momentum: float | Callable[[float], float] | None = None
 
 
 @dataclass
@@ -76,7 +79,7 @@ class Engine:
     def __init__(self, setup: TrainSetup, workers: int = 2, ps: int = 1, host: str = "127.0.0.1",
                  run_dir: str = "runs/engine", base_lr: float | None = None,
                  checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
-                 progress=None, start_timeout: float = 120.0):
+                 progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None):
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
         self.run_dir = run_dir
@@ -84,6 +87,7 @@ class Engine:
         self.timeout_s = float(timeout_s)
         self.progress = progress
         self.start_timeout = start_timeout
+        self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
         self.state = EngineState(workers)
         self.history: collections.deque[Push] = collections.deque(maxlen=256)
@@ -155,7 +159,10 @@ class Engine:
                 if g is gen:
                     self._standing -= 1
         gen.close()
-        gen.cluster.stop()
+        cluster = gen.cluster
+        del gen
+        gc.collect()  # free remote resources while their tasks still run (no deleter errors)
+        cluster.stop()
 
     # -- the view a policy sees ----------------------------------------------------------
     def view(self) -> ClusterView:
@@ -270,10 +277,17 @@ class Engine:
         return push
 
     # -- phases --------------------------------------------------------------------------
-    def _run_phase(self, policy: Policy, end_samples: int, total: int) -> None:
+    def _run_phase(self, phase: Phase, end_samples: int, total: int) -> None:
+        policy = phase.policy
         self._apply(policy.start(self.view()), policy)
         self._check_live(policy)
+        start_samples, epoch = self.state.samples, 0
         while self.state.samples < end_samples:
+            if callable(phase.momentum):
+                e = int((self.state.samples - start_samples) / self.epoch_samples)
+                if e != epoch:
+                    epoch = e
+                    self._gen.set_hyper(momentum=phase.momentum(e))
             result = self._next_result()
             if result is None:  # timer
                 self._wake_at = None
@@ -343,7 +357,8 @@ class Engine:
 
     def _set_config(self, phase: Phase) -> None:
         self._lr_scale = phase.lr_scale
-        self._gen.set_hyper(learning_rate=self.base_lr * phase.lr_scale, momentum=phase.momentum)
+        momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
+        self._gen.set_hyper(learning_rate=self.base_lr * phase.lr_scale, momentum=momentum)
 
     # -- the whole run -------------------------------------------------------------------
     def run(self, phases: list[Phase], total_samples: int, restore: str | None = None) -> dict:
@@ -356,7 +371,6 @@ class Engine:
             self._open_generation(self._launch(), restore=restore)
             if self.base_lr is None:
                 self.base_lr = self._gen.learning_rate
-            self._momentum0 = float(self._gen.momentum.numpy())
             t_init = time.time() - self._t0
             self._set_config(phases[0])
             for i, phase in enumerate(phases):
@@ -369,14 +383,15 @@ class Engine:
                          "policy": phase.policy.describe(), "lr": self.base_lr * phase.lr_scale}
                 self.timeline.append(start)
                 self.recorder.event("phase", **start)
-                self._run_phase(phase.policy, int(round(phase.until * total_samples)), total_samples)
+                self._run_phase(phase, int(round(phase.until * total_samples)), total_samples)
             wall = time.time() - self._t0
             self._save("final")
             summary = self._summary(wall, t_init, total_samples)
             self.recorder.summary(summary)
+            self.close()
             return summary
         finally:
-            self.close()
+            self.close(graceful=False)  # on failure or Ctrl-C: kill the tasks at once
 
     def evaluate(self) -> float | None:
         """Test accuracy of the current weights, computed on the coordinator."""
@@ -406,12 +421,13 @@ class Engine:
             "clocks": list(s.clocks), "meta": self.setup.meta,
         }
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop training and every task process this engine started (idempotent)."""
         self._closing = True
         try:
             if self._gen is not None:
                 try:
-                    self._close_generation(kill=False)
+                    self._close_generation(kill=not graceful)
                 except Exception as e:  # the cluster may already be gone
                     logger.debug("closing generation: %s", e)
         finally:

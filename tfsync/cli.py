@@ -1,0 +1,167 @@
+"""The ``tfsync`` command line. Known errors print one line on stderr and exit non-zero:
+2 for bad input (job file, data), 1 for a failed run, 130 when interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+
+    def __init__(self, stream=sys.stderr, interval: float = 0.2):
+        self.stream, self.interval = stream, interval
+        self.tty = stream.isatty()
+        self._last, self._decile, self._t0 = 0.0, -1, time.time()
+
+    def __call__(self, engine, policy, total: int) -> None:
+        now = time.time()
+        s = engine.state
+        frac = min(1.0, s.samples / max(total, 1))
+        if self.tty and now - self._last < self.interval:
+            return
+        if not self.tty and int(frac * 10) == self._decile:
+            return
+        self._last, self._decile = now, int(frac * 10)
+        workers = {}
+        for p in reversed(engine.history):
+            workers.setdefault(p.worker, p)
+        speed = "  ".join(f"w{w} b={p.batch_size} {p.samples_per_s:,.0f}/s" for w, p in sorted(workers.items()))
+        loss = engine.history[-1].loss if engine.history else float("nan")
+        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
+        line = (f"[{bar}] {frac:4.0%} {s.samples}/{total} samples  {policy.name}  "
+                f"{s.pushes / max(now - self._t0, 1e-9):.1f} steps/s  {speed}  loss {loss:.3f}")
+        if self.tty:
+            self.stream.write("\r" + line[:200].ljust(120))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def format_summary(s: dict) -> str:
+    acc = s.get("test_accuracy")
+    lines = [
+        f"done in {s['wall_s']:.1f} s (cluster start {s['init_s']:.1f} s): {s['pushes']} steps, "
+        f"{s['updates']} updates, {s['pushes_per_s']:.1f} steps/s, {s['samples_per_s']:.0f} samples/s"
+        + (f", test accuracy {acc:.2%}" if acc is not None else ""),
+    ]
+    parts = []
+    for i, ph in enumerate(s["timeline"]):
+        sw = next((x for x in s["switches"] if x["index"] == i), None)
+        how = f", {sw['method']} switch {sw['overhead_s']:.2f} s" if sw else ""
+        parts.append(f"{ph['protocol']} from {ph['samples']} samples at {ph['time']:.1f} s{how}")
+    lines.append("protocols: " + " -> ".join(parts))
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    from .config import ConfigError, load_job
+    from .data import DataError
+
+    try:
+        cfg = load_job(args.job)
+        if args.run_dir:
+            import dataclasses
+            cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=args.run_dir))
+    except ConfigError as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    from .engine.cluster import ClusterError
+    from .engine.trainer import EngineError
+    from .jobrun import run_job
+    from .policy.base import PolicyError
+
+    progress = None if (args.json or args.quiet) else Progress()
+    try:
+        summary = run_job(cfg, progress=progress, data_path=args.data)
+    except (DataError, ConfigError) as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except (EngineError, ClusterError, PolicyError) as e:
+        return _fail(str(e), EXIT_FAILED)
+    except KeyboardInterrupt:
+        if progress:
+            progress.done()
+        return _fail(f"interrupted; all tasks stopped. Checkpoints: {cfg.job.run_dir}/checkpoints",
+                     EXIT_INTERRUPTED)
+    if progress:
+        progress.done()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+        print(f"run directory: {os.path.abspath(cfg.job.run_dir)}")
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"tfsync: error: {message}", file=sys.stderr)
+    return code
+
+
+def _quiet_resource_deleters() -> None:
+    """TF frees remote resources in ``__del__``; once their tasks are gone that fails
+    harmlessly but prints a traceback per resource. Drop exactly those."""
+    default = sys.unraisablehook
+
+    def hook(info):
+        where = getattr(info.object, "__qualname__", "") or repr(info.object)
+        if "Deleter" in where or "Executor.__del__" in where:
+            return
+        default(info)
+
+    sys.unraisablehook = hook
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tfsync",
+        description="Parameter-server training with per-worker synchronization control "
+                    "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    r = sub.add_parser("run", help="train a job file on a local cluster",
+                       description="Train the job described by a TOML job file (see jobs/mnist.toml) "
+                                   "on PS and worker task processes started on this machine. "
+                                   "Writes metrics.jsonl, TensorBoard scalars, checkpoints and "
+                                   "summary.json to the job's run directory.")
+    r.add_argument("job", help="path to the job file (TOML)")
+    r.add_argument("--data", help="data path (overrides data.path): a Keras .npz or an MNIST IDX folder")
+    r.add_argument("--run-dir", help="run directory (overrides job.run_dir)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if level > logging.INFO:
+        # Teardown of a generation makes TF log every closure it cancels; tfsync reports
+        # failures itself, in one line.
+        logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
+        _quiet_resource_deleters()
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

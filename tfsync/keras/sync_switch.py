@@ -1,0 +1,273 @@
+"""Sync-Switch inside ``model.fit``: BSP for the first ``switch_at`` of the steps, then ASP.
+
+Under ParameterServerStrategy, ``fit`` schedules one closure per step on whichever worker
+is idle (closures cannot be pinned) and runs far ahead of execution (the coordinator
+queues a whole epoch at once). So BSP is built into the train step, in the manner of
+TF1's SyncReplicasOptimizer, with everything that decides on the PS:
+
+- a token queue on PS task 0 holds ``[round, index]`` tokens, ``num_workers`` per round,
+  leader (index 0) last. A BSP step dequeues one (blocks until its round is open), reads
+  the weights after it, and pushes ``[|B| g (flattened), |B|]`` with ``local_step=round``
+  into a ConditionalAccumulator; the accumulator averages, so the ratio of the two parts
+  is the batch-weighted mean gradient whatever count it holds.
+- the step holding the leader token takes the round's ``num_workers`` pushes
+  (``take_grad`` blocks until all are in), applies the mean with ``update_step``, reads
+  every updated variable back, and only then enqueues the next round's tokens. Every
+  gradient of a round is computed on the same weights, so this is real aggregated BSP:
+  one update per ``num_workers`` steps. A fast worker may take two tokens of one round;
+  that is still BSP (same weights), only the work is not spread evenly.
+- the switch happens on the PS, not on the coordinator: the leader of round
+  ``switch_round - 1`` (or any leader once ``request_switch()`` set the flag) sets the
+  learning rate back to eta, sets the mode to ASP and enqueues ``release_slack`` tokens
+  with round -1, which let steps already waiting in ``dequeue`` run as ASP. Later steps
+  read mode == ASP and apply their own gradient at once. A coordinator-side flag set in
+  ``on_train_batch_begin`` would fire up to an epoch early, because scheduling runs ahead.
+
+Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_scale * eta``
+(default ``num_workers * eta``) during BSP and eta after the switch; momentum is kept.
+
+``apply_gradients`` does a merge_call that fails inside ``tf.cond`` under this strategy,
+so updates call ``optimizer.update_step`` per variable; optimizer options applied only by
+``apply_gradients`` (clipping, weight decay, EMA) are therefore rejected. Leader-last
+tokens mean an epoch whose step count is not a multiple of ``num_workers`` does not
+deadlock: the partial round's pushes wait in the accumulator for the next epoch. A step
+lost to a worker failure during BSP loses its token and stalls its round (not handled).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+logger = logging.getLogger(__name__)
+
+BSP, ASP = 0, 1
+_NEVER = 2**62
+_uid = itertools.count()
+
+
+class SyncSwitch:
+    """PS-side state of one BSP -> ASP job; see the module docstring."""
+
+    def __init__(self, strategy, num_workers: int, switch_at: float = 0.5,
+                 bsp_lr_scale: float | None = None, release_slack: int | None = None,
+                 device: str = "/job:ps/task:0"):
+        resolver = getattr(strategy, "cluster_resolver", None)
+        have = resolver.cluster_spec().num_tasks("worker") if resolver is not None else None
+        if have is not None and have != num_workers:
+            raise ValueError(f"num_workers={num_workers} but the strategy's cluster has {have} "
+                             "workers; a BSP round waits for num_workers pushes, pass the real count")
+        if not 0.0 <= switch_at <= 1.0:
+            raise ValueError(f"switch_at={switch_at!r} is a fraction of the training steps; use 0..1")
+        self.strategy, self.num_workers, self.switch_at = strategy, int(num_workers), float(switch_at)
+        self.bsp_lr_scale = float(num_workers if bsp_lr_scale is None else bsp_lr_scale)
+        self.release_slack = int(2 * num_workers if release_slack is None else release_slack)
+        if self.release_slack < num_workers - 1:
+            raise ValueError(f"release_slack={release_slack} < num_workers - 1: a step waiting "
+                             "for a token at the switch could block forever")
+        self.device = device
+        self.history: list[dict] = []
+        self.switched_at_step: int | None = None
+        self.model = self.optimizer = self.accumulator = None
+        with strategy.scope():
+            i64 = dict(dtype=tf.int64, trainable=False)
+            self.mode = tf.Variable(BSP, name="sync_mode", **i64)            # 0 BSP, 1 ASP
+            self.switch_flag = tf.Variable(0, name="sync_switch_flag", **i64)  # switch now
+            self.switch_round = tf.Variable(_NEVER, name="sync_switch_round", **i64)
+            self.rounds = tf.Variable(0, name="sync_rounds", **i64)          # BSP updates done
+            self.switch_step = tf.Variable(-1, name="sync_switch_step", **i64)  # BSP steps run
+        with tf.device(device):
+            self.tokens = tf.queue.FIFOQueue(1 << 16, [tf.int64], shapes=[[2]], name="sync_tokens")
+
+    # -- user API --------------------------------------------------------------------------
+    def wrap(self, model: keras.Model) -> keras.Model:
+        """A Model training ``model``'s own layers with this protocol; compile and fit it."""
+        return _SyncSwitchModel(model, self)
+
+    def callback(self) -> keras.callbacks.Callback:
+        return _SyncSwitchCallback(self)
+
+    def request_switch(self) -> None:
+        """Switch at the end of the BSP round in progress (online timing policies)."""
+        self.switch_flag.assign(1)
+
+    # -- set-up (from the wrapped model's compile) ------------------------------------------
+    def _attach(self, model, optimizer) -> None:
+        if not (hasattr(optimizer, "update_step") and hasattr(optimizer, "build")):
+            raise TypeError(f"SyncSwitch needs a tf_keras.optimizers.Optimizer (update_step), got "
+                            f"{type(optimizer).__name__}; legacy optimizers are not supported")
+        for opt in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay"):
+            if getattr(optimizer, opt, None):
+                raise ValueError(f"optimizer {opt}={getattr(optimizer, opt)!r} is applied only by "
+                                 "apply_gradients, which SyncSwitch cannot call; remove it")
+        if getattr(optimizer, "use_ema", False):
+            raise ValueError("optimizer use_ema=True is not supported by SyncSwitch; remove it")
+        if not isinstance(optimizer.learning_rate, tf.Variable):
+            raise TypeError("SyncSwitch scales the learning rate at the switch and needs a float "
+                            f"learning rate, got {type(optimizer.learning_rate).__name__}")
+        variables = list(model.trainable_variables)
+        if self.model is not None and [v.ref() for v in variables] != self._var_refs:
+            raise ValueError("this SyncSwitch already serves another model; create one per model")
+        with self.strategy.scope():
+            optimizer.build(variables)
+            if optimizer is not self.optimizer and int(self.mode.numpy()) == BSP:
+                optimizer.learning_rate.assign(optimizer.learning_rate * self.bsp_lr_scale)
+        self.optimizer = optimizer
+        if self.model is None:
+            self.model, self._var_refs = model, [v.ref() for v in variables]
+            self.sizes = [int(np.prod(v.shape)) for v in variables]
+            with tf.device(self.device):
+                self.accumulator = tf.compat.v1.ConditionalAccumulator(
+                    tf.float32, shape=[sum(self.sizes) + 1],
+                    shared_name=f"tfsync_sync_switch_{next(_uid)}", name="sync_accumulator")
+                self.tokens.enqueue_many(self._round_tokens(0))
+
+    def _round_tokens(self, round_):
+        """``num_workers`` tokens of one round, the leader (index 0) last."""
+        index = tf.constant(list(range(1, self.num_workers)) + [0], tf.int64)
+        return tf.stack([tf.fill([self.num_workers], tf.cast(round_, tf.int64)), index], 1)
+
+    def _start(self, total_steps: int) -> int | None:
+        """From the callback: fix the switch round; returns the BSP step count planned."""
+        if int(self.mode.numpy()) == ASP:
+            return None
+        bsp_rounds = int(math.floor(self.switch_at * total_steps / self.num_workers + 0.5))
+        if bsp_rounds == 0:  # no BSP at all: nothing runs yet, switch from here
+            self.optimizer.learning_rate.assign(self.optimizer.learning_rate / self.bsp_lr_scale)
+            self.mode.assign(ASP)
+            self.switch_step.assign(0)
+        else:
+            self.switch_round.assign(int(self.rounds.numpy()) + bsp_rounds)
+        return bsp_rounds * self.num_workers
+
+    # -- worker side (inside the train step) ------------------------------------------------
+    def _gate(self):
+        """A BSP token (blocks until its round opens) or ``[-1, -1]`` in ASP mode."""
+        def dequeue():
+            with tf.device(self.device):
+                return self.tokens.dequeue()
+        return tf.cond(tf.equal(self.mode, BSP), dequeue, lambda: tf.constant([-1, -1], tf.int64))
+
+    def _push(self, grads, batch_size, token):
+        opt, variables = self.optimizer, self.model.trainable_variables
+
+        def apply(gs):
+            for g, v in zip(gs, variables):
+                opt.update_step(g, v)
+            opt.iterations.assign_add(1)
+            return [v.read_value() for v in variables + list(opt.variables)]
+
+        def leader():
+            with tf.device(self.device):
+                flat = self.accumulator.take_grad(self.num_workers)
+                mean = flat[:-1] / flat[-1]
+            parts = tf.split(mean, self.sizes)
+            done = apply([tf.reshape(p, v.shape) for p, v in zip(parts, variables)])
+            with tf.control_dependencies(done):  # release only after every update landed
+                nxt = token[0] + 1
+                self.rounds.assign(nxt)
+                switch = (self.switch_flag > 0) | (nxt >= self.switch_round)
+                return tf.cond(switch, lambda: self._switch(nxt), lambda: self._open(nxt))
+
+        def bsp():
+            b = tf.cast(batch_size, tf.float32)
+            flat = tf.concat([tf.reshape(g, [-1]) * b for g in grads] + [tf.reshape(b, [1])], 0)
+            with tf.device(self.device):
+                pushed = self.accumulator.apply_grad(flat, local_step=token[0])
+            with tf.control_dependencies([pushed]):
+                return tf.cond(tf.equal(token[1], 0), leader, lambda: tf.constant(False))
+
+        def asp():
+            with tf.control_dependencies(apply(grads)):
+                return tf.constant(False)
+
+        return tf.cond(token[0] < 0, asp, bsp)
+
+    def _open(self, round_):
+        with tf.device(self.device):
+            with tf.control_dependencies([self.tokens.enqueue_many(self._round_tokens(round_))]):
+                return tf.constant(False)
+
+    def _switch(self, round_):
+        lr = self.optimizer.learning_rate
+        with tf.control_dependencies([lr.assign(lr / self.bsp_lr_scale)]):
+            ops = [self.mode.assign(ASP), self.switch_step.assign(round_ * self.num_workers)]
+        with tf.control_dependencies(ops), tf.device(self.device):
+            release = tf.fill([self.release_slack, 2], tf.constant(-1, tf.int64))
+            with tf.control_dependencies([self.tokens.enqueue_many(release)]):
+                return tf.constant(True)
+
+
+class _SyncSwitchModel(keras.Model):
+    """Delegates ``call`` to the user's model, so its layers and weights are trained."""
+
+    def __init__(self, inner: keras.Model, sync: SyncSwitch, **kwargs):
+        super().__init__(name=kwargs.pop("name", f"sync_switch_{inner.name}"), **kwargs)
+        self.inner = inner
+        self._sync = sync
+
+    def call(self, inputs, training=None, mask=None):
+        return self.inner(inputs, training=training, mask=mask)
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        self._sync._attach(self, self.optimizer)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        token = self._sync._gate()
+        with tf.control_dependencies([token]):  # weights are read after the round opens
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x, y, y_pred, sample_weight)
+        self._validate_target_and_loss(y, loss)
+        grads = tape.gradient(loss, self.trainable_variables)
+        batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+        pushed = self._sync._push(grads, batch_size, token)
+        with tf.control_dependencies([pushed]):
+            return self.compute_metrics(x, y, y_pred, sample_weight)
+
+
+class _SyncSwitchCallback(keras.callbacks.Callback):
+    """Plans the switch at ``switch_at`` of ``epochs * steps`` and records what happened."""
+
+    def __init__(self, sync: SyncSwitch):
+        super().__init__()
+        self._supports_tf_logs = True  # required for batch hooks under this strategy
+        self.sync = sync
+        self.planned_step: int | None = None
+        self.scheduled = 0
+
+    def on_train_begin(self, logs=None):
+        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+        if not steps:
+            raise ValueError("SyncSwitch needs fit(..., steps_per_epoch=N) to place the switch")
+        self.scheduled = 0
+        self.planned_step = self.sync._start(int(steps) * int(epochs))
+        logger.debug("sync-switch planned after %s BSP steps", self.planned_step)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.scheduled += 1  # coordinator-side: scheduling runs ahead of the workers
+        if self.scheduled == self.planned_step:
+            self.sync.history.append({"event": "switch_scheduled", "scheduled_step": self.scheduled})
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._observe(epoch)
+
+    def on_train_end(self, logs=None):
+        self._observe(None)
+
+    def _observe(self, epoch):
+        sync = self.sync
+        mode = "asp" if int(sync.mode.numpy()) == ASP else "bsp"
+        sync.history.append({"event": "epoch_end" if epoch is not None else "train_end",
+                             "epoch": epoch, "mode": mode, "rounds": int(sync.rounds.numpy()),
+                             "learning_rate": float(sync.optimizer.learning_rate.numpy())})
+        if mode == "asp" and sync.switched_at_step is None:
+            sync.switched_at_step = int(sync.switch_step.numpy())
+            logger.debug("sync-switch observed: ASP after %d BSP steps", sync.switched_at_step)
