@@ -9,9 +9,12 @@
 - ``coordinator_values.PerWorkerValues``: wraps those values for ``schedule``.
 - ``ClusterCoordinator._cluster.stop()``: ends the coordinator's worker threads when a
   generation of the cluster is replaced (restart switch) or training ends.
+- ``ParameterServerStrategy._cluster_resolver``: the public property returns None.
 """
 
 from __future__ import annotations
+
+import threading
 
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import values as coordinator_values
@@ -29,8 +32,20 @@ def worker_index_values(coordinator, num_workers: int):
     return coordinator_values.PerWorkerValues(tuple(remote))
 
 
-def stop_coordinator(coordinator) -> None:
-    """Stop the coordinator's closure-processing threads (they are daemons)."""
+def stop_coordinator(coordinator, timeout: float = 5.0) -> bool:
+    """Stop the coordinator's closure-processing threads (daemons). After a worker died,
+    ``Cluster.stop`` blocks on a lock its preemption handler holds while it waits for the
+    worker to come back, so stop from a daemon thread and wait at most ``timeout``."""
     cluster = getattr(coordinator, "_cluster", None)
-    if cluster is not None:
-        cluster.stop()
+    if cluster is None:
+        return True
+    t = threading.Thread(target=cluster.stop, name="tfsync-stop-coordinator", daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
+
+
+def cluster_resolver(strategy):
+    """The cluster resolver of a ParameterServerStrategy (its public property is None in
+    TF 2.21 because ``extended`` has no ``_cluster_resolver``)."""
+    return strategy.cluster_resolver or strategy._cluster_resolver

@@ -109,6 +109,7 @@ class Engine:
         self._last_ckpt_updates = 0
         self._closing = False
         self._final_weights = None
+        self._dead_checked = 0.0
 
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
@@ -211,6 +212,9 @@ class Engine:
         timeouts and policy timers."""
         waited = 0.0
         while True:
+            if time.monotonic() - self._dead_checked > 0.5:  # results may keep coming from others
+                self._dead_checked = time.monotonic()
+                self._raise_if_dead()
             timeout = 0.5
             if self._wake_at is not None:
                 timeout = max(0.0, min(timeout, self._wake_at - time.time()))
@@ -220,12 +224,7 @@ class Engine:
                 waited += timeout
                 if self._wake_at is not None and time.time() >= self._wake_at:
                     return None
-                dead = self._gen.cluster.dead_tasks()
-                if dead:
-                    job, i, code = dead[0]
-                    raise EngineError(
-                        f"task {job}:{i} died (exit code {code}); logs in {self.run_dir}/logs. "
-                        f"The last checkpoint is in {self.run_dir}/checkpoints")
+                self._raise_if_dead()
                 if waited > self.timeout_s:
                     raise EngineError(
                         f"no step finished in {self.timeout_s:.0f} s (outstanding steps: "
@@ -236,8 +235,18 @@ class Engine:
             self._standing -= 1
             err = fut.exception()
             if err is not None:
+                time.sleep(0.2)  # let the OS report a task that just died
+                self._raise_if_dead(err)
                 raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
             return fut.result()
+
+    def _raise_if_dead(self, cause: BaseException | None = None) -> None:
+        dead = self._gen.cluster.dead_tasks()
+        if dead:
+            job, i, code = dead[0]
+            raise EngineError(
+                f"task {job}:{i} died (exit code {code}); logs in {self.run_dir}/logs, "
+                f"last checkpoint in {self.run_dir}/checkpoints") from cause
 
     def _record(self, result, policy: Policy) -> Push | None:
         wid, token, start, end, loss, version = (np.asarray(v) for v in result)

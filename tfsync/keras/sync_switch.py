@@ -1,9 +1,15 @@
 """Sync-Switch inside ``model.fit``: BSP for the first ``switch_at`` of the steps, then ASP.
 
+    with strategy.scope():
+        sync = SyncSwitch(strategy, num_workers=2, switch_at=0.5)
+        model = sync.wrap(build_model())          # trains build_model()'s own weights
+        model.compile(optimizer=tf_keras.optimizers.SGD(eta, momentum=0.9), loss=...)
+    model.fit(DatasetCreator(fn), epochs=E, steps_per_epoch=S, callbacks=[sync.callback()])
+
 Under ParameterServerStrategy, ``fit`` schedules one closure per step on whichever worker
-is idle (closures cannot be pinned) and runs far ahead of execution (the coordinator
-queues a whole epoch at once). So BSP is built into the train step, in the manner of
-TF1's SyncReplicasOptimizer, with everything that decides on the PS:
+is idle (closures cannot be pinned), and ``schedule`` does not wait, so batch hooks fire
+well ahead of the steps they announce. So BSP is built into the train step, in the manner
+of TF1's SyncReplicasOptimizer, with everything that decides on the PS:
 
 - a token queue on PS task 0 holds ``[round, index]`` tokens, ``num_workers`` per round,
   leader (index 0) last. A BSP step dequeues one (blocks until its round is open), reads
@@ -30,8 +36,9 @@ Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_sca
 so updates call ``optimizer.update_step`` per variable; optimizer options applied only by
 ``apply_gradients`` (clipping, weight decay, EMA) are therefore rejected. Leader-last
 tokens mean an epoch whose step count is not a multiple of ``num_workers`` does not
-deadlock: the partial round's pushes wait in the accumulator for the next epoch. A step
-lost to a worker failure during BSP loses its token and stalls its round (not handled).
+deadlock: the partial round's pushes wait in the accumulator for the next epoch (or fit;
+a partial round left at the very end is never applied). A step lost to a worker failure
+during BSP loses its token and stalls its round (not handled). Save ``model.inner``.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ import math
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
+
+from ..engine import tfcompat
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +66,12 @@ class SyncSwitch:
     def __init__(self, strategy, num_workers: int, switch_at: float = 0.5,
                  bsp_lr_scale: float | None = None, release_slack: int | None = None,
                  device: str = "/job:ps/task:0"):
-        resolver = getattr(strategy, "cluster_resolver", None)
+        # ParameterServerStrategyV2 leaves the public ``cluster_resolver`` None (TF 2.21).
+        resolver = tfcompat.cluster_resolver(strategy)
         have = resolver.cluster_spec().num_tasks("worker") if resolver is not None else None
         if have is not None and have != num_workers:
             raise ValueError(f"num_workers={num_workers} but the strategy's cluster has {have} "
-                             "workers; a BSP round waits for num_workers pushes, pass the real count")
+                             "workers; a BSP round aggregates num_workers gradients: pass the real count")
         if not 0.0 <= switch_at <= 1.0:
             raise ValueError(f"switch_at={switch_at!r} is a fraction of the training steps; use 0..1")
         self.strategy, self.num_workers, self.switch_at = strategy, int(num_workers), float(switch_at)
@@ -158,16 +168,17 @@ class SyncSwitch:
 
         def apply(gs):
             for g, v in zip(gs, variables):
-                opt.update_step(g, v)
+                with tf.device(v.device):  # update math beside the variable, as extended.update does
+                    opt.update_step(g, v)
             opt.iterations.assign_add(1)
             return [v.read_value() for v in variables + list(opt.variables)]
 
         def leader():
             with tf.device(self.device):
                 flat = self.accumulator.take_grad(self.num_workers)
-                mean = flat[:-1] / flat[-1]
-            parts = tf.split(mean, self.sizes)
-            done = apply([tf.reshape(p, v.shape) for p, v in zip(parts, variables)])
+                parts = tf.split(flat[:-1] / flat[-1], self.sizes)
+                mean = [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
+            done = apply(mean)
             with tf.control_dependencies(done):  # release only after every update landed
                 nxt = token[0] + 1
                 self.rounds.assign(nxt)
@@ -252,7 +263,7 @@ class _SyncSwitchCallback(keras.callbacks.Callback):
         logger.debug("sync-switch planned after %s BSP steps", self.planned_step)
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.scheduled += 1  # coordinator-side: scheduling runs ahead of the workers
+        self.scheduled += 1  # batch hooks seen on the coordinator, which runs ahead of the steps
         if self.scheduled == self.planned_step:
             self.sync.history.append({"event": "switch_scheduled", "scheduled_step": self.scheduled})
 

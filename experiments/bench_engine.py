@@ -1,0 +1,159 @@
+"""Engine benchmark: steps/s of tfsync BSP, ASP and SSP next to plain tf_keras
+``model.fit`` (which is ASP) on the same ParameterServerStrategy cluster shape and model,
+and the restart and hot switch overheads as a share of a 10-minute run.
+
+Every configuration runs in this one invocation, one after another, on fresh local
+clusters (2 workers + 1 PS by default): compare the ratios, not absolute numbers, since
+the machine is shared. Writes results/bench_engine.csv and .png.
+
+    python experiments/bench_engine.py --steps 300 --model cnn
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+
+
+def steady_rate(run_dir: str, skip: float = 0.15) -> float:
+    """Pushes/s between the first and last push, after skipping the first ``skip`` share."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        t = [r["time"] for r in map(json.loads, f) if "worker" in r]
+    t = t[int(len(t) * skip):]
+    return (len(t) - 1) / (t[-1] - t[0])
+
+
+def native_fit(data, model_name, workers, batch, steps, lr):
+    """Plain tf_keras model.fit under ParameterServerStrategy: steps/s of the 2nd epoch."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tfsync.engine.cluster import LocalCluster
+    from tfsync.engine.models import build_model
+
+    with LocalCluster(workers=workers, ps=1) as cluster:
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        x = np.round(data.x_train * 255).astype(np.uint8)
+        y = data.y_train
+
+        def dataset_fn(_):
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
+            return ds.batch(batch, drop_remainder=True).map(
+                lambda a, b: (tf.cast(a, tf.float32) / 255, b)).prefetch(2)
+
+        with strategy.scope():
+            model = build_model(model_name, data.input_shape, data.num_classes)
+            model.compile(keras.optimizers.SGD(lr, momentum=0.9),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=1)
+        times = []
+
+        class Clock(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                times.append(time.time())
+
+        model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2,
+                  steps_per_epoch=steps, callbacks=[Clock()], verbose=0)
+        return steps / (times[1] - times[0])
+
+
+def tfsync_run(data, model_name, workers, batch, steps, lr, phases_spec, out_dir):
+    import tf_keras as keras
+
+    from tfsync import policy as P
+    from tfsync.engine.generation import TrainSetup
+    from tfsync.engine.models import build_model
+    from tfsync.engine.trainer import Engine, Phase
+
+    setup = TrainSetup(
+        lambda: build_model(model_name, data.input_shape, data.num_classes),
+        lambda: keras.optimizers.SGD(lr, momentum=0.9),
+        lambda y, l: keras.losses.sparse_categorical_crossentropy(y, l, from_logits=True),
+        data.x_train, data.y_train, max_batch_size=batch)
+    phases = [Phase(P.get(name, sizer=P.BatchSizer(batch), **opts), until=until, switch=switch)
+              for name, opts, until, switch in phases_spec]
+    engine = Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False)
+    summary = engine.run(phases, total_samples=steps * batch)
+    return steady_rate(out_dir), summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=300, help="steps (pushes) per configuration")
+    p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "linear"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--data", default=None, help="MNIST .npz (default: ../shared/data or the bundled sample)")
+    p.add_argument("--out", default="results", help="results folder")
+    args = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tfsync.data import load
+
+    data = load("mnist", args.data)
+    os.makedirs(args.out, exist_ok=True)
+    runs = os.path.join(args.out, "bench_engine_runs")
+    w, b, s, m, lr = args.workers, args.batch, args.steps, args.model, args.lr
+    rows = []
+
+    print(f"model {m}, {w} workers + 1 PS, batch {b}, {s} steps per configuration")
+    native = native_fit(data, m, w, b, s, lr)
+    rows.append(("native fit (ASP)", native, 1.0, ""))
+    print(f"  native tf_keras fit   {native:7.1f} steps/s")
+    for name, spec in [("tfsync ASP", [("asp", {}, 1.0, "hot")]),
+                       ("tfsync BSP", [("bsp", {}, 1.0, "hot")]),
+                       ("tfsync SSP s=3", [("ssp", {"staleness": 3}, 1.0, "hot")])]:
+        rate, _ = tfsync_run(data, m, w, b, s, lr, spec, os.path.join(runs, name.split()[1].lower()))
+        rows.append((name, rate, rate / native, ""))
+        print(f"  {name:<20}  {rate:7.1f} steps/s   {rate / native:5.2f}x native")
+    for method in ("hot", "restart"):
+        spec = [("bsp", {}, 0.5, "hot"), ("asp", {}, 1.0, method)]
+        _, summary = tfsync_run(data, m, w, b, s, lr, spec, os.path.join(runs, f"switch_{method}"))
+        sw = summary["switches"][0]
+        share = sw["overhead_s"] / 600
+        rows.append((f"{method} switch BSP->ASP", sw["overhead_s"], share,
+                     f"drain {sw['drain_s']:.3f} s, switch {sw['switch_s']:.3f} s"))
+        print(f"  {method:>7} switch        {sw['overhead_s']:7.3f} s       {share:6.3%} of a 10-minute run"
+              f"  (drain {sw['drain_s']:.3f} s + switch {sw['switch_s']:.3f} s)")
+
+    csv_path = os.path.join(args.out, "bench_engine.csv")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["configuration", "value", "ratio_or_share", "note"])
+        writer.writerows(rows)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        speed = rows[:4]
+        a1.bar([r[0].replace("tfsync ", "") for r in speed], [r[1] for r in speed], color="#4878a8")
+        a1.set_ylabel("steps/s")
+        a1.set_title(f"{m}, {w} workers + 1 PS, batch {b}")
+        sw = rows[4:]
+        a2.bar([r[0].split()[0] for r in sw], [r[1] for r in sw], color="#c0504d")
+        a2.axhline(6.0, ls="--", c="gray", lw=1)
+        a2.text(0.5, 6.0, "1 % of 10 min", va="bottom", ha="center", fontsize=8)
+        a2.set_ylabel("switch overhead (s)")
+        a2.set_title("BSP -> ASP switch")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "bench_engine.png"), dpi=120)
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
+    print(f"wrote {csv_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Shared fixtures. Cluster tests start real TF task processes on free loopback ports;
+the engine tears them down even when a test fails."""
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def tiny_problem():
+    """A 5-feature, 3-class linear problem small enough to replay exactly in one process."""
+    import numpy as np
+    import tf_keras as keras
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 64).astype(np.int64)
+
+    def model_fn():
+        return keras.Sequential([keras.layers.Input((5,)),
+                                 keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
+
+    def optimizer_fn():
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+
+    def loss_fn(labels, logits):
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+    return x, y, model_fn, optimizer_fn, loss_fn

@@ -1,0 +1,114 @@
+"""The engine on real TF task processes (2 workers + 1 PS, separate OS processes)."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfsync.engine.generation import TrainSetup
+from tfsync.engine.trainer import Engine, EngineError, Phase
+from tfsync.policy import ASP, BSP, SSP, FixedSizer
+
+pytestmark = pytest.mark.cluster
+
+M = 16  # rows per input batch; a step uses the first batch_size of them
+
+
+def _records(run_dir):
+    with open(run_dir / "metrics.jsonl") as f:
+        return [r for r in map(json.loads, f) if "worker" in r]
+
+
+def _reference(problem, batch_order, sizes):
+    """Single-process SGD: each update on the concatenated examples of all workers."""
+    x, y, model_fn, optimizer_fn, loss_fn = problem
+    model, opt = model_fn(), optimizer_fn()
+    for k in batch_order:
+        k %= len(y) // M  # the input pipeline repeats
+        rows = x[k * M:(k + 1) * M], y[k * M:(k + 1) * M]
+        bx = np.concatenate([rows[0][:b] for b in sizes])
+        by = np.concatenate([rows[1][:b] for b in sizes])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(by, model(bx)))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return model.get_weights()
+
+
+def _engine(problem, run_dir, **kw):
+    x, y, model_fn, optimizer_fn, loss_fn = problem
+    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=M, shuffle=False)
+    return Engine(setup, run_dir=str(run_dir), tensorboard=False, timeout_s=120, **kw)
+
+
+@pytest.mark.parametrize("switch", ["hot", "restart"])
+def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny_problem, tmp_path, switch):
+    """2 workers with batch sizes (5, 11): every BSP update equals one SGD step on the 16
+    examples (paper 002 eq. 8), through a hot or a restart switch: weights, momentum and
+    step counter continue exactly (new task processes, data iterators restart)."""
+    ref = _reference(tiny_problem, [0, 1, 2, 3, 4, 5] if switch == "hot" else [0, 1, 2, 0, 1, 2], (5, 11))
+    engine = _engine(tiny_problem, tmp_path)
+    phases = [Phase(BSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch=switch)]
+    summary = engine.run(phases, total_samples=6 * 16)
+    assert summary["updates"] == 6 and summary["samples"] == 96
+    for got, want in zip(engine.final_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    sw = summary["switches"][0]
+    assert sw["method"] == switch and sw["updates"] == 3
+    assert len(engine._clusters) == (2 if switch == "restart" else 1)
+    recs = _records(tmp_path)
+    assert sorted({r["batch_size"] for r in recs}) == [5, 11]
+    assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
+
+
+def test_ssp_never_exceeds_the_staleness_bound(tiny_problem, tmp_path):
+    """Worker 1 is made slow (a 32x larger batch); no worker may start step c+s+1 before
+    every worker finished step c, checked on the worker-side clocks of every step."""
+    x, y, model_fn, optimizer_fn, loss_fn = tiny_problem
+    big_x = np.repeat(x, 64, axis=0)
+    big_y = np.repeat(y, 64, axis=0)
+    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, big_x, big_y, max_batch_size=2048, shuffle=False)
+    s = 1
+    engine = Engine(setup, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
+    engine.run([Phase(SSP(staleness=s, sizer=FixedSizer([4, 2048])))], total_samples=40 * 2052)
+    recs = _records(tmp_path)
+    ends = {w: sorted(r["end"] for r in recs if r["worker"] == w) for w in (0, 1)}
+    lead = 0
+    for r in recs:
+        other = 1 - r["worker"]
+        done_by_other = sum(1 for e in ends[other] if e <= r["start"])
+        assert r["step"] <= done_by_other + s + 1, f"step {r['step']} of worker {r['worker']} broke the bound"
+        lead = max(lead, r["step"] - 1 - done_by_other)
+    assert lead == s, "the fast worker never ran ahead: the test did not exercise the bound"
+
+
+def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path):
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(ASP(FixedSizer([8, 16])))], total_samples=400)
+    recs = _records(tmp_path)
+    assert summary["updates"] == summary["pushes"] == len(recs)
+    assert summary["samples"] >= 400
+    assert {r["worker"] for r in recs} == {0, 1}
+    for r in recs:
+        assert r["end"] > r["start"] and r["samples_per_s"] > 0 and np.isfinite(r["loss"])
+        assert r["batch_size"] == (8 if r["worker"] == 0 else 16)
+    steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
+    assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
+    assert (tmp_path / "summary.json").exists() and list((tmp_path / "checkpoints").glob("ckpt-*.index"))
+
+
+def test_a_killed_worker_stops_the_run_with_a_clear_error_and_no_orphans(tiny_problem, tmp_path):
+    engine = _engine(tiny_problem, tmp_path)
+    killed = []
+
+    def progress(eng, policy, total):
+        if eng.state.pushes == 20 and not killed:
+            eng._gen.cluster.kill_task("worker", 1)
+            killed.append(eng._gen.cluster.procs[("worker", 1)].pid)
+
+    engine.progress = progress
+    with pytest.raises(EngineError, match=r"task worker:1 died"):
+        engine.run([Phase(ASP())], total_samples=10**7)
+    assert killed
+    for cluster in engine._clusters:
+        assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"

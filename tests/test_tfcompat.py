@@ -1,0 +1,31 @@
+"""Fails loudly when a TensorFlow upgrade changes a private API tfsync relies on
+(tfsync/engine/tfcompat.py lists them)."""
+
+import inspect
+
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute.coordinator import cluster_coordinator
+from tensorflow.python.distribute.coordinator import values as coordinator_values
+
+pytestmark = pytest.mark.unit
+
+
+def test_tensorflow_is_the_pinned_version():
+    assert tf.__version__.startswith("2.21."), "tfcompat.py was checked against TF 2.21 only"
+
+
+def test_private_coordinator_apis_still_exist():
+    assert "function" in inspect.signature(cluster_coordinator.Worker.create_resource).parameters
+    assert callable(cluster_coordinator.Cluster.stop)
+    src = inspect.getsource(cluster_coordinator.Cluster.__init__)
+    assert "self.workers" in src, "ClusterCoordinator._cluster.workers is gone"
+    assert "self._cluster = Cluster(" in inspect.getsource(cluster_coordinator.ClusterCoordinator.__init__)
+    per_worker = coordinator_values.PerWorkerValues
+    assert "values" in inspect.signature(per_worker.__init__).parameters
+
+
+def test_optimizer_update_step_is_what_the_engine_calls():
+    import tf_keras as keras
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    assert "update_step" in type(opt).__dict__, "tf_keras SGD no longer defines update_step"
