@@ -10,11 +10,11 @@ the cluster and switches hot (same tasks) or by restart (checkpoint, new tasks, 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import gc
 import logging
 import os
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -95,8 +95,6 @@ class Engine:
         self.switches: list[dict] = []
         self.checkpoints: list[dict] = []
         self._results: queue.Queue = queue.Queue()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4 * workers + 4,
-                                                           thread_name_prefix="tfsync-fetch")
         self._gen: Generation | None = None
         self._next_cluster: LocalCluster | None = None
         self._clusters: list[LocalCluster] = []
@@ -142,8 +140,15 @@ class Engine:
         gen = self._gen
         rv = gen.schedule()
         self._standing += 1
-        fut = self._pool.submit(rv.fetch)
-        fut.add_done_callback(lambda f, g=gen: self._results.put((g, f)))
+        # One daemon thread per closure: a fetch of a killed generation may never return,
+        # and must not keep the interpreter from exiting (pool threads are joined at exit).
+        threading.Thread(target=self._fetch, args=(gen, rv), name="tfsync-fetch", daemon=True).start()
+
+    def _fetch(self, gen, rv) -> None:
+        try:
+            self._results.put((gen, rv.fetch(), None))
+        except Exception as e:  # reported by the engine loop
+            self._results.put((gen, None, e))
 
     def _close_generation(self, kill: bool = True) -> None:
         gen, self._gen = self._gen, None
@@ -154,7 +159,7 @@ class Engine:
             deadline = time.monotonic() + 30
             while self._standing > 0 and time.monotonic() < deadline:
                 try:
-                    g, _ = self._results.get(timeout=0.5)
+                    g, _, _ = self._results.get(timeout=0.5)
                 except queue.Empty:
                     continue
                 if g is gen:
@@ -219,7 +224,7 @@ class Engine:
             if self._wake_at is not None:
                 timeout = max(0.0, min(timeout, self._wake_at - time.time()))
             try:
-                gen, fut = self._results.get(timeout=timeout)
+                gen, value, err = self._results.get(timeout=timeout)
             except queue.Empty:
                 waited += timeout
                 if self._wake_at is not None and time.time() >= self._wake_at:
@@ -233,12 +238,11 @@ class Engine:
             if gen is not self._gen:
                 continue  # a closure of a replaced generation
             self._standing -= 1
-            err = fut.exception()
             if err is not None:
                 time.sleep(0.2)  # let the OS report a task that just died
                 self._raise_if_dead(err)
                 raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
-            return fut.result()
+            return value
 
     def _raise_if_dead(self, cause: BaseException | None = None) -> None:
         dead = self._gen.cluster.dead_tasks()
@@ -442,5 +446,4 @@ class Engine:
         finally:
             for c in self._clusters:
                 c.stop()
-            self._pool.shutdown(wait=False, cancel_futures=True)
             self.recorder.close()
