@@ -57,11 +57,13 @@ class PSControl:
 
     # -- coordinator side -----------------------------------------------------------------
     def _release(self, tokens):
-        """Enqueue tokens; ``tokens`` rows are ``[worker, *token]``, kept in order per worker."""
-        for i, q in enumerate(self.queues):
-            rows = tf.boolean_mask(tokens[:, 1:], tf.equal(tokens[:, 0], i))
-            q.enqueue_many(rows)
-        return tf.constant(True)
+        """Enqueue tokens; ``tokens`` rows are ``[worker, *token]``, kept in order per worker.
+        Every op runs on the PS: one remote call, no cross-device partition."""
+        with tf.device(self.device):
+            for i, q in enumerate(self.queues):
+                rows = tf.boolean_mask(tokens[:, 1:], tf.equal(tokens[:, 0], i))
+                q.enqueue_many(rows)
+            return tf.constant(True)
 
     def _barrier(self, num_required, tokens):
         """Apply the round's weighted mean gradient, then release ``tokens`` (one call)."""

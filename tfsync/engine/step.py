@@ -4,7 +4,9 @@
 2. read the weights (after the token: control dependency), compute the gradient on the
    first ``batch_size`` rows of the worker's next input batch (no retrace per size);
 3. push: apply now, or add to the round's weighted accumulator;
-4. return (worker, token, start, end, loss, version) with worker-side timestamps.
+4. return one float64 vector ``[worker, *token, start, end, loss, version]`` with
+   worker-side timestamps (one tensor: the coordinator copies each output back with its
+   own RPC).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl
+
+RESULT_LEN = 9
 
 
 def make_step_fn(model, control: PSControl, loss_fn):
@@ -39,6 +43,8 @@ def make_step_fn(model, control: PSControl, loss_fn):
             return tf.cast(loss, tf.float32), end
 
         loss, end = tf.cond(token[BATCH] > 0, work, lambda: (tf.constant(0.0), start))
-        return worker_index, token, start, end, loss, version
+        parts = [tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
+                 tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64)])]
+        return tf.concat(parts, 0)
 
     return step

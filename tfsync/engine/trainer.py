@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
+from .channel import PSChannel
 from .cluster import ClusterError, LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .generation import Generation, TrainSetup
@@ -108,6 +109,7 @@ class Engine:
         self._closing = False
         self._final_weights = None
         self._dead_checked = 0.0
+        self._unreleased: list[np.ndarray] = []
 
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
@@ -120,40 +122,59 @@ class Engine:
                 cluster.start_task(job, i, wait=False)
         return cluster
 
-    def _open_generation(self, cluster: LocalCluster, restore: str | None = None) -> None:
+    def _open_generation(self, cluster: LocalCluster, restore: str | None = None) -> dict:
+        """Connect to ``cluster``, build (and restore) the model there; returns timings."""
+        t0 = time.time()
         cluster.wait_ready()
+        t1 = time.time()
         gen = Generation(cluster, self.setup)
+        t2 = time.time()
         if restore:
             gen.checkpoint.restore(restore).assert_existing_objects_matched()
         gen.control.set_round(self.state.round)
+        t3 = time.time()
         gen.warm_up()
+        timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
+                   "trace_s": time.time() - t3}
         if self.base_lr is None:
             self.base_lr = gen.learning_rate
         self._gen = gen
         self._ckpt_manager = tf.train.CheckpointManager(
             gen.checkpoint, os.path.join(self.run_dir, "checkpoints"), max_to_keep=3)
+        self._channel = PSChannel(gen.control)
+        self._fetch_q = queue.Queue()
+        for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
+            threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
+                             name=f"tfsync-fetch-{i}").start()
         self._standing = 0
         for _ in range(STANDING_PER_WORKER * self.workers):
             self._schedule()
+        return timings
 
     def _schedule(self) -> None:
         gen = self._gen
-        rv = gen.schedule()
         self._standing += 1
-        # One daemon thread per closure: a fetch of a killed generation may never return,
-        # and must not keep the interpreter from exiting (pool threads are joined at exit).
-        threading.Thread(target=self._fetch, args=(gen, rv), name="tfsync-fetch", daemon=True).start()
+        self._fetch_q.put(gen.schedule())
 
-    def _fetch(self, gen, rv) -> None:
-        try:
-            self._results.put((gen, rv.fetch(), None))
-        except Exception as e:  # reported by the engine loop
-            self._results.put((gen, None, e))
+    def _fetcher(self, gen, remote_values: queue.Queue) -> None:
+        """Daemon threads of one generation waiting on its closures' results (a fetch of a
+        killed generation may never return: daemons never block the interpreter's exit)."""
+        while True:
+            rv = remote_values.get()
+            if rv is None:
+                return
+            try:
+                self._results.put((gen, rv.fetch(), None))
+            except Exception as e:  # reported by the engine loop
+                self._results.put((gen, None, e))
 
     def _close_generation(self, kill: bool = True) -> None:
         gen, self._gen = self._gen, None
         if gen is None:
             return
+        self._channel.close()
+        for _ in range(STANDING_PER_WORKER * self.workers + 1):
+            self._fetch_q.put(None)  # fetchers still waiting on a closure stay blocked (daemons)
         if not kill:  # end every standing closure with no-op tokens, then stop threads
             gen.control.release(tf.constant(noop_rows(self.workers, 2 * STANDING_PER_WORKER + 1)))
             deadline = time.monotonic() + 30
@@ -187,7 +208,9 @@ class Engine:
         s.active = members
         if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
             self._lr_scale = decision.lr_scale
-            self._gen.set_hyper(learning_rate=self.base_lr * self._lr_scale)
+            self._flush()
+            lr, gen = self.base_lr * self._lr_scale, self._gen
+            self._channel.call(lambda: gen.set_hyper(learning_rate=lr))
         barrier = decision.barrier and s.pending_workers
         if barrier:
             s.round += 1
@@ -195,31 +218,56 @@ class Engine:
         for g in decision.grants:
             s.granted[g.worker] += 1
             seqs.append(s.granted[g.worker])
-        rows = tf.constant(token_rows(decision.grants, [s.round] * len(seqs), seqs)
-                           if decision.grants else np.zeros((0, 5), np.int64))
+        rows = token_rows(decision.grants, [s.round] * len(seqs), seqs)
         if barrier:
-            self._gen.control.barrier(tf.constant(len(s.pending_workers), tf.int32), rows)
+            self._flush()  # grants decided before the barrier go out before it
+            self._channel.barrier(len(s.pending_workers), rows)
             s.updates += 1
             s.pending_workers, s.pending_samples = [], 0
         elif decision.grants:
-            self._gen.control.release(rows)
+            self._unreleased.append(rows)
         if decision.grants:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
+
+    def _flush(self) -> None:
+        """Release the buffered grants of every decision since the last flush, in one call."""
+        if self._unreleased:
+            rows = np.concatenate(self._unreleased) if len(self._unreleased) > 1 else self._unreleased[0]
+            self._unreleased = []
+            self._channel.release(rows)
 
     def _outstanding(self) -> int:
         s = self.state
         return sum(g - c for g, c in zip(s.granted, s.clocks))
 
     # -- receiving pushes ----------------------------------------------------------------
+    def _ready_results(self) -> list:
+        """Results already waiting (no blocking), so their grants go out in one release."""
+        out = []
+        while True:
+            try:
+                gen, value, err = self._results.get_nowait()
+            except queue.Empty:
+                return out
+            if gen is not self._gen:
+                continue
+            self._standing -= 1
+            if err is not None:
+                self._raise_if_dead(err)
+                raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
+            out.append(value)
+
     def _next_result(self):
         """The next finished closure of the current generation, watching for dead tasks,
-        timeouts and policy timers."""
+        timeouts and policy timers. Grants buffered so far are released first."""
+        self._flush()
         waited = 0.0
         while True:
             if time.monotonic() - self._dead_checked > 0.5:  # results may keep coming from others
                 self._dead_checked = time.monotonic()
                 self._raise_if_dead()
+                self._channel.check()
             timeout = 0.5
             if self._wake_at is not None:
                 timeout = max(0.0, min(timeout, self._wake_at - time.time()))
@@ -253,7 +301,8 @@ class Engine:
                 f"last checkpoint in {self.run_dir}/checkpoints") from cause
 
     def _record(self, result, policy: Policy) -> Push | None:
-        wid, token, start, end, loss, version = (np.asarray(v) for v in result)
+        r = np.asarray(result)
+        wid, token, (start, end, loss, version) = r[0], r[1:5].astype(np.int64), r[5:9]
         if int(token[BATCH]) == 0:
             return None
         s = self.state
@@ -300,19 +349,20 @@ class Engine:
                 e = int((self.state.samples - start_samples) / self.epoch_samples)
                 if e != epoch:
                     epoch = e
-                    self._gen.set_hyper(momentum=phase.momentum(e))
+                    m, gen = phase.momentum(e), self._gen
+                    self._channel.call(lambda: gen.set_hyper(momentum=m))
             result = self._next_result()
             if result is None:  # timer
                 self._wake_at = None
                 self._apply(policy.on_timer(self.view()), policy)
                 continue
-            if self._gen is not None and not self._closing:
+            for result in [result] + self._ready_results():
                 self._schedule()
-            push = self._record(result, policy)
-            if push is None or self.state.samples >= end_samples:
-                continue  # the workload of this phase is done: drain, grant nothing more
-            self._apply(policy.on_push(push, self.view()), policy)
-            self._check_live(policy)
+                push = self._record(result, policy)
+                if push is None or self.state.samples >= end_samples:
+                    continue  # the workload of this phase is done: drain, grant nothing more
+                self._apply(policy.on_push(push, self.view()), policy)
+                self._check_live(policy)
             if self.progress:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
@@ -338,6 +388,8 @@ class Engine:
         self._apply(policy.finish(self.view()), policy)
         if self.state.pending_workers:
             self._apply(Decision(barrier=True), policy)
+        self._flush()
+        self._channel.sync()
 
     def _save(self, why: str) -> str:
         t = time.time()
@@ -352,18 +404,24 @@ class Engine:
         t0 = time.time()
         self._drain(old)
         t_drained = time.time()
+        parts = {}
         if phase.switch == "restart":
             path = self._save("switch")
+            parts["save_s"] = time.time() - t_drained
             cluster = self._next_cluster or self._launch()
             self._next_cluster = None
+            t = time.time()
             self._close_generation(kill=True)
-            self._open_generation(cluster, restore=path)
+            parts["stop_old_s"] = time.time() - t
+            t = time.time()
+            parts.update(self._open_generation(cluster, restore=path))
+            parts["start_new_s"] = time.time() - t
         self._set_config(phase)
         t1 = time.time()
         event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch,
                  "samples": self.state.samples, "updates": self.state.updates,
                  "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
-                 "overhead_s": round(t1 - t0, 4)}
+                 "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
         self.switches.append(event)
         self.recorder.event("switch", **event)
         logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
