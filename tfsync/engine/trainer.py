@@ -198,14 +198,14 @@ class Engine:
             num_workers=s.num_workers, clocks=tuple(s.clocks), granted=tuple(s.granted),
             round=s.round, pending_workers=tuple(s.pending_workers), pending_samples=s.pending_samples,
             pushes=s.pushes, updates=s.updates, samples=s.samples, now=time.time(),
-            active=frozenset(s.active), history=tuple(self.history))
+            active=frozenset(s.active), history=self.history)  # live, read-only by contract
 
     # -- carrying out decisions ----------------------------------------------------------
     def _apply(self, decision: Decision, policy: Policy) -> None:
         s = self.state
-        members = (set(s.active) - set(decision.remove)) | set(decision.restore)
-        validate_decision(decision, self.view(), frozenset(members))
-        s.active = members
+        if decision.remove or decision.restore:
+            s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
+        validate_decision(decision, frozenset(s.active))
         if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
             self._lr_scale = decision.lr_scale
             self._flush()

@@ -136,7 +136,7 @@ class ClusterView:
     applied (a round under BSP, a push under ASP); ``samples``: examples pushed.
     ``now``: coordinator time in seconds. ``active``: the members (None = all).
     ``resources``: latest CPU/memory sample per worker, where a monitor provides them.
-    ``history``: recent pushes, newest last.
+    ``history``: recent pushes, newest last (a live sequence: read it, never change it).
     """
 
     num_workers: int
@@ -249,7 +249,7 @@ class PolicyError(RuntimeError):
     """A policy returned a decision the cluster cannot carry out (a bug in the policy)."""
 
 
-def validate_decision(decision: Decision, view: ClusterView, members: frozenset[int]) -> None:
+def validate_decision(decision: Decision, members: frozenset[int]) -> None:
     """Raise PolicyError if a decision names non-members or bad batch sizes.
 
     ``members`` is the membership after the decision's remove/restore."""
