@@ -51,6 +51,7 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
     phases = [Phase(BSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch=switch)]
     summary = engine.run(phases, total_samples=6 * 16)
     assert summary["updates"] == 6 and summary["samples"] == 96
+    assert summary["optimizer_iterations"] == 6  # the step counter continued through the switch
     for got, want in zip(engine.final_weights(), ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     sw = summary["switches"][0]

@@ -489,7 +489,8 @@ class Engine:
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
             "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
-            "clocks": list(s.clocks), "meta": self.setup.meta,
+            "clocks": list(s.clocks), "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),
+            "meta": self.setup.meta,
         }
 
     def close(self, graceful: bool = True) -> None:

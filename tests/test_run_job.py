@@ -1,0 +1,84 @@
+"""`tfsync run` as a user runs it: a real job on a local cluster, and Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+JOB = """
+[job]
+name = "t"
+run_dir = "{run_dir}"
+[model]
+name = "linear"
+[train]
+batch_size = 32
+learning_rate = 0.05
+epochs = {epochs}
+checkpoint_every = 50
+[[protocol]]
+name = "bsp"
+until = 0.5
+[[protocol]]
+name = "asp"
+"""
+
+
+def _job(tmp_path, epochs):
+    run_dir = tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=run_dir, epochs=epochs))
+    return job, run_dir
+
+
+def _tasks_of(pid):
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "tfsync.engine.server" in " ".join(p.info["cmdline"] or []) and f"--parent-pid {pid}" in " ".join(p.info["cmdline"])]
+
+
+def test_run_trains_bsp_then_asp_and_writes_its_records(tmp_path):
+    job, run_dir = _job(tmp_path, 0.5)
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json",
+                        "--data", os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
+    assert summary["switches"][0]["method"] == "hot"
+    assert summary["test_accuracy"] > 0.7  # a linear model, half an epoch of 6000 real digits
+    assert summary["timeline"][0]["lr"] == pytest.approx(0.1)  # BSP runs n * eta (paper 003 §IV-C)
+    assert summary["timeline"][1]["lr"] == pytest.approx(0.05)
+    records = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
+    pushes = [x for x in records if "worker" in x]
+    assert {x["protocol"] for x in pushes} == {"bsp", "asp"} and len(pushes) == summary["pushes"]
+    assert os.listdir(run_dir / "tb") and (run_dir / "summary.json").exists()
+
+
+def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
+    job, run_dir = _job(tmp_path, 50)
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and '"worker"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        assert len(_tasks_of(proc.pid)) == 3
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("tfsync: error: interrupted")
+    time.sleep(1)
+    assert _tasks_of(proc.pid) == [], "task processes outlived tfsync run"
