@@ -9,6 +9,7 @@ keeps the generation.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,30 +46,50 @@ class TrainSetup:
 
 
 def _transport(x: np.ndarray):
-    """Ship 8-bit images as uint8 (4x smaller graphs), scale back on the worker."""
+    """Ship 8-bit images as uint8 (4x smaller), scale back on the worker."""
     if x.dtype == np.float32 and x.size and np.array_equal(np.round(x * 255) / 255, x):
         return np.round(x * 255).astype(np.uint8), 1.0 / 255
     return x, None
 
 
-def make_dataset_fn(setup: TrainSetup):
-    x, scale = _transport(setup.x_train)
-    y = setup.y_train
+def write_records(setup: TrainSetup, data_dir: str) -> dict:
+    """Write the training arrays as fixed-length binary records that workers read with
+    ``FixedLengthRecordDataset``: a graph constant of the data set would be shipped to
+    every worker at every (re)connect, seconds for MNIST. The files must be readable at
+    the same path on every worker host (true for a local cluster)."""
+    x, scale = _transport(np.ascontiguousarray(setup.x_train))
+    y = np.ascontiguousarray(setup.y_train.astype(np.int64))
+    os.makedirs(data_dir, exist_ok=True)
+    paths = {"x": os.path.join(data_dir, "train_x.bin"), "y": os.path.join(data_dir, "train_y.bin")}
+    x.tofile(paths["x"])
+    y.tofile(paths["y"])
+    return {**paths, "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y)}
+
+
+def make_dataset_fn(setup: TrainSetup, records: dict):
+    shape, n = tuple(records["x_shape"]), records["n"]
+    dtype = tf.as_dtype(records["x_dtype"])
+    row_bytes = int(np.prod(shape)) * dtype.size
+    scale = records["scale"]
+
+    def decode(xr, yr):  # a whole batch of records at once
+        xv = tf.reshape(tf.io.decode_raw(xr, dtype), (-1, *shape))
+        xv = tf.cast(xv, tf.float32) * scale if scale is not None else xv
+        return xv, tf.reshape(tf.io.decode_raw(yr, tf.int64), [-1])
 
     def dataset_fn():
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = tf.data.Dataset.zip((tf.data.FixedLengthRecordDataset(records["x"], row_bytes),
+                                  tf.data.FixedLengthRecordDataset(records["y"], 8)))
         if setup.shuffle:
-            ds = ds.shuffle(len(y), reshuffle_each_iteration=True)  # unseeded: each worker differs
+            ds = ds.shuffle(n, reshuffle_each_iteration=True)  # unseeded: each worker differs
         ds = ds.repeat().batch(setup.max_batch_size, drop_remainder=True)
-        if scale is not None:
-            ds = ds.map(lambda a, b: (tf.cast(a, tf.float32) * scale, b))
-        return ds.prefetch(2)
+        return ds.map(lambda xr, yr: decode(xr, yr)).prefetch(2)
 
     return dataset_fn
 
 
 class Generation:
-    def __init__(self, cluster: LocalCluster, setup: TrainSetup):
+    def __init__(self, cluster: LocalCluster, setup: TrainSetup, records: dict):
         self.cluster = cluster
         self.num_workers = len(cluster.spec["worker"])
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -85,7 +106,7 @@ class Generation:
                 self.optimizer.momentum = self.momentum  # read per update: changeable at a switch
         self.control = PSControl(self.num_workers, self.model, self.optimizer)
         self.worker_ids = tfcompat.worker_index_values(self.coordinator, self.num_workers)
-        self.iterator = iter(self.coordinator.create_per_worker_dataset(make_dataset_fn(setup)))
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(make_dataset_fn(setup, records)))
         self.step_fn = make_step_fn(self.model, self.control, setup.loss_fn)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               momentum=self.momentum)

@@ -27,7 +27,7 @@ from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, Pus
 from .channel import PSChannel
 from .cluster import ClusterError, LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
-from .generation import Generation, TrainSetup
+from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class Engine:
         self._final_weights = None
         self._dead_checked = 0.0
         self._unreleased: list[np.ndarray] = []
+        self._records: dict | None = None
 
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
@@ -127,7 +128,9 @@ class Engine:
         t0 = time.time()
         cluster.wait_ready()
         t1 = time.time()
-        gen = Generation(cluster, self.setup)
+        if self._records is None:
+            self._records = write_records(self.setup, os.path.join(self.run_dir, "data"))
+        gen = Generation(cluster, self.setup, self._records)
         t2 = time.time()
         if restore:
             gen.checkpoint.restore(restore).assert_existing_objects_matched()
