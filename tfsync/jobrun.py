@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -26,9 +27,8 @@ def build_phases(cfg: JobConfig, num_train: int):
         sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else policies.BatchSizer(hyper.batch_size)
         options = {"staleness": p.staleness} if p.staleness is not None else {}
         momentum = hyper.momentum
-        if after_switch and conf.momentum.startswith("ramp"):
-            def momentum(epochs, conf=conf):  # noqa: E306 - ramps per epoch after the switch (Fig. 8b)
-                return conf.momentum_after(cfg.train.momentum, n, epochs)
+        if after_switch and conf.momentum.startswith("ramp"):  # per epoch after the switch (Fig. 8b)
+            momentum = functools.partial(conf.momentum_after, cfg.train.momentum, n)
         phases.append(Phase(policies.get(p.name, sizer=sizer, **options), until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name

@@ -25,7 +25,7 @@ import tensorflow as tf
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from .channel import PSChannel
-from .cluster import ClusterError, LocalCluster
+from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
