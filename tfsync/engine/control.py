@@ -21,6 +21,35 @@ BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
 MODE_APPLY, MODE_AGGREGATE = 0, 1
 
 
+def weighted_flat(grads, batch_size):
+    """``[|B| * g (flattened), |B|]``: what one AGGREGATE push adds to the accumulator."""
+    b = tf.cast(batch_size, tf.float32)
+    return tf.concat([tf.reshape(g, [-1]) * b for g in grads] + [tf.reshape(b, [1])], 0)
+
+
+def weighted_mean(flat, variables, sizes):
+    """Per-variable gradients from the accumulator's average of ``weighted_flat`` pushes:
+    sum(|B_i| g_i) / sum(|B_i|), whatever number of pushes it averaged (paper 002 eq. 8)."""
+    parts = tf.split(flat[:-1] / flat[-1], sizes)
+    return [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
+
+
+def apply_update(optimizer, grads, variables):
+    """One optimizer update without ``apply_gradients`` (its merge_call cannot run inside
+    ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable."""
+    for g, v in zip(grads, variables):
+        with tf.device(v.device):
+            optimizer.update_step(g, v)
+    optimizer.iterations.assign_add(1)
+
+
+def read_back(optimizer, variables):
+    """Reads ordered after every update of these variables and the optimizer's state: a
+    control dependency on them makes a release wait until the whole update has landed
+    (a dependency on one variable would not cover the others)."""
+    return [v.read_value() for v in list(variables) + list(optimizer.variables)]
+
+
 class PSControl:
     def __init__(self, num_workers: int, model, optimizer, device: str = "/job:ps/task:0",
                  capacity: int = 1024):
@@ -44,15 +73,11 @@ class PSControl:
 
     def apply(self, grads):
         """ASP-like: apply one worker's gradient now."""
-        for g, v in zip(grads, self.variables):
-            self.optimizer.update_step(g, v)
-        self.optimizer.iterations.assign_add(1)
+        apply_update(self.optimizer, grads, self.variables)
         return tf.constant(True)
 
     def aggregate(self, grads, batch_size, round_):
-        b = tf.cast(batch_size, tf.float32)
-        flat = tf.concat([tf.reshape(g, [-1]) * b for g in grads] + [tf.reshape(b, [1])], 0)
-        self.accumulator.apply_grad(flat, local_step=round_)
+        self.accumulator.apply_grad(weighted_flat(grads, batch_size), local_step=round_)
         return tf.constant(True)
 
     # -- coordinator side -----------------------------------------------------------------
@@ -69,32 +94,23 @@ class PSControl:
         """Apply the round's weighted mean gradient, then release ``tokens`` (one call)."""
         with tf.device(self.device):
             flat = self.accumulator.take_grad(num_required)
-            total = flat[-1]
-            mean = flat[:-1] / total
-        offset = 0
-        for size, v in zip(self.sizes, self.variables):
-            g = tf.reshape(mean[offset:offset + size], v.shape)
-            offset += size
-            self.optimizer.update_step(g, v)
-        self.optimizer.iterations.assign_add(1)
-        # Release only after every update landed: reading a variable is ordered after
-        # its assignments; a dependency on one variable would not cover the others.
-        done = [v.read_value() for v in self.variables + list(self.optimizer.variables)]
-        with tf.control_dependencies(done):
+            mean = weighted_mean(flat, self.variables, self.sizes)
+        apply_update(self.optimizer, mean, self.variables)
+        with tf.control_dependencies(read_back(self.optimizer, self.variables)):
             self._release(tokens)
-        return total
+        return flat[-1]
 
     def set_round(self, round_: int) -> None:
         with tf.device(self.device):
             self.accumulator.set_global_step(round_)
 
 
-def token_rows(grants, rounds, seqs) -> np.ndarray:
+def token_rows(grants, round_: int, seqs) -> np.ndarray:
     """Rows ``[worker, batch, mode, round, seq]`` for ``release``/``barrier``."""
     rows = np.zeros((len(grants), TOKEN_LEN + 1), np.int64)
-    for r, (g, rnd, seq) in enumerate(zip(grants, rounds, seqs)):
+    for r, (g, seq) in enumerate(zip(grants, seqs)):
         mode = MODE_AGGREGATE if g.mode.value == "aggregate" else MODE_APPLY
-        rows[r] = (g.worker, g.batch_size, mode, rnd, seq)
+        rows[r] = (g.worker, g.batch_size, mode, round_, seq)
     return rows
 
 

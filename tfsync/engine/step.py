@@ -15,8 +15,6 @@ import tensorflow as tf
 
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl
 
-RESULT_LEN = 9
-
 
 def make_step_fn(model, control: PSControl, loss_fn):
     variables = control.variables

@@ -221,7 +221,7 @@ class Engine:
         for g in decision.grants:
             s.granted[g.worker] += 1
             seqs.append(s.granted[g.worker])
-        rows = token_rows(decision.grants, [s.round] * len(seqs), seqs)
+        rows = token_rows(decision.grants, s.round, seqs)
         if barrier:
             self._flush()  # grants decided before the barrier go out before it
             self._channel.barrier(len(s.pending_workers), rows)

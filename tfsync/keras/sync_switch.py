@@ -52,6 +52,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from ..engine import tfcompat
+from ..engine.control import apply_update, read_back, weighted_flat, weighted_mean
 
 logger = logging.getLogger(__name__)
 
@@ -167,17 +168,13 @@ class SyncSwitch:
         opt, variables = self.optimizer, self.model.trainable_variables
 
         def apply(gs):
-            for g, v in zip(gs, variables):
-                with tf.device(v.device):  # update math beside the variable, as extended.update does
-                    opt.update_step(g, v)
-            opt.iterations.assign_add(1)
-            return [v.read_value() for v in variables + list(opt.variables)]
+            apply_update(opt, gs, variables)
+            return read_back(opt, variables)
 
         def leader():
             with tf.device(self.device):
                 flat = self.accumulator.take_grad(self.num_workers)
-                parts = tf.split(flat[:-1] / flat[-1], self.sizes)
-                mean = [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
+                mean = weighted_mean(flat, variables, self.sizes)
             done = apply(mean)
             with tf.control_dependencies(done):  # release only after every update landed
                 nxt = token[0] + 1
@@ -186,8 +183,7 @@ class SyncSwitch:
                 return tf.cond(switch, lambda: self._switch(nxt), lambda: self._open(nxt))
 
         def bsp():
-            b = tf.cast(batch_size, tf.float32)
-            flat = tf.concat([tf.reshape(g, [-1]) * b for g in grads] + [tf.reshape(b, [1])], 0)
+            flat = weighted_flat(grads, batch_size)
             with tf.device(self.device):
                 pushed = self.accumulator.apply_grad(flat, local_step=token[0])
             with tf.control_dependencies([pushed]):
