@@ -62,10 +62,6 @@ class RunRecorder:
         self._metrics.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
         self._metrics.flush()
 
-    def scalar(self, name: str, value: float, step: int) -> None:
-        if self._tb is not None:
-            self._tb.scalars(step, {name: value})
-
     def summary(self, data: dict) -> str:
         path = os.path.join(self.run_dir, "summary.json")
         tmp = path + ".tmp"

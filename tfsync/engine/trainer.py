@@ -109,7 +109,6 @@ class Engine:
         self._closing = False
         self._final_weights = None
         self._dead_checked = 0.0
-        self._unreleased: list[np.ndarray] = []
         self._records: dict | None = None
 
     # -- cluster generations ------------------------------------------------------------
@@ -204,14 +203,13 @@ class Engine:
             active=frozenset(s.active), history=self.history)  # live, read-only by contract
 
     # -- carrying out decisions ----------------------------------------------------------
-    def _apply(self, decision: Decision, policy: Policy) -> None:
+    def _apply(self, decision: Decision) -> None:
         s = self.state
         if decision.remove or decision.restore:
             s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
         validate_decision(decision, frozenset(s.active))
         if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
             self._lr_scale = decision.lr_scale
-            self._flush()
             lr, gen = self.base_lr * self._lr_scale, self._gen
             self._channel.call(lambda: gen.set_hyper(learning_rate=lr))
         barrier = decision.barrier and s.pending_workers
@@ -222,49 +220,24 @@ class Engine:
             s.granted[g.worker] += 1
             seqs.append(s.granted[g.worker])
         rows = token_rows(decision.grants, s.round, seqs)
-        if barrier:
-            self._flush()  # grants decided before the barrier go out before it
+        if barrier:  # the channel is FIFO: earlier releases go out before the barrier
             self._channel.barrier(len(s.pending_workers), rows)
             s.updates += 1
             s.pending_workers, s.pending_samples = [], 0
         elif decision.grants:
-            self._unreleased.append(rows)
+            self._channel.release(rows)  # merged there with every release still waiting
         if decision.grants:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
-
-    def _flush(self) -> None:
-        """Release the buffered grants of every decision since the last flush, in one call."""
-        if self._unreleased:
-            rows = np.concatenate(self._unreleased) if len(self._unreleased) > 1 else self._unreleased[0]
-            self._unreleased = []
-            self._channel.release(rows)
 
     def _outstanding(self) -> int:
         s = self.state
         return sum(g - c for g, c in zip(s.granted, s.clocks))
 
     # -- receiving pushes ----------------------------------------------------------------
-    def _ready_results(self) -> list:
-        """Results already waiting (no blocking), so their grants go out in one release."""
-        out = []
-        while True:
-            try:
-                gen, value, err = self._results.get_nowait()
-            except queue.Empty:
-                return out
-            if gen is not self._gen:
-                continue
-            self._standing -= 1
-            if err is not None:
-                self._raise_if_dead(err)
-                raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
-            out.append(value)
-
     def _next_result(self):
         """The next finished closure of the current generation, watching for dead tasks,
-        timeouts and policy timers. Grants buffered so far are released first."""
-        self._flush()
+        timeouts and policy timers."""
         waited = 0.0
         while True:
             if time.monotonic() - self._dead_checked > 0.5:  # results may keep coming from others
@@ -344,7 +317,7 @@ class Engine:
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int, total: int) -> None:
         policy = phase.policy
-        self._apply(policy.start(self.view()), policy)
+        self._apply(policy.start(self.view()))
         self._check_live(policy)
         start_samples, epoch = self.state.samples, 0
         while self.state.samples < end_samples:
@@ -357,22 +330,21 @@ class Engine:
             result = self._next_result()
             if result is None:  # timer
                 self._wake_at = None
-                self._apply(policy.on_timer(self.view()), policy)
+                self._apply(policy.on_timer(self.view()))
                 continue
-            for result in [result] + self._ready_results():
-                self._schedule()
-                push = self._record(result, policy)
-                if push is None or self.state.samples >= end_samples:
-                    continue  # the workload of this phase is done: drain, grant nothing more
-                self._apply(policy.on_push(push, self.view()), policy)
-                self._check_live(policy)
+            self._schedule()
+            push = self._record(result, policy)
+            if push is None or self.state.samples >= end_samples:
+                continue  # the workload of this phase is done: drain, grant nothing more
+            self._apply(policy.on_push(push, self.view()))
+            self._check_live(policy)
             if self.progress:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
                     and self.state.samples < end_samples:
                 self._drain(policy)
                 self._save("periodic")
-                self._apply(policy.start(self.view()), policy)
+                self._apply(policy.start(self.view()))
         self._drain(policy)
 
     def _check_live(self, policy: Policy) -> None:
@@ -388,10 +360,9 @@ class Engine:
                 continue
             self._schedule()
             self._record(result, policy)
-        self._apply(policy.finish(self.view()), policy)
+        self._apply(policy.finish(self.view()))
         if self.state.pending_workers:
-            self._apply(Decision(barrier=True), policy)
-        self._flush()
+            self._apply(Decision(barrier=True))
         self._channel.sync()
 
     def _save(self, why: str) -> str:

@@ -75,13 +75,10 @@ class Decision:
     lr_scale: float | None = None
     wake_at: float | None = None
 
-    def __post_init__(self):
-        for name in ("grants",):
-            if not isinstance(getattr(self, name), tuple):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
-        for name in ("remove", "restore"):
-            if not isinstance(getattr(self, name), frozenset):
-                object.__setattr__(self, name, frozenset(getattr(self, name)))
+    def __post_init__(self):  # accept any iterables; store immutable ones
+        object.__setattr__(self, "grants", tuple(self.grants))
+        object.__setattr__(self, "remove", frozenset(self.remove))
+        object.__setattr__(self, "restore", frozenset(self.restore))
 
 
 NOTHING = Decision()
