@@ -104,14 +104,27 @@ def test_bad_protocol_name():
     e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
     assert e.field == "protocol[0].name"
     assert str(e) == ('job.toml: protocol[0].name = "bspx": must be one of '
-                      '"bsp", "asp", "ssp"')
+                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp"')
 
 
 def test_protocol_registry_is_extensible(monkeypatch):
-    monkeypatch.setattr(config, "PROTOCOLS", config.PROTOCOLS + ("pssp",))
-    monkeypatch.setattr(config, "STALENESS_PROTOCOLS", config.STALENESS_PROTOCOLS + ("pssp",))
-    c = JobConfig.from_dict({"protocol": [{"name": "pssp", "staleness": 5}]})
-    assert c.protocol == (Phase("pssp", until=1.0, staleness=5),)
+    monkeypatch.setattr(config, "PROTOCOLS", config.PROTOCOLS + ("dsps",))
+    monkeypatch.setitem(config.PHASE_OPTIONS, "staleness", config.PHASE_OPTIONS["staleness"] + ("dsps",))
+    c = JobConfig.from_dict({"protocol": [{"name": "dsps", "staleness": 5}]})
+    assert c.protocol == (Phase("dsps", until=1.0, staleness=5),)
+
+
+def test_fluentps_and_elastic_bsp_options():
+    c = JobConfig.from_dict({"protocol": [
+        {"name": "pssp", "until": 0.3, "probability": "dynamic", "execution": "soft"},
+        {"name": "elastic_bsp", "lookahead": 30}]})
+    assert c.protocol[0].options() == {"staleness": 3, "probability": "dynamic", "execution": "soft"}
+    assert c.protocol[1].options() == {"lookahead": 30}
+    assert _error({"protocol": [{"name": "pssp", "probability": 1.5}]}).field == "protocol[0].probability"
+    assert _error({"protocol": [{"name": "pssp", "probability": "often"}]}).field == "protocol[0].probability"
+    assert _error({"protocol": [{"name": "pssp", "execution": "eager"}]}).field == "protocol[0].execution"
+    e = _error({"protocol": [{"name": "ssp", "lookahead": 4}]})
+    assert e.field == "protocol[0].lookahead" and '"elastic_bsp"' in str(e)
 
 
 def test_non_increasing_until():
@@ -136,7 +149,7 @@ def test_until_rules():
 
 def test_staleness_only_for_ssp():
     e = _error({"protocol": [{"name": "asp", "staleness": 2}]})
-    assert e.field == "protocol[0].staleness" and '"ssp"' in str(e)
+    assert e.field == "protocol[0].staleness" and '"ssp", "pssp"' in str(e)
     assert _error({"protocol": [{"name": "ssp", "staleness": -1}]}).field == \
         "protocol[0].staleness"
 

@@ -15,8 +15,13 @@ import tomllib
 from typing import Any, Callable
 
 # Registries: other modules may extend these tuples (e.g. PROTOCOLS += ("pssp",)).
-PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp")
-STALENESS_PROTOCOLS: tuple[str, ...] = ("ssp",)  # phases that take a staleness bound
+PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp")
+# Which protocols take each phase option (the policy's constructor argument of that name).
+PHASE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "staleness": ("ssp", "pssp"), "probability": ("pssp",), "execution": ("pssp",),
+    "lookahead": ("elastic_bsp",),
+}
+EXECUTIONS: tuple[str, ...] = ("lazy", "soft")
 DATASETS: tuple[str, ...] = ("mnist", "cifar10")
 MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
 OPTIMIZERS: tuple[str, ...] = ("sgd",)
@@ -80,12 +85,19 @@ class TrainSection:
 class Phase:
     name: str  # one of PROTOCOLS
     until: float = 1.0  # fraction of the total workload at which this phase ends
-    staleness: int | None = None  # STALENESS_PROTOCOLS only; default DEFAULT_STALENESS
+    staleness: int | None = None  # ssp, pssp; default DEFAULT_STALENESS
+    probability: float | str | None = None  # pssp: pause probability c, or "dynamic"
+    execution: str | None = None  # pssp: "lazy" or "soft" answer of delayed pulls
+    lookahead: int | None = None  # elastic_bsp: predicted iterations R per worker
     batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
 
     def __post_init__(self):
-        if self.staleness is None and self.name in STALENESS_PROTOCOLS:
+        if self.staleness is None and self.name in PHASE_OPTIONS["staleness"]:
             object.__setattr__(self, "staleness", DEFAULT_STALENESS)
+
+    def options(self) -> dict:
+        """The policy's keyword arguments this phase sets."""
+        return {k: getattr(self, k) for k in PHASE_OPTIONS if getattr(self, k) is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +219,11 @@ _CHECKS: dict[str, Callable] = {
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
     "switch.momentum": _choice("SWITCH_MOMENTUM"),
     "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
-    "protocol.staleness": _int(0),
+    "protocol.staleness": _int(0), "protocol.lookahead": _int(1),
+    "protocol.execution": _choice("EXECUTIONS"),
+    "protocol.probability": _rule(lambda: 'a number in [0, 1] or "dynamic"',
+                                  lambda v: type(v) in (int, float, str),
+                                  lambda v: v == "dynamic" if type(v) is str else 0 <= v <= 1),
 }
 
 
@@ -267,9 +283,10 @@ def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
         if until <= prev:
             _bad(where, f"{f}.until", raw["until"], f"greater than protocol[{i - 1}].until = "
                  f"{prev} (fractions strictly increase)")
-        if "staleness" in v and v["name"] not in STALENESS_PROTOCOLS:
-            _bad(where, f"{f}.staleness", v["staleness"], "left out: staleness applies only to "
-                 + ", ".join(_fmt(n) for n in STALENESS_PROTOCOLS))
+        for opt, takers in PHASE_OPTIONS.items():
+            if opt in v and v["name"] not in takers:
+                _bad(where, f"{f}.{opt}", v[opt], f"left out: {opt} applies only to "
+                     + ", ".join(_fmt(n) for n in takers))
         sizes = raw.get("batch_sizes")
         if sizes is not None:
             if not isinstance(sizes, (list, tuple)) or len(sizes) != workers or \

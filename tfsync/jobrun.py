@@ -25,11 +25,10 @@ def build_phases(cfg: JobConfig, num_train: int):
         after_switch = prev in AGGREGATING and p.name not in AGGREGATING
         hyper = conf.hyper(p.name, n, B, cfg.train.momentum, after_switch=after_switch)
         sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else policies.BatchSizer(hyper.batch_size)
-        options = {"staleness": p.staleness} if p.staleness is not None else {}
         momentum = hyper.momentum
         if after_switch and conf.momentum.startswith("ramp"):  # per epoch after the switch (Fig. 8b)
             momentum = functools.partial(conf.momentum_after, cfg.train.momentum, n)
-        phases.append(Phase(policies.get(p.name, sizer=sizer, **options), until=p.until,
+        phases.append(Phase(policies.get(p.name, sizer=sizer, **p.options()), until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name
     return phases

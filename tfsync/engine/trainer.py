@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from ..pushlog import push_record
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from .channel import PSChannel
@@ -304,14 +305,9 @@ class Engine:
                     arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
                     version=int(version), pushes_during=during)
         self.history.append(push)
-        self.recorder.push({
-            "time": round(now - self._t0, 6), "pushes": s.pushes, "updates": s.updates, "samples": s.samples,
-            "worker": w, "step": push.step, "protocol": policy.name, "batch_size": b,
-            "start": push.start, "end": push.end, "compute_s": round(push.compute_time, 6),
-            "samples_per_s": round(push.samples_per_s, 3), "loss": push.loss, "mode": mode.value,
-            "round": push.round, "dropped": dropped, "version": push.version, "staleness": during,
-            "lr": self.base_lr * self._lr_scale,
-        })
+        self.recorder.push(push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
+                                       samples=s.samples, protocol=policy.name,
+                                       lr=self.base_lr * self._lr_scale))
         return push
 
     # -- phases --------------------------------------------------------------------------

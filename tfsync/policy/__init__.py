@@ -12,10 +12,13 @@ from .asp import ASP
 from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, PolicyError,
                    Push, PushMode)
 from .bsp import BSP
+from .elastic_bsp import ElasticBSP
+from .fluentps import PSSP, FluentPS
 from .sizing import FixedSizer
 from .ssp import SSP
 
-REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP}
+REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP, "fluentps": FluentPS, "pssp": PSSP,
+                                   "elastic_bsp": ElasticBSP}
 
 
 def register(name: str, cls: type[Policy]) -> None:
@@ -45,5 +48,5 @@ def get(spec, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["ASP", "BSP", "SSP", "BatchSizer", "ClusterView", "Decision", "FixedSizer",
+__all__ = ["ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "SSP", "BatchSizer", "ClusterView", "Decision", "FixedSizer",
            "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode", "REGISTRY", "get", "register"]

@@ -30,6 +30,7 @@ Nothing here imports TensorFlow: the engine and the simulator drive the same obj
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import random
 from dataclasses import dataclass, field
@@ -154,20 +155,33 @@ class ClusterView:
     def pending(self) -> int:
         return len(self.pending_workers)
 
-    @property
+    # Derived values are computed once per view. A driver that tracks them incrementally
+    # (the simulator, with 1000s of workers) passes them in through ``known``.
+    @functools.cached_property
     def members(self) -> frozenset[int]:
         return self.active if self.active is not None else frozenset(range(self.num_workers))
 
-    @property
+    @functools.cached_property
     def idle(self) -> frozenset[int]:
         return frozenset(w for w in self.members if self.granted[w] == self.clocks[w])
+
+    @functools.cached_property
+    def in_flight(self) -> int:
+        """Steps granted to members and not yet pushed (running or queued)."""
+        return sum(self.granted[w] - self.clocks[w] for w in self.members)
+
+    @functools.cached_property
+    def min_clock(self) -> int:
+        return min(self.clocks[w] for w in self.members)
 
     def outstanding(self, worker: int) -> int:
         return self.granted[worker] - self.clocks[worker]
 
-    @property
-    def min_clock(self) -> int:
-        return min(self.clocks[w] for w in self.members)
+    def known(self, **values) -> "ClusterView":
+        """Seed derived values (``members``, ``idle``, ``in_flight``, ``min_clock``) that
+        the caller already knows; returns the view."""
+        self.__dict__.update(values)
+        return self
 
 
 class BatchSizer:
@@ -234,8 +248,15 @@ class Policy:
         workers = list(workers)
         if not workers:
             return ()
+        sizer = type(self.sizer)
+        if sizer.sizes is BatchSizer.sizes and sizer.size is BatchSizer.size:  # one size for all
+            return tuple(Grant(w, self.sizer.batch_size, self.mode) for w in workers)
         sizes = self.sizer.sizes(view)
         return tuple(Grant(w, sizes[w], self.mode) for w in workers)
+
+    def stats(self) -> dict:
+        """Counters the policy keeps (e.g. FluentPS's delayed pull requests), for summaries."""
+        return {}
 
     def describe(self) -> dict:
         """Plain-data description for logs and summary.json."""

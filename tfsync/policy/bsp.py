@@ -14,7 +14,7 @@ class BSP(Policy):
     mode = PushMode.AGGREGATE
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
-        if view.idle != view.members:
+        if view.in_flight:
             return NOTHING
         return Decision(self.grants_for(sorted(view.members), view), barrier=True)
 

@@ -22,24 +22,30 @@ class SSP(Policy):
             raise ValueError(f"SSP depth must be >= 1, got {depth!r}")
         self.staleness = int(staleness)
         self.depth = int(depth)
+        self._seen = None
 
     def allowed(self, view: ClusterView) -> int:
         """The highest step number (1-based) any worker may start now."""
         return view.min_clock + self.staleness + 1
 
-    def _top_up(self, view: ClusterView) -> Decision:
+    def _top_up(self, view: ClusterView, workers) -> Decision:
         bound = self.allowed(view)
+        self._seen = (bound, len(view.members))
         grants = []
-        for w in sorted(view.members):
+        for w in workers:
             target = min(bound, view.clocks[w] + self.depth)
             grants += self.grants_for([w] * (target - view.granted[w]), view)
         return Decision(tuple(grants))
 
     def start(self, view: ClusterView) -> Decision:
-        return self._top_up(view)
+        return self._top_up(view, sorted(view.members))
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
-        return self._top_up(view)
+        if (self.allowed(view), len(view.members)) == self._seen:  # only the pusher's room changed
+            workers = [push.worker] if push.worker in view.members else []
+        else:
+            workers = sorted(view.members)
+        return self._top_up(view, workers)
 
     def describe(self) -> dict:
         return {**super().describe(), "staleness": self.staleness, "depth": self.depth}

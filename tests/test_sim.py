@@ -1,0 +1,149 @@
+"""The simulator: deterministic schedules, the engine's record format, speed models,
+and training numbers that match a hand-computed reference. No TensorFlow."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tfsync import policy as P
+from tfsync.policy.base import NOTHING, Policy, PolicyError, PushMode
+from tfsync.pushlog import push_record
+from tfsync.sim import Simulator, SpeedModel, load_cpu_traces
+from tfsync.sim.model import NumpyMLP
+
+pytestmark = pytest.mark.unit
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "traces")
+STRAGGLY = dict(jitter=0.2, straggle_p=0.2, straggle_mean=0.1, straggle_std=0.03)
+
+
+def schedule(result):
+    return [(p.worker, p.step, p.start, p.arrival, p.version) for p in result.log]
+
+
+def test_same_seed_same_schedule_other_seed_differs():
+    runs = [Simulator(4, SpeedModel(seed=s, **STRAGGLY)).run(P.get("ssp", staleness=1), pushes=300)
+            for s in (7, 7, 8)]
+    assert schedule(runs[0]) == schedule(runs[1])
+    assert schedule(runs[0]) != schedule(runs[2])
+
+
+def test_worker_luck_does_not_depend_on_the_policy():
+    """Worker w's k-th step takes as long under every policy (fair comparisons)."""
+    durations = {}
+    for name in ("bsp", "asp"):
+        r = Simulator(3, SpeedModel(seed=3, **STRAGGLY)).run(P.get(name), pushes=60)
+        durations[name] = {(p.worker, p.step): p.end - p.start for p in r.log}
+    common = durations["bsp"].keys() & durations["asp"].keys()
+    assert len(common) >= 45
+    assert all(durations["bsp"][k] == pytest.approx(durations["asp"][k]) for k in common)
+
+
+def test_records_in_engine_format(tmp_path):
+    r = Simulator(2, SpeedModel(seed=1)).run(P.get("bsp"), pushes=10)  # + the round under way
+    r.write(str(tmp_path))
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert len(lines) == r.pushes == 12
+    assert set(lines[0]) == set(push_record(r.log[0], time=0, pushes=1, updates=0, samples=0,
+                                            protocol="bsp", lr=0.0))
+    assert [x["updates"] for x in lines] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # barrier after
+    assert lines[-1]["samples"] == 12 * 32 and lines[0]["protocol"] == "bsp"
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["updates"] == 6 and summary["policy"]["name"] == "bsp"
+
+
+def test_bsp_rounds_read_the_same_weights():
+    r = Simulator(4, SpeedModel(seed=2, **STRAGGLY)).run(P.get("bsp"), pushes=400)
+    by_step = {}
+    for p in r.log:
+        by_step.setdefault(p.step, set()).add(p.version)
+    assert all(v == {k - 1} for k, v in by_step.items())  # round k reads the k-1 updates before it
+    assert r.updates == r.pushes // 4 == 101 and r.staleness()["max"] == 0
+
+
+@pytest.mark.parametrize("s", [0, 2])
+def test_ssp_bound_on_recorded_schedule(s):
+    r = Simulator(4, SpeedModel(seed=5, factors=[1, 1, 1, 4], **STRAGGLY)).run(
+        P.get("ssp", staleness=s), pushes=600)
+    arrivals = {}
+    for p in r.log:
+        arrivals.setdefault(p.worker, []).append(p.arrival)
+    for p in r.log:  # when step k started, every worker had finished step k - s - 1
+        slowest = min(sum(a <= p.start for a in arrivals[w]) for w in arrivals)
+        assert p.step <= slowest + s + 1
+    assert max(p.step for p in r.log) - min(len(a) for a in arrivals.values()) <= s + 1
+
+
+def test_speed_models():
+    sm = SpeedModel(fixed=0.0, per_sample=0.01, factors=[1, 3])
+    assert sm.step_time(0, 10, 0.0) == pytest.approx(0.1)
+    assert sm.step_time(1, 10, 0.0) == pytest.approx(0.3)
+    sm = SpeedModel(fixed=1.0, per_sample=0.0, straggle_p=0.3, straggle_mean=5.0, straggle_std=0.1, seed=4)
+    slow = [sm.step_time(0, 1, 0.0) > 3.0 for _ in range(4000)]
+    assert abs(np.mean(slow) - 0.3) < 4 * np.sqrt(0.3 * 0.7 / 4000)
+    with pytest.raises(ValueError, match="straggle_p"):
+        SpeedModel(straggle_p=1.5)
+
+
+def test_trace_driven_speed_follows_cpu_load():
+    path = os.path.join(TRACES, "alibaba2018", "machine_usage.csv")
+    if not os.path.exists(path):
+        pytest.skip("needs ../shared/data/traces")
+    traces = load_cpu_traces(path)
+    assert len(traces) == 8 and all(np.all(np.diff(t.times) >= 0) for t in traces)
+    sm = SpeedModel(fixed=1.0, per_sample=0.0, traces=traces[:1])
+    times = np.linspace(0, traces[0].times[-1], 500)
+    util = np.array([traces[0].at(t) for t in times])
+    step = np.array([sm.step_time(0, 1, t) for t in times])
+    assert np.allclose(step, 1.0 / np.maximum(1 - util / 100, 0.05))
+    busy, calm = util > np.quantile(util, 0.75), util < np.quantile(util, 0.25)
+    assert step[busy].min() > step[calm].max()
+    bitbrains = load_cpu_traces(os.path.join(TRACES, "bitbrains_rnd_2013-07"), limit=3)
+    assert len(bitbrains) == 3 and all(len(t.times) > 100 for t in bitbrains)
+
+
+def test_a_policy_that_idles_everyone_is_an_error():
+    class Stuck(Policy):
+        name = "stuck"
+
+        def on_push(self, push, view):
+            return NOTHING
+
+    with pytest.raises(PolicyError, match="left every worker idle"):
+        Simulator(2).run(Stuck(), pushes=10)
+
+
+def test_thousand_workers_schedule():
+    r = Simulator(1000, SpeedModel(seed=1, jitter=0.1), record=False).run(P.get("ssp", staleness=2),
+                                                                         pushes=20_000)
+    assert r.pushes >= 20_000 and r.updates == r.pushes and not r.log
+
+
+def _mlp(seed=0):
+    d = np.load(SAMPLE)
+    return NumpyMLP(d["x_train"], d["y_train"], d["x_test"], d["y_test"], hidden=32, seed=seed)
+
+
+def test_bsp_training_matches_a_single_process_reference():
+    """Two workers with batch sizes 16 and 48 under BSP: each round applies the
+    batch-size-weighted mean gradient (paper 002 eq. 8), as one process computes it."""
+    sim_model, ref = _mlp(), _mlp()
+    sim = Simulator(2, SpeedModel(seed=1, **STRAGGLY), model=sim_model, lr=0.1)
+    rounds = sim.run(P.BSP(P.FixedSizer([16, 48])), pushes=20).updates
+    assert rounds == 11  # the limit, then the round under way
+    for _ in range(rounds):
+        (g0, _), (g1, _) = ref.gradient(0, 16), ref.gradient(1, 48)
+        ref.apply([(16 * a + 48 * b) / 64 for a, b in zip(g0, g1)], 0.1)
+    for a, b in zip(sim_model.params, ref.params):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_asp_training_learns_and_sees_staleness():
+    sim = Simulator(4, SpeedModel(seed=1, **STRAGGLY), model=_mlp(), lr=0.05, eval_every=100)
+    r = sim.run(P.get("asp"), pushes=1500)
+    assert r.accuracy[0][2] < 0.3 and r.accuracy[-1][2] > 0.8
+    assert r.staleness()["mean"] > 1 and all(p.mode is PushMode.APPLY for p in r.log)
+    assert r.time_to_accuracy(0.8) is not None

@@ -1,0 +1,115 @@
+"""ElasticBSP (paper 000): a barrier whose time varies, with a different number of
+iterations per worker in each superstep.
+
+At every barrier (§II, §III): predict each worker's next R iteration end times from its
+recent iteration intervals (measured, as in Fig. 2, between consecutive push
+arrivals), find the set Z* with one end time per worker that minimises the spread
+max(Z) - min(Z) (ZipLine, §IV Alg. 2; ours is ``barrier_search.zipline_fast``, exact in
+O(R n log n)), and let worker p run its j_p steps. Pushes in between are applied on
+arrival; each worker's last step of the superstep is aggregated and applied at the
+barrier "similarly to BSP" (§II), so every worker restarts from the same weights.
+
+The first superstep runs one step per worker to measure speeds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import numpy as np
+
+from .barrier_search import SEARCHES
+from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
+
+
+class ElasticBSP(Policy):
+    name = "elastic_bsp"
+
+    def __init__(self, lookahead: int = 15, window: int = 5, search: str = "zipline_fast",
+                 depth: int = 2, sizer: BatchSizer | None = None, seed: int | None = None):
+        super().__init__(sizer, seed)
+        if int(lookahead) < 1:
+            raise ValueError(f"lookahead R must be >= 1, got {lookahead!r}")
+        if int(window) < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        if search not in SEARCHES:
+            raise ValueError(f"unknown barrier search {search!r}; valid: {', '.join(sorted(SEARCHES))}")
+        if int(depth) < 1:
+            raise ValueError(f"depth must be >= 1, got {depth!r}")
+        self.lookahead, self.window, self.search, self.depth = int(lookahead), int(window), search, int(depth)
+        self.intervals: dict[int, collections.deque] = {}
+        self.last_end: dict[int, float] = {}
+        self.target: dict[int, int] = {}  # clock each worker runs to in this superstep
+        self.barriers: collections.deque = collections.deque(maxlen=1000)  # for tests and plots
+        self._superstep_ends: list[float] = []
+        self.search_seconds = 0.0
+
+    # -- prediction and search ------------------------------------------------------------
+    def interval(self, w: int) -> float | None:
+        d = self.intervals.get(w)
+        return sum(d) / len(d) if d else None
+
+    def plan(self, view: ClusterView) -> dict[int, int]:
+        """Steps per worker until the next barrier (paper 000 §III: Z* = argmin d_Z)."""
+        members = sorted(view.members)
+        taus = [self.interval(w) for w in members]
+        if any(t is None for t in taus):
+            return {w: 1 for w in members}  # measure first
+        steps = np.arange(1, self.lookahead + 1)
+        m = view.now + np.outer(taus, steps)  # predicted end times, one row per worker
+        t0 = time.perf_counter()
+        found = SEARCHES[self.search](m)
+        self.search_seconds += time.perf_counter() - t0
+        self.barriers.append({"time": view.now, "workers": members, "predicted": m,
+                              "steps": found.steps, "spread": found.spread})
+        return dict(zip(members, found.steps))
+
+    # -- events --------------------------------------------------------------------------
+    def start(self, view: ClusterView) -> Decision:
+        return self._superstep(view, barrier=view.pending > 0)
+
+    def _superstep(self, view: ClusterView, barrier: bool) -> Decision:
+        for w in view.members:
+            self.last_end[w] = view.now  # intervals restart after the wait at the barrier
+        self.target = {w: view.clocks[w] + j for w, j in self.plan(view).items()}
+        self._superstep_ends = []
+        grants = []
+        for w in sorted(view.members):
+            grants += self._top_up(w, view)
+        return Decision(tuple(grants), barrier=barrier)
+
+    def _top_up(self, w: int, view: ClusterView) -> list:
+        granted, target = view.granted[w], self.target.get(w, view.clocks[w])
+        n = max(0, min(target, view.clocks[w] + self.depth) - granted)
+        grants = list(self.grants_for([w] * n, view))
+        if grants and granted + n == target:  # the superstep's last step waits for the barrier
+            grants[-1] = dataclasses.replace(grants[-1], mode=PushMode.AGGREGATE)
+        return grants
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        w = push.worker
+        if w in self.last_end:
+            self.intervals.setdefault(w, collections.deque(maxlen=self.window)).append(
+                push.arrival - self.last_end[w])
+        self.last_end[w] = push.arrival
+        if w not in view.members:
+            return NOTHING
+        if view.clocks[w] == self.target.get(w):
+            self._superstep_ends.append(push.arrival)
+        if view.in_flight == 0 and len(self._superstep_ends) >= len(self.target):
+            if self._superstep_ends and self.barriers:
+                self.barriers[-1]["wait"] = max(self._superstep_ends) - min(self._superstep_ends)
+            return self._superstep(view, barrier=True)
+        return Decision(tuple(self._top_up(w, view)))
+
+    def stats(self) -> dict:
+        waits = [b["wait"] for b in self.barriers if "wait" in b]
+        return {"barriers": len(self.barriers), "search_seconds": self.search_seconds,
+                "mean_predicted_spread": float(np.mean([b["spread"] for b in self.barriers])) if self.barriers else 0.0,
+                "mean_barrier_wait": float(np.mean(waits)) if waits else 0.0}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "lookahead": self.lookahead, "window": self.window,
+                "search": self.search, "depth": self.depth}

@@ -1,0 +1,32 @@
+"""The one format of a per-push record (a line of ``metrics.jsonl``), shared by the engine
+and the simulator so that the same analysis reads both. TF-free."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+from .policy.base import Push
+
+
+def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: int,
+                protocol: str, lr: float) -> dict:
+    """``time``: seconds since the run began; ``pushes``/``updates``/``samples``: the run's
+    counters after this push; ``staleness``: updates by others while the step ran."""
+    return {
+        "time": round(time, 6), "pushes": pushes, "updates": updates, "samples": samples,
+        "worker": push.worker, "step": push.step, "protocol": protocol, "batch_size": push.batch_size,
+        "start": push.start, "end": push.end, "compute_s": round(push.compute_time, 6),
+        "samples_per_s": round(push.samples_per_s, 3), "loss": push.loss, "mode": push.mode.value,
+        "round": push.round, "dropped": push.dropped, "version": push.version,
+        "staleness": push.pushes_during, "lr": lr,
+    }
+
+
+def write_jsonl(path: str, records: Iterable[dict]) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return path

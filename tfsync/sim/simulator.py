@@ -1,0 +1,281 @@
+"""A discrete-event simulator of a parameter-server cluster, driving the same policy
+objects as the engine (``tfsync.policy``). TF-free and deterministic for a seed.
+
+Time is simulated seconds. A worker runs one granted step at a time: its step starts
+(and reads the weights) when a grant is queued for it and it is free, lasts the speed
+model's step time plus ``comm`` (pull + push), and ends with its push reaching the
+server. The server then asks the policy, exactly as the engine does (paper 004 §3.1,
+Algorithm 1): AGGREGATE pushes wait for the barrier, APPLY pushes update at once.
+
+With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step computes its
+gradient at the weights current when it started, so the staleness the schedule implies
+is the staleness the model sees (paper 004 §4 trains an MLP on MNIST this way).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
+                           validate_decision)
+from ..pushlog import push_record, write_jsonl
+from .speeds import SpeedModel
+
+
+class _MinClock:
+    """The smallest clock among members in O(1) amortised per push (clocks only grow)."""
+
+    def __init__(self, clocks, members):
+        self.counts = collections.Counter(clocks[w] for w in members)
+        self.value = min(self.counts) if self.counts else 0
+
+    def advance(self, old: int) -> None:
+        self.counts[old] -= 1
+        self.counts[old + 1] += 1
+        while not self.counts[self.value]:
+            self.value += 1
+
+
+@dataclass
+class _Step:
+    grant: object
+    round: int
+    granted_at: float
+    start: float = 0.0
+    version: int = 0
+    grads: object = None
+    loss: float = math.nan
+
+
+@dataclass
+class SimResult:
+    """What a run produced: the pushes (engine's format via ``records()``), counters,
+    the policy's own statistics and, with a model, the accuracy curve."""
+
+    policy: dict
+    stats: dict
+    time: float
+    pushes: int
+    updates: int
+    samples: int
+    dropped: int
+    num_workers: int
+    log: list = field(default_factory=list, repr=False)  # Push objects, arrival order
+    counts: list = field(default_factory=list, repr=False)  # (updates, samples) after each push
+    accuracy: list = field(default_factory=list)  # (time, updates, accuracy)
+    lr: float = 0.0
+
+    def records(self) -> list[dict]:
+        out = []
+        for i, (p, (updates, samples)) in enumerate(zip(self.log, self.counts), 1):
+            out.append(push_record(p, time=p.arrival, pushes=i, updates=updates, samples=samples,
+                                   protocol=self.policy.get("name", "?"), lr=self.lr))
+        return out
+
+    def staleness(self) -> dict:
+        s = sorted(p.pushes_during for p in self.log if p.mode is PushMode.APPLY)
+        if not s:
+            return {"mean": 0.0, "p50": 0, "p99": 0, "max": 0}
+        return {"mean": statistics.fmean(s), "p50": s[len(s) // 2],
+                "p99": s[min(len(s) - 1, int(0.99 * len(s)))], "max": s[-1]}
+
+    def time_to_accuracy(self, target: float) -> float | None:
+        return next((t for t, _, a in self.accuracy if a >= target), None)
+
+    def summary(self) -> dict:
+        return {"policy": self.policy, "stats": self.stats, "time": self.time,
+                "pushes": self.pushes, "updates": self.updates, "samples": self.samples,
+                "dropped": self.dropped, "num_workers": self.num_workers,
+                "pushes_per_s": self.pushes / self.time if self.time else 0.0,
+                "staleness": self.staleness(), "accuracy": self.accuracy}
+
+    def write(self, run_dir: str) -> str:
+        """``metrics.jsonl`` and ``summary.json`` in ``run_dir``, as the engine writes them."""
+        os.makedirs(run_dir, exist_ok=True)
+        write_jsonl(os.path.join(run_dir, "metrics.jsonl"), self.records())
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(self.summary(), f, indent=2)
+        return run_dir
+
+
+class Simulator:
+    """``Simulator(n, SpeedModel(...)).run(policy, pushes=10_000)``.
+
+    ``comm``: seconds of pull + push added to every step. ``model``: optional trainable
+    model (``NumpyMLP``); ``lr`` its base learning rate, scaled by the policy's
+    ``lr_scale``; ``eval_every``: accuracy measured every this many updates.
+    ``record``: keep every Push (turn off for scheduling-only speed runs).
+    """
+
+    def __init__(self, num_workers: int, speeds: SpeedModel | None = None, *, comm: float = 0.0,
+                 model=None, lr: float = 0.05, eval_every: int = 200, record: bool = True,
+                 history: int = 256):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.n = num_workers
+        self.speeds = speeds or SpeedModel()
+        self.comm = float(comm)
+        self.model, self.lr, self.eval_every = model, float(lr), int(eval_every)
+        self.record = record
+        self.now = 0.0
+        self.clocks = [0] * num_workers
+        self.granted = [0] * num_workers
+        self.members = frozenset(range(num_workers))
+        self.round = self.updates = self.pushes = self.samples = self.dropped = 0
+        self.pending: list[int] = []
+        self.pending_samples = 0
+        self._pending_grads: list = []
+        self.lr_scale = 1.0
+        self.history: collections.deque[Push] = collections.deque(maxlen=history)
+        self.log: list[Push] = []
+        self.counts: list[tuple[int, int]] = []
+        self.accuracy: list[tuple[float, int, float]] = []
+        self._queues = [collections.deque() for _ in range(num_workers)]
+        self._running: list[_Step | None] = [None] * num_workers
+        self._events: list = []
+        self._seq = 0
+        self._in_flight = 0
+        self._min = _MinClock(self.clocks, self.members)
+        self._next_eval = 0
+
+    # -- the policy's view ---------------------------------------------------------------
+    def view(self) -> ClusterView:
+        return ClusterView(
+            num_workers=self.n, clocks=tuple(self.clocks), granted=tuple(self.granted),
+            round=self.round, pending_workers=tuple(self.pending), pending_samples=self.pending_samples,
+            pushes=self.pushes, updates=self.updates, samples=self.samples, now=self.now,
+            active=self.members, history=self.history,
+        ).known(members=self.members, in_flight=self._in_flight, min_clock=self._min.value)
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, policy: Policy, *, pushes: int | None = None, updates: int | None = None,
+            samples: int | None = None, time: float | None = None) -> SimResult:
+        """Run ``policy`` until one of the limits is reached (counted from now), then
+        let the steps already granted finish (no new grants) and apply what is
+        aggregated (``policy.finish``). Call again with another policy to switch."""
+        if pushes is None and updates is None and samples is None and time is None:
+            raise ValueError("give a limit: pushes, updates, samples or time")
+        limits = (self.pushes + pushes if pushes is not None else math.inf,
+                  self.updates + updates if updates is not None else math.inf,
+                  self.samples + samples if samples is not None else math.inf,
+                  self.now + time if time is not None else math.inf)
+        if self.model is not None and not self.accuracy:
+            self._evaluate()
+        self._apply(policy.start(self.view()))
+        while not (self.pushes >= limits[0] or self.updates >= limits[1]
+                   or self.samples >= limits[2] or self.now >= limits[3]):
+            if not self._events:
+                raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
+                                  f"granted (pushes so far: {self.pushes})")
+            self._event(policy)
+        self._drain(policy)
+        return SimResult(policy.describe(), policy.stats(), self.now, self.pushes, self.updates,
+                         self.samples, self.dropped, self.n, list(self.log), list(self.counts),
+                         list(self.accuracy), self.lr)
+
+    def _drain(self, policy: Policy) -> None:
+        for w in range(self.n):  # grants not started yet are withdrawn
+            q = self._queues[w]
+            self.granted[w] -= len(q)
+            self._in_flight -= len(q)
+            q.clear()
+        self._events = [e for e in self._events if e[2] >= 0]  # timers belong to the policy
+        heapq.heapify(self._events)
+        while self._events:
+            self._event(None)
+        self._apply(policy.finish(self.view()))
+
+    def _event(self, policy: Policy | None) -> None:
+        t, _, w = heapq.heappop(self._events)
+        self.now = t
+        if w < 0:  # a policy timer
+            self._apply(policy.on_timer(self.view()))
+            return
+        push = self._finish_step(w)
+        if policy is not None:
+            self._apply(policy.on_push(push, self.view()))
+        if self._running[w] is None and self._queues[w]:
+            self._start_step(w)
+
+    def _schedule(self, t: float, w: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, w))
+
+    def _start_step(self, w: int) -> None:
+        step = self._queues[w].popleft()
+        step.start, step.version = self.now, self.updates
+        if self.model is not None:
+            step.grads, step.loss = self.model.gradient(w, step.grant.batch_size)
+        self._running[w] = step
+        self._schedule(self.now + self.speeds.step_time(w, step.grant.batch_size, self.now) + self.comm, w)
+
+    def _finish_step(self, w: int) -> Push:
+        step, self._running[w] = self._running[w], None
+        g = step.grant
+        if w in self.members:
+            self._min.advance(self.clocks[w])
+        self.clocks[w] += 1
+        self.pushes += 1
+        self._in_flight -= 1
+        dropped = g.mode is PushMode.AGGREGATE and step.round < self.round
+        during = self.updates - step.version if g.mode is PushMode.APPLY else 0
+        if dropped:
+            self.dropped += 1
+        else:
+            self.samples += g.batch_size
+            if g.mode is PushMode.AGGREGATE:
+                self.pending.append(w)
+                self.pending_samples += g.batch_size
+                if self.model is not None:
+                    self._pending_grads.append((g.batch_size, step.grads))
+            else:
+                self._update(step.grads)
+        push = Push(w, self.clocks[w], g.batch_size, step.start, self.now, self.now, step.loss,
+                    g.mode, step.round, dropped, step.version, during, step.granted_at)
+        self.history.append(push)
+        if self.record:
+            self.log.append(push)
+            self.counts.append((self.updates, self.samples))
+        return push
+
+    def _update(self, grads) -> None:
+        self.updates += 1
+        if self.model is not None:
+            self.model.apply(grads, self.lr * self.lr_scale)
+            if self.updates >= self._next_eval:
+                self._evaluate()
+
+    def _evaluate(self) -> None:
+        self.accuracy.append((self.now, self.updates, self.model.accuracy()))
+        self._next_eval = self.updates + self.eval_every
+
+    def _apply(self, d: Decision) -> None:
+        if d.remove or d.restore:
+            self.members = (self.members - d.remove) | d.restore
+            self._in_flight = sum(self.granted[w] - self.clocks[w] for w in self.members)
+            self._min = _MinClock(self.clocks, self.members)
+        validate_decision(d, self.members)
+        if d.lr_scale is not None:
+            self.lr_scale = d.lr_scale
+        if d.barrier and self.pending:
+            grads = None
+            if self.model is not None:  # batch-size-weighted mean (paper 002 eq. 8)
+                grads = self.model.weighted_mean(self._pending_grads)
+            self.round += 1
+            self.pending, self.pending_samples, self._pending_grads = [], 0, []
+            self._update(grads)
+        for g in d.grants:
+            self.granted[g.worker] += 1
+            self._in_flight += 1
+            self._queues[g.worker].append(_Step(g, self.round, self.now))
+        for g in d.grants:
+            if self._running[g.worker] is None and self._queues[g.worker]:
+                self._start_step(g.worker)
+        if d.wake_at is not None:
+            self._schedule(max(d.wake_at, self.now), -1)
