@@ -113,3 +113,26 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error_and_no_orphans(tiny_pr
     assert killed
     for cluster in engine._clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
+
+
+def test_pssp_then_elastic_bsp_on_real_tasks(tiny_problem, tmp_path):
+    """The simulator's FluentPS and ElasticBSP policy objects drive the real engine: a
+    PSSP phase with lazy pulls, then ElasticBSP supersteps whose last steps aggregate."""
+    from tfsync.policy import PSSP, ElasticBSP
+
+    engine = _engine(tiny_problem, tmp_path)
+    pssp = PSSP(staleness=0, probability=1.0, sizer=FixedSizer([4, 16]), seed=1)
+    elastic = ElasticBSP(lookahead=6, sizer=FixedSizer([4, 16]))
+    summary = engine.run([Phase(pssp, until=0.4), Phase(elastic)], total_samples=1200)
+    assert summary["samples"] >= 1200
+    stats = [t["stats"] for t in summary["timeline"]]
+    assert stats[0]["delayed_pulls"] > 0 and stats[1]["barriers"] >= 3
+    recs = _records(tmp_path)
+    el = [r for r in recs if r["protocol"] == "elastic_bsp"]
+    assert {r["mode"] for r in el} == {"apply", "aggregate"}
+    rounds = sorted({r["round"] for r in el})
+    assert len(rounds) >= 3
+    for rnd in rounds:  # a superstep: each worker ends its steps with one aggregated push
+        for w in (0, 1):
+            steps = [r for r in el if r["round"] == rnd and r["worker"] == w]
+            assert [r["mode"] for r in steps] == ["apply"] * (len(steps) - 1) + ["aggregate"]

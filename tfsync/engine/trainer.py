@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from ..pushlog import push_record
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
+from ..pushlog import push_record
 from .channel import PSChannel
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
@@ -425,6 +425,7 @@ class Engine:
                 self.timeline.append(start)
                 self.recorder.event("phase", **start)
                 self._run_phase(phase, int(round(phase.until * total_samples)), total_samples)
+                start["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
             wall = time.time() - self._t0
             self._save("final")
             summary = self._summary(wall, t_init, total_samples)
