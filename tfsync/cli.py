@@ -109,20 +109,6 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _quiet_resource_deleters() -> None:
-    """TF frees remote resources in ``__del__``; once their tasks are gone that fails
-    harmlessly but prints a traceback per resource. Drop exactly those."""
-    default = sys.unraisablehook
-
-    def hook(info):
-        where = getattr(info.object, "__qualname__", "") or repr(info.object)
-        if "Deleter" in where or "Executor.__del__" in where:
-            return
-        default(info)
-
-    sys.unraisablehook = hook
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tfsync",
@@ -156,7 +142,6 @@ def main(argv=None) -> int:
         # failures itself, in one line.
         logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
         logging.getLogger("absl").setLevel(logging.CRITICAL)
-        _quiet_resource_deleters()
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

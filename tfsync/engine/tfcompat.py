@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import tensorflow as tf
@@ -49,3 +50,20 @@ def cluster_resolver(strategy):
     """The cluster resolver of a ParameterServerStrategy (its public property is None in
     TF 2.21 because ``extended`` has no ``_cluster_resolver``)."""
     return strategy.cluster_resolver or strategy._cluster_resolver
+
+
+def quiet_resource_deleters() -> None:
+    """TF frees remote resources in ``__del__``; once their tasks are gone that fails
+    harmlessly but prints a traceback per resource. Drop exactly those (idempotent)."""
+    default = sys.unraisablehook
+    if getattr(default, "_tfsync_quiet", False):
+        return
+
+    def hook(info):
+        where = getattr(info.object, "__qualname__", "") or repr(info.object)
+        if "Deleter" in where or "Executor.__del__" in where:
+            return
+        default(info)
+
+    hook._tfsync_quiet = True
+    sys.unraisablehook = hook

@@ -30,6 +30,7 @@ from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
+from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Engine:
                  run_dir: str = "runs/engine", base_lr: float | None = None,
                  checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None):
+        quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
         self.run_dir = run_dir
