@@ -3,6 +3,7 @@ brute force, the heuristics against a plain reference of the paper's Algorithm 1
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -173,3 +174,17 @@ def test_brute_force_refuses_huge_inputs():
 
 def test_searches_are_registered():
     assert set(bs.SEARCHES) == {"zipline_fast", "zipline", "grid_scan", "full_grid_scan", "brute_force"}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_wait_share_objective_is_exact(seed):
+    """zipline_fast(M, origin) minimises spread / (max - origin) over all R^n sets."""
+
+    rng = np.random.default_rng(seed)
+    n, R = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    M = np.cumsum(rng.uniform(0.5, 2.0, (n, R)), axis=1)
+    got = bs.zipline_fast(M, origin=0.0)
+    best = min((max(z) - min(z)) / max(z) for z in itertools.product(*M))
+    assert got.spread / got.time == pytest.approx(best, rel=1e-12, abs=1e-15)
+    chosen = [M[p, c - 1] for p, c in enumerate(got.steps)]
+    assert max(chosen) - min(chosen) == pytest.approx(got.spread)

@@ -1,6 +1,7 @@
 """ElasticBSP (paper 000) in the simulator: supersteps follow the searched barrier, the
 barrier is minimal for the predictions, and every superstep starts from shared weights."""
 
+import numpy as np
 import pytest
 
 from tfsync import policy as P
@@ -46,7 +47,7 @@ def test_steady_speeds_follow_the_plan_and_wait_as_predicted():
 
 
 def test_each_barrier_is_minimal_for_its_predictions():
-    pol, _ = run([1.0, 1.3, 2.2], lookahead=6, jitter=0.1, straggle_p=0.1, straggle_mean=0.05)
+    pol, _ = run([1.0, 1.3, 1.7, 2.2, 2.9], lookahead=6, jitter=0.1, straggle_p=0.1, straggle_mean=0.05)
     assert len(pol.barriers) > 20
     for plan in pol.barriers:
         best = brute_force(plan["predicted"])
@@ -72,3 +73,18 @@ def test_options_are_checked():
         P.get("elastic_bsp", lookahead=0)
     with pytest.raises(ValueError, match="valid: brute_force"):
         P.get("elastic_bsp", search="gridscan")
+
+
+def test_wait_share_objective_makes_longer_supersteps_and_runs_faster():
+    """On many uneven workers the paper's smallest-wait barrier is nearly always the
+    first iteration of everyone (BSP); minimising the wait per unit of superstep is not."""
+    factors = list(np.random.default_rng(0).uniform(1, 2, 16))
+    runs = {}
+    for objective in ("spread", "share"):
+        pol = P.get("elastic_bsp", lookahead=15, objective=objective)
+        r = Simulator(16, SpeedModel(factors=factors, jitter=0.1, seed=1)).run(pol, pushes=4000)
+        runs[objective] = (len(pol.barriers), r.pushes / r.time)
+    assert runs["share"][0] < runs["spread"][0] / 3
+    assert runs["share"][1] > 1.05 * runs["spread"][1]
+    with pytest.raises(ValueError, match="zipline_fast"):
+        P.get("elastic_bsp", objective="share", search="zipline")

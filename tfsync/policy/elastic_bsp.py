@@ -28,7 +28,8 @@ class ElasticBSP(Policy):
     name = "elastic_bsp"
 
     def __init__(self, lookahead: int = 15, window: int = 5, search: str = "zipline_fast",
-                 depth: int = 2, sizer: BatchSizer | None = None, seed: int | None = None):
+                 estimator: str = "mean", objective: str = "spread", depth: int = 2, sizer: BatchSizer | None = None,
+                 seed: int | None = None):
         super().__init__(sizer, seed)
         if int(lookahead) < 1:
             raise ValueError(f"lookahead R must be >= 1, got {lookahead!r}")
@@ -36,8 +37,15 @@ class ElasticBSP(Policy):
             raise ValueError(f"window must be >= 1, got {window!r}")
         if search not in SEARCHES:
             raise ValueError(f"unknown barrier search {search!r}; valid: {', '.join(sorted(SEARCHES))}")
+        if objective not in ("spread", "share"):
+            raise ValueError(f"objective must be 'spread' or 'share', got {objective!r}")
+        if objective == "share" and search != "zipline_fast":
+            raise ValueError("objective 'share' needs search 'zipline_fast'")
+        if estimator not in ("mean", "median"):
+            raise ValueError(f"estimator must be 'mean' or 'median', got {estimator!r}")
         if int(depth) < 1:
             raise ValueError(f"depth must be >= 1, got {depth!r}")
+        self.estimator, self.objective = estimator, objective
         self.lookahead, self.window, self.search, self.depth = int(lookahead), int(window), search, int(depth)
         self.intervals: dict[int, collections.deque] = {}
         self.last_end: dict[int, float] = {}
@@ -48,8 +56,12 @@ class ElasticBSP(Policy):
 
     # -- prediction and search ------------------------------------------------------------
     def interval(self, w: int) -> float | None:
+        """Worker w's predicted iteration interval: the mean of its recent ones (the
+        paper), or their median, which one transient straggler step does not move."""
         d = self.intervals.get(w)
-        return sum(d) / len(d) if d else None
+        if not d:
+            return None
+        return float(np.median(d)) if self.estimator == "median" else sum(d) / len(d)
 
     def plan(self, view: ClusterView) -> dict[int, int]:
         """Steps per worker until the next barrier (paper 000 §III: Z* = argmin d_Z)."""
@@ -60,7 +72,10 @@ class ElasticBSP(Policy):
         steps = np.arange(1, self.lookahead + 1)
         m = view.now + np.outer(taus, steps)  # predicted end times, one row per worker
         t0 = time.perf_counter()
-        found = SEARCHES[self.search](m)
+        if self.objective == "share":  # wait per unit of superstep (ours, see zipline_fast)
+            found = SEARCHES[self.search](m, origin=view.now)
+        else:  # the paper: the smallest wait
+            found = SEARCHES[self.search](m)
         self.search_seconds += time.perf_counter() - t0
         self.barriers.append({"time": view.now, "workers": members, "predicted": m,
                               "steps": found.steps, "spread": found.spread})
@@ -112,4 +127,5 @@ class ElasticBSP(Policy):
 
     def describe(self) -> dict:
         return {**super().describe(), "lookahead": self.lookahead, "window": self.window,
-                "search": self.search, "depth": self.depth}
+                "search": self.search, "estimator": self.estimator, "objective": self.objective,
+                "depth": self.depth}
