@@ -16,6 +16,12 @@ Table III's models are parameter choices: BSP ``s=0``, ASP ``s=None``, SSP ``s``
 ``probability=1``, PSSP ``probability=c`` or ``"dynamic"``, drop-stragglers ``s=0`` with
 ``quorum=N_t < N`` (late pushes are applied, not dropped, as Algorithm 1 does).
 
+The draw is made at every pull whose gap reached s (Table III: ``rand(0,1) > P`` is part
+of each pull's condition). With lazy execution a delayed pull resets its worker's gap to
+0, so PSSP(s, c) pauses whenever a worker comes back to gap s: in our simulator it makes
+more delayed pulls than SSP(s' = s + 1/c - 1), unlike the paper's Fig. 9; with the soft
+barrier it makes fewer, as there (experiments/bench_sim_protocols.py).
+
 Steps whose pull condition already holds whatever the others do (``progress < V + s``;
 V never goes back) are granted ahead, up to ``depth`` per worker, so the engine keeps
 workers busy without a coordinator round trip. Draws happen only at a real pull.
