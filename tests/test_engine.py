@@ -132,7 +132,8 @@ def test_pssp_then_elastic_bsp_on_real_tasks(tiny_problem, tmp_path):
     assert {r["mode"] for r in el} == {"apply", "aggregate"}
     rounds = sorted({r["round"] for r in el})
     assert len(rounds) >= 3
-    for rnd in rounds:  # a superstep: each worker ends its steps with one aggregated push
+    for rnd in rounds[:-1]:  # a superstep: each worker ends its steps with one aggregated push
+        # (the last one may be cut short by the end of the workload)
         for w in (0, 1):
             steps = [r for r in el if r["round"] == rnd and r["worker"] == w]
             assert [r["mode"] for r in steps] == ["apply"] * (len(steps) - 1) + ["aggregate"]
