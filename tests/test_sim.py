@@ -147,3 +147,16 @@ def test_asp_training_learns_and_sees_staleness():
     assert r.accuracy[0][2] < 0.3 and r.accuracy[-1][2] > 0.8
     assert r.staleness()["mean"] > 1 and all(p.mode is PushMode.APPLY for p in r.log)
     assert r.time_to_accuracy(0.8) is not None
+
+
+def test_a_second_run_switches_protocol_and_continues():
+    sim = Simulator(3, SpeedModel(seed=1, **STRAGGLY))
+    first = sim.run(P.get("bsp"), pushes=30)
+    second = sim.run(P.get("asp"), pushes=60)
+    assert second.pushes >= first.pushes + 60 and second.time > first.time
+    steps = {w: [p.step for p in second.log if p.worker == w] for w in range(3)}
+    assert all(s == list(range(1, len(s) + 1)) for s in steps.values())  # clocks continue
+    modes = [p.mode for p in second.log]
+    switch = modes.index(PushMode.APPLY)
+    assert set(modes[:switch]) == {PushMode.AGGREGATE} and set(modes[switch:]) == {PushMode.APPLY}
+    assert second.updates == first.updates + (second.pushes - first.pushes)
