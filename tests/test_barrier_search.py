@@ -179,7 +179,6 @@ def test_searches_are_registered():
 @pytest.mark.parametrize("seed", range(40))
 def test_wait_share_objective_is_exact(seed):
     """zipline_fast(M, origin) minimises spread / (max - origin) over all R^n sets."""
-
     rng = np.random.default_rng(seed)
     n, R = int(rng.integers(1, 5)), int(rng.integers(1, 6))
     M = np.cumsum(rng.uniform(0.5, 2.0, (n, R)), axis=1)
