@@ -24,6 +24,11 @@ from .barrier_search import SEARCHES
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
 
 
+def predict(now: float, intervals, lookahead: int) -> np.ndarray:
+    """The next ``lookahead`` end times of each worker: row p is now + i * interval_p."""
+    return now + np.outer(intervals, np.arange(1, lookahead + 1))
+
+
 class ElasticBSP(Policy):
     name = "elastic_bsp"
 
@@ -50,7 +55,7 @@ class ElasticBSP(Policy):
         self.intervals: dict[int, collections.deque] = {}
         self.last_end: dict[int, float] = {}
         self.target: dict[int, int] = {}  # clock each worker runs to in this superstep
-        self.barriers: collections.deque = collections.deque(maxlen=1000)  # for tests and plots
+        self.barriers: collections.deque = collections.deque(maxlen=1000)  # recent plans
         self._superstep_ends: list[float] = []
         self.search_seconds = 0.0
 
@@ -69,15 +74,14 @@ class ElasticBSP(Policy):
         taus = [self.interval(w) for w in members]
         if any(t is None for t in taus):
             return {w: 1 for w in members}  # measure first
-        steps = np.arange(1, self.lookahead + 1)
-        m = view.now + np.outer(taus, steps)  # predicted end times, one row per worker
+        m = predict(view.now, taus, self.lookahead)
         t0 = time.perf_counter()
         if self.objective == "share":  # wait per unit of superstep (ours, see zipline_fast)
             found = SEARCHES[self.search](m, origin=view.now)
         else:  # the paper: the smallest wait
             found = SEARCHES[self.search](m)
         self.search_seconds += time.perf_counter() - t0
-        self.barriers.append({"time": view.now, "workers": members, "predicted": m,
+        self.barriers.append({"time": view.now, "workers": members, "intervals": tuple(taus),
                               "steps": found.steps, "spread": found.spread})
         return dict(zip(members, found.steps))
 
