@@ -183,8 +183,8 @@ class Simulator:
         for w in range(self.n):  # grants not started yet are withdrawn
             q = self._queues[w]
             self.granted[w] -= len(q)
-            self._in_flight -= len(q)
             q.clear()
+        self._in_flight = sum(self.granted[w] - self.clocks[w] for w in self.members)
         self._events = [e for e in self._events if e[2] >= 0]  # timers belong to the policy
         heapq.heapify(self._events)
         while self._events:
@@ -218,11 +218,11 @@ class Simulator:
     def _finish_step(self, w: int) -> Push:
         step, self._running[w] = self._running[w], None
         g = step.grant
-        if w in self.members:
+        if w in self.members:  # the trackers count members only
             self._min.advance(self.clocks[w])
+            self._in_flight -= 1
         self.clocks[w] += 1
         self.pushes += 1
-        self._in_flight -= 1
         dropped = g.mode is PushMode.AGGREGATE and step.round < self.round
         during = self.updates - step.version if g.mode is PushMode.APPLY else 0
         if dropped:
