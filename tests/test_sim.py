@@ -9,7 +9,6 @@ import pytest
 
 from tfsync import policy as P
 from tfsync.policy.base import NOTHING, Policy, PolicyError, PushMode
-from tfsync.pushlog import push_record
 from tfsync.sim import Simulator, SpeedModel, load_cpu_traces
 from tfsync.sim.model import NumpyMLP
 
@@ -47,8 +46,10 @@ def test_records_in_engine_format(tmp_path):
     r.write(str(tmp_path))
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     assert len(lines) == r.pushes == 12
-    assert set(lines[0]) == set(push_record(r.log[0], time=0, pushes=1, updates=0, samples=0,
-                                            protocol="bsp", lr=0.0))
+    assert set(lines[0]) == {  # the documented metrics.jsonl line, as the engine writes it
+        "time", "pushes", "updates", "samples", "worker", "step", "protocol", "batch_size", "start",
+        "end", "compute_s", "samples_per_s", "loss", "mode", "round", "dropped", "version",
+        "staleness", "lr"}
     assert [x["updates"] for x in lines] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # barrier after
     assert lines[-1]["samples"] == 12 * 32 and lines[0]["protocol"] == "bsp"
     summary = json.load(open(tmp_path / "summary.json"))
@@ -150,36 +151,16 @@ def test_asp_training_learns_and_sees_staleness():
 
 
 def test_a_second_run_switches_protocol_and_continues():
+    """ASP then BSP: steps ASP granted ahead and not started are withdrawn at the switch."""
     sim = Simulator(3, SpeedModel(seed=1, **STRAGGLY))
-    first = sim.run(P.get("bsp"), pushes=30)
-    second = sim.run(P.get("asp"), pushes=60)
+    first = sim.run(P.get("asp"), pushes=30)
+    assert first.pushes <= 30 + 3  # only the running steps (one per worker) finished
+    second = sim.run(P.get("bsp"), pushes=60)
     assert second.pushes >= first.pushes + 60 and second.time > first.time
     steps = {w: [p.step for p in second.log if p.worker == w] for w in range(3)}
     assert all(s == list(range(1, len(s) + 1)) for s in steps.values())  # clocks continue
     modes = [p.mode for p in second.log]
-    switch = modes.index(PushMode.APPLY)
-    assert set(modes[:switch]) == {PushMode.AGGREGATE} and set(modes[switch:]) == {PushMode.APPLY}
-    assert second.updates == first.updates + (second.pushes - first.pushes)
-
-
-def test_removed_worker_finishes_its_step_outside_the_membership():
-    """The slow worker 2 is removed while its first step runs (its push is then dropped:
-    the round closed without it) and restored at round 5; rounds in between hold the
-    members only."""
-    class Shrink(P.BSP):
-        def on_push(self, push, view):
-            if view.pushes == 1:
-                return P.Decision(remove={2})
-            d = super().on_push(push, view)
-            if d.barrier and view.round == 4:
-                return P.Decision(self.grants_for([0, 1, 2], view), barrier=True, restore={2})
-            return d
-
-    r = Simulator(3, SpeedModel(seed=1, factors=[1, 1, 3])).run(Shrink(), pushes=40)
-    rounds = {}
-    for p in r.log:
-        if not p.dropped:
-            rounds.setdefault(p.round, []).append(p.worker)
-    assert [p.worker for p in r.log if p.dropped] == [2]
-    assert all(sorted(rounds[k]) == [0, 1] for k in range(0, 5))
-    assert all(sorted(rounds[k]) == [0, 1, 2] for k in range(5, max(rounds)))
+    switch = modes.index(PushMode.AGGREGATE)
+    assert switch == first.pushes
+    assert set(modes[:switch]) == {PushMode.APPLY} and set(modes[switch:]) == {PushMode.AGGREGATE}
+    assert second.updates == first.updates + (second.pushes - first.pushes) // 3
