@@ -164,3 +164,26 @@ def test_a_second_run_switches_protocol_and_continues():
     assert switch == first.pushes
     assert set(modes[:switch]) == {PushMode.APPLY} and set(modes[switch:]) == {PushMode.AGGREGATE}
     assert second.updates == first.updates + (second.pushes - first.pushes) // 3
+
+
+def test_removed_worker_finishes_its_step_outside_the_membership():
+    """The slow worker 2 is removed while its first step runs (its push is then dropped:
+    the round closed without it) and restored at round 5; rounds in between hold the
+    members only."""
+    class Shrink(P.BSP):
+        def on_push(self, push, view):
+            if view.pushes == 1:
+                return P.Decision(remove={2})
+            d = super().on_push(push, view)
+            if d.barrier and view.round == 4:
+                return P.Decision(self.grants_for([0, 1, 2], view), barrier=True, restore={2})
+            return d
+
+    r = Simulator(3, SpeedModel(seed=1, factors=[1, 1, 3])).run(Shrink(), pushes=40)
+    rounds = {}
+    for p in r.log:
+        if not p.dropped:
+            rounds.setdefault(p.round, []).append(p.worker)
+    assert [p.worker for p in r.log if p.dropped] == [2]
+    assert all(sorted(rounds[k]) == [0, 1] for k in range(0, 5))
+    assert all(sorted(rounds[k]) == [0, 1, 2] for k in range(5, max(rounds)))
