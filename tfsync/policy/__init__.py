@@ -48,5 +48,8 @@ def get(spec, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "SSP", "BatchSizer", "ClusterView", "Decision", "FixedSizer",
-           "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode", "REGISTRY", "get", "register"]
+__all__ = [
+    "ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "SSP", "BatchSizer", "ClusterView",
+    "Decision", "FixedSizer", "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode",
+    "REGISTRY", "get", "register",
+]

@@ -33,8 +33,8 @@ class ElasticBSP(Policy):
     name = "elastic_bsp"
 
     def __init__(self, lookahead: int = 15, window: int = 5, search: str = "zipline_fast",
-                 estimator: str = "mean", objective: str = "spread", depth: int = 2, sizer: BatchSizer | None = None,
-                 seed: int | None = None):
+                 estimator: str = "mean", objective: str = "spread", depth: int = 2,
+                 sizer: BatchSizer | None = None, seed: int | None = None):
         super().__init__(sizer, seed)
         if int(lookahead) < 1:
             raise ValueError(f"lookahead R must be >= 1, got {lookahead!r}")
@@ -97,7 +97,7 @@ class ElasticBSP(Policy):
         grants = []
         for w in sorted(view.members):
             grants += self._top_up(w, view)
-        return Decision(tuple(grants), barrier=barrier)
+        return Decision(grants, barrier=barrier)
 
     def _top_up(self, w: int, view: ClusterView) -> list:
         granted, target = view.granted[w], self.target.get(w, view.clocks[w])
@@ -121,12 +121,13 @@ class ElasticBSP(Policy):
             if self._superstep_ends and self.barriers:
                 self.barriers[-1]["wait"] = max(self._superstep_ends) - min(self._superstep_ends)
             return self._superstep(view, barrier=True)
-        return Decision(tuple(self._top_up(w, view)))
+        return Decision(self._top_up(w, view))
 
     def stats(self) -> dict:
         waits = [b["wait"] for b in self.barriers if "wait" in b]
+        spreads = [b["spread"] for b in self.barriers]
         return {"barriers": len(self.barriers), "search_seconds": self.search_seconds,
-                "mean_predicted_spread": float(np.mean([b["spread"] for b in self.barriers])) if self.barriers else 0.0,
+                "mean_predicted_spread": float(np.mean(spreads)) if spreads else 0.0,
                 "mean_barrier_wait": float(np.mean(waits)) if waits else 0.0}
 
     def describe(self) -> dict:
