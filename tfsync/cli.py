@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
+    from .rl.cli import add_commands
+    add_commands(sub)
     return p
 
 

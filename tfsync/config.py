@@ -15,11 +15,11 @@ import tomllib
 from typing import Any, Callable
 
 # Registries: other modules may extend these tuples (e.g. PROTOCOLS += ("pssp",)).
-PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp")
+PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp")
 # Which protocols take each phase option (the policy's constructor argument of that name).
 PHASE_OPTIONS: dict[str, tuple[str, ...]] = {
     "staleness": ("ssp", "pssp"), "probability": ("pssp",), "execution": ("pssp",),
-    "lookahead": ("elastic_bsp",),
+    "lookahead": ("elastic_bsp",), "model": ("rlp",),
 }
 EXECUTIONS: tuple[str, ...] = ("lazy", "soft")
 DATASETS: tuple[str, ...] = ("mnist", "cifar10")
@@ -89,6 +89,7 @@ class Phase:
     probability: float | str | None = None  # pssp: pause probability c, or "dynamic"
     execution: str | None = None  # pssp: "lazy" or "soft" answer of delayed pulls
     lookahead: int | None = None  # elastic_bsp: predicted iterations R per worker
+    model: str | None = None  # rlp: policy file from `tfsync policy train`
     batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
 
     def __post_init__(self):
@@ -219,7 +220,7 @@ _CHECKS: dict[str, Callable] = {
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
     "switch.momentum": _choice("SWITCH_MOMENTUM"),
     "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
-    "protocol.staleness": _int(0), "protocol.lookahead": _int(1),
+    "protocol.staleness": _int(0), "protocol.lookahead": _int(1), "protocol.model": _text(),
     "protocol.execution": _choice("EXECUTIONS"),
     "protocol.probability": _rule(lambda: 'a number in [0, 1] or "dynamic"',
                                   lambda v: type(v) in (int, float, str),
@@ -287,6 +288,9 @@ def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
             if opt in v and v["name"] not in takers:
                 _bad(where, f"{f}.{opt}", v[opt], f"left out: {opt} applies only to "
                      + ", ".join(_fmt(n) for n in takers))
+        if v["name"] == "rlp" and "model" not in v:
+            raise ConfigError(f"{where}{f}.model: missing; protocol rlp needs the policy file "
+                              "written by `tfsync policy train`", f"{f}.model")
         sizes = raw.get("batch_sizes")
         if sizes is not None:
             if not isinstance(sizes, (list, tuple)) or len(sizes) != workers or \

@@ -14,11 +14,12 @@ from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, Po
 from .bsp import BSP
 from .elastic_bsp import ElasticBSP
 from .fluentps import PSSP, FluentPS
+from .rlp import RLP
 from .sizing import FixedSizer
 from .ssp import SSP
 
 REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP, "fluentps": FluentPS, "pssp": PSSP,
-                                   "elastic_bsp": ElasticBSP}
+                                   "elastic_bsp": ElasticBSP, "rlp": RLP}
 
 
 def register(name: str, cls: type[Policy]) -> None:
@@ -49,7 +50,7 @@ def get(spec, **options) -> Policy:
 
 
 __all__ = [
-    "ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "SSP", "BatchSizer", "ClusterView",
+    "ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
     "Decision", "FixedSizer", "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode",
     "REGISTRY", "get", "register",
 ]

@@ -1,5 +1,6 @@
-"""A small model the simulator trains in NumPy: a one-hidden-layer MLP with softmax
-cross-entropy (paper 004 §4 trains an MLP on MNIST in its simulated cluster).
+"""A small model the simulator trains in NumPy: an MLP (0 or more ReLU hidden layers; 0
+is multi-class logistic regression) with softmax cross-entropy (paper 004 §4 trains
+such MLPs on MNIST in its simulated cluster).
 
 Gradients are taken at the weights current when a step starts, so the staleness a
 policy's schedule implies is the staleness the model sees.
@@ -12,9 +13,11 @@ import numpy as np
 
 class NumpyMLP:
     """``NumpyMLP(x_train, y_train, x_test, y_test)``; inputs are flattened and scaled to
-    [0, 1] when they are integers. ``eval_size`` test examples are used for accuracy."""
+    [0, 1] when they are integers. ``hidden``: units of one hidden layer, or a sequence
+    of them (``()`` = logistic regression). ``eval_size`` test examples are used for
+    accuracy."""
 
-    def __init__(self, x_train, y_train, x_test, y_test, hidden: int = 64, seed: int = 0,
+    def __init__(self, x_train, y_train, x_test, y_test, hidden=64, seed: int = 0,
                  eval_size: int = 2000):
         def prep(x):
             x = np.asarray(x).reshape(len(x), -1)
@@ -25,13 +28,11 @@ class NumpyMLP:
         self.y_test = np.asarray(y_test).astype(np.int64).ravel()[:eval_size]
         classes = int(max(self.y.max(), self.y_test.max())) + 1
         rng = np.random.default_rng(seed)
-        d = self.x.shape[1]
-        self.params = [  # Glorot-uniform weights, zero biases, as Keras' Dense
-            rng.uniform(-1, 1, (d, hidden)).astype(np.float32) * np.sqrt(6 / (d + hidden)),
-            np.zeros(hidden, np.float32),
-            rng.uniform(-1, 1, (hidden, classes)).astype(np.float32) * np.sqrt(6 / (hidden + classes)),
-            np.zeros(classes, np.float32),
-        ]
+        sizes = [self.x.shape[1], *([hidden] if isinstance(hidden, int) else hidden), classes]
+        self.params = []  # [w1, b1, w2, b2, ...]: Glorot-uniform weights, zero biases, as Keras' Dense
+        for a, b in zip(sizes, sizes[1:]):
+            self.params += [rng.uniform(-1, 1, (a, b)).astype(np.float32) * np.sqrt(6 / (a + b)),
+                            np.zeros(b, np.float32)]
         self.seed = seed
         self._streams: dict[int, tuple[np.random.Generator, list]] = {}
 
@@ -45,24 +46,29 @@ class NumpyMLP:
         return np.asarray(idx)
 
     def _forward(self, x):
-        w1, b1, w2, b2 = self.params
-        h = np.maximum(x @ w1 + b1, 0.0)
-        return h, h @ w2 + b2
+        """(inputs of every layer, logits)."""
+        acts = [x]
+        for k in range(0, len(self.params) - 2, 2):
+            acts.append(np.maximum(acts[-1] @ self.params[k] + self.params[k + 1], 0.0))
+        return acts, acts[-1] @ self.params[-2] + self.params[-1]
 
     def gradient(self, worker: int, batch_size: int):
         """(gradients, loss) of one minibatch of ``worker`` at the current weights."""
         idx = self._batch(worker, batch_size)
         x, y = self.x[idx], self.y[idx]
-        h, logits = self._forward(x)
+        acts, logits = self._forward(x)
         logits = logits - logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
         loss = float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
         p[np.arange(len(y)), y] -= 1.0
-        p /= len(y)
-        w2 = self.params[2]
-        dh = (p @ w2.T) * (h > 0)
-        return [x.T @ dh, dh.sum(0), h.T @ p, p.sum(0)], loss
+        delta = p / len(y)  # d loss / d logits
+        grads = []
+        for k in range(len(acts) - 1, -1, -1):  # back through the layers
+            grads[:0] = [acts[k].T @ delta, delta.sum(0)]
+            if k:
+                delta = (delta @ self.params[2 * k].T) * (acts[k] > 0)
+        return grads, loss
 
     def apply(self, grads, step_size: float) -> None:
         if grads is None:

@@ -155,12 +155,17 @@ class Simulator:
 
     # -- running -------------------------------------------------------------------------
     def run(self, policy: Policy, *, pushes: int | None = None, updates: int | None = None,
-            samples: int | None = None, time: float | None = None) -> SimResult:
-        """Run ``policy`` until one of the limits is reached (counted from now), then
-        let the steps already granted finish (no new grants) and apply what is
-        aggregated (``policy.finish``). Call again with another policy to switch."""
-        if pushes is None and updates is None and samples is None and time is None:
-            raise ValueError("give a limit: pushes, updates, samples or time")
+            samples: int | None = None, time: float | None = None,
+            accuracy: float | None = None) -> SimResult:
+        """Run ``policy`` until one of the limits is reached (counted from now; ``accuracy``:
+        the model's measured accuracy reaches it), then let the steps already granted
+        finish (no new grants) and apply what is aggregated (``policy.finish``). Call
+        again with another policy to switch."""
+        if pushes is None and updates is None and samples is None and time is None and accuracy is None:
+            raise ValueError("give a limit: pushes, updates, samples, time or accuracy")
+        if accuracy is not None and self.model is None:
+            raise ValueError("an accuracy limit needs a model")
+        target = math.inf if accuracy is None else accuracy
         limits = (self.pushes + pushes if pushes is not None else math.inf,
                   self.updates + updates if updates is not None else math.inf,
                   self.samples + samples if samples is not None else math.inf,
@@ -169,7 +174,8 @@ class Simulator:
             self._evaluate()
         self._apply(policy.start(self.view()))
         while not (self.pushes >= limits[0] or self.updates >= limits[1]
-                   or self.samples >= limits[2] or self.now >= limits[3]):
+                   or self.samples >= limits[2] or self.now >= limits[3]
+                   or (self.accuracy and self.accuracy[-1][2] >= target)):
             if not self._events:
                 raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
                                   f"granted (pushes so far: {self.pushes})")

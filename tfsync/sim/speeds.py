@@ -3,8 +3,9 @@
 One :class:`SpeedModel` covers the cases of paper 004 §4 and of the issues:
 - constant speed: ``fixed + per_sample * batch_size`` seconds;
 - heterogeneous workers: a per-worker ``factors`` multiplier;
-- random transient stragglers (paper 004 §4): with probability ``straggle_p`` a step
-  sleeps an extra N(``straggle_mean``, ``straggle_std``) seconds (clipped at 0);
+- random transient stragglers: with probability ``straggle_p`` a step sleeps an extra
+  N(``straggle_mean``, ``straggle_std``) seconds (clipped at 0); mean and std may be
+  per-worker sequences (paper 004 §4: some workers sleep, others never do);
 - trace-driven: a worker placed on a traced machine gets the CPU share the machine's
   other load leaves it, ``1 - util(t)``, so its compute time is divided by that share;
 - ``jitter``: log-normal noise on every step (sigma), as real step times have.
@@ -77,6 +78,11 @@ def load_cpu_traces(path: str, limit: int | None = None) -> list[CpuTrace]:
     return traces[:limit] if limit else traces
 
 
+def _of(value, worker: int) -> float:
+    """A per-worker value: the number itself, or entry ``worker`` of a sequence."""
+    return float(value) if isinstance(value, (int, float)) else float(value[worker % len(value)])
+
+
 @dataclass
 class SpeedModel:
     """Step time of every simulated worker; see the module docstring."""
@@ -85,8 +91,8 @@ class SpeedModel:
     per_sample: float = 0.001
     factors: Sequence[float] | None = None
     straggle_p: float = 0.0
-    straggle_mean: float = 0.0
-    straggle_std: float = 0.0
+    straggle_mean: float | Sequence[float] = 0.0
+    straggle_std: float | Sequence[float] = 0.0
     jitter: float = 0.0
     traces: Sequence[CpuTrace] | None = None
     trace_scale: float = 1.0  # trace seconds per simulated second
@@ -124,11 +130,13 @@ class SpeedModel:
             if self.jitter:
                 t *= math.exp(r.gauss(0.0, self.jitter))
             if self.straggle_p and r.random() < self.straggle_p:
-                t += max(0.0, r.gauss(self.straggle_mean, self.straggle_std))
+                t += max(0.0, r.gauss(_of(self.straggle_mean, worker), _of(self.straggle_std, worker)))
         return t
 
     def describe(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if not k.startswith("_") and k != "traces"}
         d["factors"] = list(self.factors) if self.factors else None
+        for k in ("straggle_mean", "straggle_std"):
+            d[k] = d[k] if isinstance(d[k], (int, float)) else list(d[k])
         d["traces"] = [t.name for t in self.traces] if self.traces else None
         return d

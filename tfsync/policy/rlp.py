@@ -1,0 +1,199 @@
+"""The learned synchronization policy, RLP (paper 004 §3.2), and the static policies in
+its three-action form (paper 004 §3.1), which pre-train it.
+
+After every push the policy picks one of three actions (§3.2 "Action"):
+``NONE`` (idle workers stay idle), ``SUBMITTER`` (the worker that pushed runs on) or
+``ALL`` (every idle worker runs). Pushes are applied on arrival (Algorithm 1 line 6),
+and a worker is granted one step at a time, so "idle" means exactly what it does in
+the paper.
+
+State (§3.2 "State"): the last H = 10 tuples T_n = (n, L(w), L(w') - L(w), l_n), zero
+padded at the start. ``l_n`` is the number of updates other workers applied while the
+submitter's step ran (``Push.pushes_during``). The loss L is estimated from the pushed
+minibatch losses (an exponential moving average): the engine cannot afford a
+global-model evaluation per push, and a policy must see the same features in the
+simulator it is trained in and on the cluster it runs on. Features are scaled to
+order 1 (n / 1000, 10 * dL, l_n / 10).
+
+Reward (§3.2 "Reward"): -dt, the time between consecutive pushes.
+
+One fix to the framework: ``NONE`` with no step running anywhere would stall the
+cluster for ever; it then acts as ``ALL`` (and is counted in ``stats()``).
+
+The decision network is an :class:`Agent`; this module only needs ``act``. Training
+agents (``tfsync.rl``) also ``observe`` transitions. No TensorFlow here: the trained
+network is evaluated with NumPy from its saved weights (``QNetwork``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .base import BatchSizer, ClusterView, Decision, Policy, Push
+
+NONE, SUBMITTER, ALL = 0, 1, 2
+ACTIONS = ("none", "submitter", "all")
+HISTORY = 10  # H
+FEATURES = 4  # (n, L, dL, l_n)
+
+
+class Agent(Protocol):
+    def act(self, state: np.ndarray) -> int: ...
+
+
+class QNetwork:
+    """A feed-forward Q-network evaluated in NumPy: ``weights`` = [W1, b1, W2, b2, ...],
+    LeakyReLU (slope ``alpha``) after every layer but the last; output = one Q-value
+    per action. ``act`` is greedy."""
+
+    def __init__(self, weights, alpha: float = 0.3, meta: dict | None = None):
+        self.weights = [np.asarray(w, np.float64) for w in weights]
+        self.alpha, self.meta = float(alpha), dict(meta or {})
+
+    def q(self, states: np.ndarray) -> np.ndarray:
+        h = np.asarray(states, np.float64)
+        last = len(self.weights) - 2
+        for k in range(0, len(self.weights), 2):
+            h = h @ self.weights[k] + self.weights[k + 1]
+            if k < last:
+                h = np.where(h > 0, h, self.alpha * h)
+        return h
+
+    def act(self, state: np.ndarray) -> int:
+        return int(np.argmax(self.q(state[None])[0]))
+
+    def save(self, path: str) -> None:
+        arrays = {f"w{i}": w for i, w in enumerate(self.weights)}
+        np.savez(path, meta=json.dumps({**self.meta, "alpha": self.alpha}), **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "QNetwork":
+        try:
+            with np.load(path) as f:
+                meta = json.loads(str(f["meta"]))
+                weights = [f[f"w{i}"] for i in range(sum(k.startswith("w") for k in f.files))]
+        except (OSError, KeyError, ValueError) as e:
+            raise ValueError(f"{path}: not a tfsync policy file ({e}); make one with "
+                             "`tfsync policy train`") from None
+        if not weights or weights[0].shape[0] != HISTORY * FEATURES or weights[-1].shape[-1] != len(ACTIONS):
+            raise ValueError(f"{path}: network shape {[w.shape for w in weights]} does not take "
+                             f"{HISTORY * FEATURES} state features to {len(ACTIONS)} actions")
+        return cls(weights, meta.pop("alpha", 0.3), meta)
+
+
+class StateTracker:
+    """Builds S_n from pushes (see the module docstring)."""
+
+    def __init__(self, history: int = HISTORY, loss_ema: float = 0.1):
+        self.rows = collections.deque([np.zeros(FEATURES)] * history, maxlen=history)
+        self.loss_ema, self.loss = loss_ema, math.nan
+
+    def update(self, push: Push, pushes: int) -> np.ndarray:
+        before = self.loss
+        if math.isfinite(push.loss):
+            self.loss = push.loss if math.isnan(before) else before + self.loss_ema * (push.loss - before)
+        if math.isnan(before):
+            before = self.loss
+        after = self.loss if math.isfinite(self.loss) else 0.0
+        before = before if math.isfinite(before) else 0.0
+        self.rows.appendleft(np.array([pushes / 1000.0, before, 10.0 * (after - before),
+                                       push.pushes_during / 10.0]))
+        return self.state()
+
+    def state(self) -> np.ndarray:
+        return np.concatenate(self.rows)
+
+
+Teacher = Callable[[Push, ClusterView], int]
+
+
+def bsp_teacher(push: Push, view: ClusterView) -> int:
+    """BSP (§3.1): A = {} while |I| < k, A = I once every worker is idle."""
+    return ALL if len(view.idle) == len(view.members) else NONE
+
+
+def asp_teacher(push: Push, view: ClusterView) -> int:
+    """ASP (§3.1): A = {W_s}."""
+    return SUBMITTER
+
+
+def ssp_teacher(s: int) -> Teacher:
+    """SSP with threshold s as §3.1 writes it: p_s = min p -> A = I; 0 < p_s - min < s
+    -> {W_s}; p_s - min = s -> {}."""
+    def teach(push: Push, view: ClusterView) -> int:
+        gap = view.clocks[push.worker] - view.min_clock
+        return ALL if gap <= 0 else SUBMITTER if gap < s else NONE
+    teach.__name__ = f"ssp{s}"
+    return teach
+
+
+def teacher(name: str) -> Teacher:
+    """``"bsp"``, ``"asp"`` or ``"ssp<s>"`` (e.g. ``"ssp2"``)."""
+    if name == "bsp":
+        return bsp_teacher
+    if name == "asp":
+        return asp_teacher
+    if name.startswith("ssp") and name[3:].isdigit():
+        return ssp_teacher(int(name[3:]))
+    raise ValueError(f"unknown static policy {name!r}; expected bsp, asp or ssp<s> such as ssp2")
+
+
+class RLP(Policy):
+    """``RLP(agent=QNetwork.load(path))``; or ``RLP(teacher=teacher("ssp2"))`` for a
+    static policy in the same action space. ``observer(s, a, r, s2)`` (training) receives
+    every transition; ``record`` keeps (state, action, arrival) per push."""
+
+    name = "rlp"
+
+    def __init__(self, agent: Agent | None = None, sizer: BatchSizer | None = None, *,
+                 model: str | None = None, teacher: Teacher | None = None,
+                 observer: Callable | None = None, record: bool = False, seed: int | None = None):
+        super().__init__(sizer, seed)
+        if agent is None and model is not None:
+            agent = QNetwork.load(model)
+        if agent is None and teacher is None:
+            raise ValueError("RLP needs a trained network (model=PATH or agent=...) or a teacher")
+        self.agent, self.teacher, self.observer, self.model = agent, teacher, observer, model
+        if teacher is not None:
+            self.name = getattr(teacher, "__name__", "static").replace("_teacher", "")
+        self.tracker = StateTracker()
+        self.trajectory: list[tuple[np.ndarray, int, float]] | None = [] if record else None
+        self._prev = None  # (state, action, arrival) of the last decision
+        self.counts = [0, 0, 0]
+        self.forced = 0
+
+    def start(self, view: ClusterView) -> Decision:
+        return Decision(self.grants_for(sorted(view.idle), view))
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        state = self.tracker.update(push, view.pushes)
+        if self._prev is not None and self.observer is not None:
+            s, a, t = self._prev
+            self.observer(s, a, -(push.arrival - t), state)
+        action = self.teacher(push, view) if self.teacher else self.agent.act(state)
+        self.counts[action] += 1
+        self._prev = (state, action, push.arrival)
+        if self.trajectory is not None:
+            self.trajectory.append(self._prev)
+        if action == NONE and view.in_flight == 0:
+            self.forced += 1
+            action = ALL
+        if action == NONE:
+            workers = []
+        elif action == ALL:
+            workers = sorted(view.idle)
+        else:
+            workers = [push.worker] if push.worker in view.members else []
+        return Decision(self.grants_for(workers, view))
+
+    def stats(self) -> dict:
+        return {"actions": dict(zip(ACTIONS, self.counts)), "forced_all": self.forced}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "model": self.model,
+                "teacher": getattr(self.teacher, "__name__", None)}
