@@ -11,7 +11,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
-              "tfsync.datasets", "tfsync.manager", "tfsync.hooks"],
+              "tfsync.datasets", "tfsync.sim", "tfsync.rl", "tfsync.manager", "tfsync.hooks",
+              "tfsync.api", "tfsync.api.v1"],
     # The design card keeps manager/ and hooks/ at the top of the repository; users
     # import them only as tfsync.manager and tfsync.hooks.
     package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},
@@ -19,14 +20,15 @@ setup(
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "tf-keras>=2.21,<2.22",
-        "grpcio>=1.60",
-        "protobuf>=5.26",
+        "grpcio>=1.85.1",  # the generated tfsync/api code checks it at import
+        "protobuf>=7.35.1",  # likewise
         "psutil>=5.9",
         "statsmodels>=0.14",
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        # grpcio-tools is pinned: tests/test_api.py regenerates tfsync/api/v1 and compares bytes.
+        "test": ["pytest>=8", "grpcio-tools==1.85.1"],
         "plots": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},

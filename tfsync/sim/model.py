@@ -24,8 +24,10 @@ class NumpyMLP:
             return (x / 255.0 if x.dtype.kind in "ui" else x).astype(np.float32)
 
         self.x, self.y = prep(x_train), np.asarray(y_train).astype(np.int64).ravel()
-        self.x_test = prep(x_test)[:eval_size]
-        self.y_test = np.asarray(y_test).astype(np.int64).ravel()[:eval_size]
+        # A seeded random subset: test sets may be sorted by class (the CIFAR-10 subset is).
+        pick = np.sort(np.random.default_rng([seed, 1]).permutation(len(x_test))[:eval_size])
+        self.x_test = prep(np.asarray(x_test)[pick])
+        self.y_test = np.asarray(y_test).astype(np.int64).ravel()[pick]
         classes = int(max(self.y.max(), self.y_test.max())) + 1
         rng = np.random.default_rng(seed)
         sizes = [self.x.shape[1], *([hidden] if isinstance(hidden, int) else hidden), classes]

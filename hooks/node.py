@@ -1,0 +1,212 @@
+"""The node hook agent: a NodeHook gRPC server that runs this node's TF task processes.
+
+    server, port = serve("127.0.0.1:0", token=token)   # the manager dials port
+    ...
+    server.stop()                                       # also kills the tasks it started
+
+Requests are checked before anything runs; a bad one gets INVALID_ARGUMENT with the
+reason and the hook goes on serving. Every call requires the job token
+(``tfsync.manager.auth``). Run one per node: ``python -m tfsync.hooks.node --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.hooks.resources import ResourceSampler, node_name
+from tfsync.hooks.tasks import ENV_ALLOWLIST, TASK_COMMAND, Task, TaskConflictError, TaskRequestError, TaskSupervisor
+from tfsync.manager import auth, transport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["serve", "HookServer", "NodeHookService", "ENV_ALLOWLIST"]
+
+VERSION = "tfsync.api.v1"
+DEFAULT_INTERVAL = 1.0
+MIN_INTERVAL = 0.05
+_STATES = {"starting": common_pb2.TASK_STATE_STARTING, "running": common_pb2.TASK_STATE_RUNNING,
+           "exited": common_pb2.TASK_STATE_EXITED, "stopped": common_pb2.TASK_STATE_STOPPED}
+
+
+def _status(task: Task) -> common_pb2.TaskStatus:
+    state = task.state()
+    code = task.proc.returncode
+    return common_pb2.TaskStatus(
+        job_id=task.job_id, task=common_pb2.TaskRef(job=task.job, index=task.index), pid=task.proc.pid,
+        state=_STATES[state], exit_code=code if code is not None else 0, address=task.address,
+        log_path=task.log_path, started=task.started, restarts=task.restarts)
+
+
+def _refs(refs) -> list[tuple[str, int]]:
+    out = []
+    for r in refs:
+        if r.index < 0:
+            raise TaskRequestError(f"task index {r.index} of job {r.job!r} is negative; expected 0 or more")
+        out.append((r.job, r.index))
+    return out
+
+
+def _guard(method):
+    """Map the hook's typed errors to gRPC status codes (the server keeps serving)."""
+
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except TaskRequestError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except TaskConflictError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except KeyError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, e.args[0] if e.args else str(e))
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
+    def __init__(self, supervisor: TaskSupervisor, node: str, stopping: threading.Event):
+        self.supervisor = supervisor
+        self.node = node
+        self._stopping = stopping
+        self._born = time.monotonic()
+
+    @_guard
+    def StartTasks(self, request, context):
+        tasks, notes = self.supervisor.start(request.job_id, request.cluster_spec_json, _refs(request.tasks),
+                                             dict(request.env))
+        if request.wait_ready_s > 0:
+            self.supervisor.wait_ready(tasks, min(request.wait_ready_s, 600.0))
+        return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)
+
+    @_guard
+    def StopTasks(self, request, context):
+        tasks, notes = self.supervisor.stop(request.job_id, _refs(request.tasks))
+        return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)
+
+    @_guard
+    def RestartTask(self, request, context):
+        (job, index), = _refs([request.task])
+        task = self.supervisor.restart(request.job_id, job, index, request.expected_pid)
+        if request.wait_ready_s > 0:
+            self.supervisor.wait_ready([task], min(request.wait_ready_s, 600.0))
+        return _status(task)
+
+    @_guard
+    def StreamResources(self, request, context):
+        interval = request.interval_s if request.HasField("interval_s") else DEFAULT_INTERVAL
+        if not interval >= MIN_INTERVAL:  # also catches NaN
+            raise TaskRequestError(f"interval_s {interval} is too small; expected >= {MIN_INTERVAL} s "
+                                   f"(unset: {DEFAULT_INTERVAL} s)")
+        if request.max_samples < 0:
+            raise TaskRequestError(f"max_samples {request.max_samples} is negative; expected 0 (no limit) or more")
+        return self._samples(interval, request.job_id, request.max_samples, context)
+
+    def _samples(self, interval, job_id, limit, context):
+        sampler, sent = ResourceSampler(), 0
+        next_at = time.monotonic() + interval
+        while context.is_active() and not self._stopping.is_set():
+            if self._stopping.wait(max(0.0, next_at - time.monotonic())):
+                break
+            next_at += interval
+            yield self._sample(sampler, job_id)
+            sent += 1
+            if limit and sent >= limit:
+                break
+
+    def _sample(self, sampler: ResourceSampler, job_id: str) -> common_pb2.ResourceSample:
+        node = sampler.node()
+        procs = []
+        for task in self.supervisor.tasks(job_id):
+            alive = task.proc.poll() is None
+            use = sampler.process(task.proc.pid, alive)
+            procs.append(common_pb2.ProcessSample(
+                job_id=task.job_id, task=common_pb2.TaskRef(job=task.job, index=task.index), pid=use.pid,
+                alive=use.alive, cpu_percent=use.cpu_percent, rss_bytes=use.rss_bytes, state=_STATES[task.state()]))
+        sampler.forget({p.pid for p in procs if p.alive})
+        return common_pb2.ResourceSample(
+            node=self.node, time=node.time, cpu_percent=node.cpu_percent, memory_used_bytes=node.memory_used_bytes,
+            memory_total_bytes=node.memory_total_bytes, memory_percent=node.memory_percent, processes=procs,
+            job_id=job_id)
+
+    def Health(self, request, context):
+        return node_hook_pb2.HealthResponse(
+            node=self.node, pid=os.getpid(), uptime_s=time.monotonic() - self._born, time=time.time(),
+            tasks=[_status(t) for t in self.supervisor.tasks()], version=VERSION)
+
+
+class HookServer:
+    """A running hook: its gRPC server and the task processes it started."""
+
+    def __init__(self, grpc_server: grpc.Server, supervisor: TaskSupervisor, stopping: threading.Event):
+        self.grpc_server = grpc_server
+        self.supervisor = supervisor
+        self._stopping = stopping
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """End streams, stop serving, kill every task process this hook started."""
+        self._stopping.set()
+        try:
+            self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
+        finally:
+            self.supervisor.shutdown()
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self.grpc_server.wait_for_termination(timeout)
+
+
+def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig | None = None,
+          log_dir: str | None = None, node: str | None = None, allow_remote: bool = False,
+          max_workers: int = 16, task_command=TASK_COMMAND) -> tuple[HookServer, int]:
+    """Start a NodeHook server; returns it (``.stop()`` kills its tasks too) and its port.
+
+    ``max_workers`` bounds concurrent calls; each open StreamResources holds one.
+    ``task_command``: the program of a task (``tfsync.hooks.tasks.TASK_COMMAND``).
+    """
+    log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
+    server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
+                                         max_workers=max_workers)
+    supervisor, stopping = TaskSupervisor(log_dir, task_command=task_command), threading.Event()
+    node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),
+                                                      server)
+    server.start()
+    logger.info("node hook serving on port %d (task logs in %s)", port, log_dir)
+    return HookServer(server, supervisor, stopping), port
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Run this node's tfsync hook agent (a NodeHook gRPC server).")
+    p.add_argument("--listen", default="127.0.0.1:0", help="host:port (default: loopback, a free port)")
+    p.add_argument("--token-file", required=True, help="the job token file (mode 0600)")
+    p.add_argument("--log-dir", default=None, help="where task logs go")
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen address")
+    args = p.parse_args(argv)
+    try:
+        token = auth.read_token(args.token_file)
+        tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+        server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote)
+    except (auth.TokenFileError, transport.TransportError, ValueError) as e:
+        print(f"tfsync hook: {e}", file=sys.stderr)
+        return 2
+    print(f"tfsync hook listening on port {port}", flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The TF task processes of one node: started, watched, stopped and restarted by its hook.
+
+Commands are built here, never received: a request names a cluster spec, a job name and
+an index, and the hook runs ``python -m tfsync.engine.server`` for it exactly as
+``tfsync.engine.cluster.LocalCluster`` does (own session, log file, ``--parent-pid`` so a
+task exits when its hook dies). Only processes started here are ever signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+TASK_JOBS = ("ps", "worker")  # what tfsync.engine.server runs; "chief" is the coordinator
+ENV_ALLOWLIST = frozenset({"TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+                           "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_USE_LEGACY_KERAS"})
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]+:(\d{1,5})")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The program of a task; the hook appends --cluster, --job, --index and --parent-pid.
+TASK_COMMAND = (sys.executable, "-m", "tfsync.engine.server")
+
+
+class TaskRequestError(ValueError):
+    """A request the hook cannot act on (bad spec, task, env or job id)."""
+
+
+class TaskConflictError(RuntimeError):
+    """A task runs already with another cluster spec."""
+
+
+def parse_spec(text: str) -> dict[str, list[str]]:
+    """The cluster spec JSON -> {job: [host:port, ...]}, checked."""
+    try:
+        spec = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise TaskRequestError(f"cluster spec is not valid JSON ({e}): {str(text)[:80]!r}; expected "
+                               '{"ps": ["host:port"], "worker": ["host:port", ...]}') from None
+    if not isinstance(spec, dict) or not spec:
+        raise TaskRequestError("cluster spec must be a non-empty JSON object of job -> addresses, "
+                               f"got {str(text)[:80]!r}")
+    for job, addresses in spec.items():
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise TaskRequestError(f"cluster spec job {job!r} must list 'host:port' strings, got {addresses!r}")
+        for a in addresses:
+            m = _ADDRESS.fullmatch(a)
+            if not m or not 1 <= int(m.group(1)) <= 65535:
+                raise TaskRequestError(f"cluster spec address {a!r} of job {job!r} is not host:port with a port "
+                                       "in 1..65535")
+    return spec
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.fullmatch(job_id or ""):
+        raise TaskRequestError(f"job_id {job_id!r} must be 1-64 characters of letters, digits, '.', '_', '-' "
+                               "(it names the task log directory)")
+    return job_id
+
+
+def check_task(spec: dict, job: str, index: int) -> str:
+    """The address of task ``job:index`` of ``spec``."""
+    if job not in TASK_JOBS:
+        raise TaskRequestError(f"task job {job!r} cannot run on a node hook; expected one of {', '.join(TASK_JOBS)}")
+    if job not in spec:
+        raise TaskRequestError(f"task job {job!r} is not in the cluster spec (jobs: {', '.join(sorted(spec))})")
+    if not 0 <= index < len(spec[job]):
+        raise TaskRequestError(f"task index {index} of job {job!r} is outside the cluster spec; expected "
+                               f"0..{len(spec[job]) - 1}")
+    return spec[job][index]
+
+
+def check_env(env: dict) -> dict:
+    for name, value in env.items():
+        if name not in ENV_ALLOWLIST:
+            raise TaskRequestError(f"environment variable {name!r} may not be set through the hook; allowed: "
+                                   f"{', '.join(sorted(ENV_ALLOWLIST))}")
+        if len(value) > 256 or "\0" in value:
+            raise TaskRequestError(f"environment value of {name} must be under 256 characters without NUL")
+    return dict(env)
+
+
+def port_open(address: str, timeout: float = 0.2) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        return s.connect_ex((host.strip("[]"), int(port))) == 0
+
+
+@dataclass
+class Task:
+    job_id: str
+    job: str
+    index: int
+    spec_json: str            # canonical (sorted keys) text, as passed to the task
+    env: dict
+    address: str
+    log_path: str
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.time)
+    restarts: int = 0
+    stopped: bool = False     # killed by the hook (not exited by itself)
+    ready: bool = False       # its port has been seen open
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.job_id, self.job, self.index
+
+    def state(self) -> str:
+        """"starting" | "running" | "exited" | "stopped"."""
+        if self.proc.poll() is not None:
+            return "stopped" if self.stopped else "exited"
+        if not self.ready:
+            self.ready = port_open(self.address)
+        return "running" if self.ready else "starting"
+
+
+class TaskSupervisor:
+    """The task processes this hook started, keyed by (job_id, job, index).
+
+    ``task_command`` is the program each task runs (the TF server by default; tests pass a
+    stand-in). It is fixed when the hook starts and never comes from a request.
+    """
+
+    def __init__(self, log_dir: str, kill_timeout: float = 10.0, task_command=TASK_COMMAND):
+        self.log_dir = log_dir
+        self.task_command = tuple(task_command)
+        self.kill_timeout = kill_timeout
+        self._tasks: dict[tuple[str, str, int], Task] = {}
+        self._lock = threading.Lock()
+
+    def tasks(self, job_id: str = "") -> list[Task]:
+        with self._lock:
+            return [t for t in self._tasks.values() if not job_id or t.job_id == job_id]
+
+    def start(self, job_id: str, spec_text: str, refs: list[tuple[str, int]],
+              env: dict) -> tuple[list[Task], list[str]]:
+        """Start the tasks ``refs`` of the spec; running ones with the same spec are returned."""
+        check_job_id(job_id)
+        spec = parse_spec(spec_text)
+        if not refs:
+            raise TaskRequestError("StartTasks names no tasks; expected at least one (job, index) of the spec")
+        addresses = [check_task(spec, job, index) for job, index in refs]
+        env, canonical = check_env(env), json.dumps(spec, sort_keys=True)
+        out, notes = [], []
+        with self._lock:
+            for (job, index), address in zip(refs, addresses):
+                old = self._tasks.get((job_id, job, index))
+                if old is not None and old.proc.poll() is None:
+                    if old.spec_json != canonical:
+                        raise TaskConflictError(f"task {job}:{index} of job {job_id!r} runs with another cluster "
+                                                "spec; StopTasks it first")
+                    notes.append(f"{job}:{index} already running (pid {old.proc.pid})")
+                    out.append(old)
+                    continue
+                task = self._launch(job_id, job, index, canonical, env, address)
+                task.restarts = old.restarts if old else 0
+                self._tasks[task.key] = task
+                out.append(task)
+        return out, notes
+
+    def _launch(self, job_id, job, index, spec_json, env, address) -> Task:
+        cmd = [*self.task_command, "--cluster", spec_json, "--job", job, "--index", str(index),
+               "--parent-pid", str(os.getpid())]
+        full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        full_env.pop("TF_CONFIG", None)
+        full_env.update(env)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, full_env.get("PYTHONPATH")]))
+        log_dir = os.path.join(self.log_dir, job_id)
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, f"{job}-{index}.log")
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        logger.info("started %s %s:%d at %s, pid %d", job_id, job, index, address, proc.pid)
+        return Task(job_id, job, index, spec_json, env, address, log_path, proc)
+
+    def _kill(self, task: Task) -> None:
+        if task.proc.poll() is None:
+            task.stopped = True
+            task.proc.kill()
+        try:
+            task.proc.wait(timeout=self.kill_timeout)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the kernel is slow to reap
+            logger.warning("task %s %s:%d pid %d still alive %.0f s after SIGKILL", task.job_id, task.job,
+                           task.index, task.proc.pid, self.kill_timeout)
+
+    def stop(self, job_id: str, refs: list[tuple[str, int]]) -> tuple[list[Task], list[str]]:
+        """Kill tasks (all of the job's when ``refs`` is empty). Unknown ones are a no-op."""
+        check_job_id(job_id)
+        with self._lock:
+            keys = [(job_id, j, i) for j, i in refs] or [k for k in self._tasks if k[0] == job_id]
+            found, notes = [self._tasks[k] for k in keys if k in self._tasks], []
+            for k in keys:
+                if k not in self._tasks:
+                    notes.append(f"{k[1]}:{k[2]} of job {job_id!r} was not started by this hook; nothing to stop")
+            for task in found:
+                if task.proc.poll() is not None:
+                    notes.append(f"{task.job}:{task.index} already ended (code {task.proc.returncode})")
+                self._kill(task)
+                logger.info("stopped %s %s:%d (pid %d)", job_id, task.job, task.index, task.proc.pid)
+        return found, notes
+
+    def restart(self, job_id: str, job: str, index: int, expected_pid: int = 0) -> Task:
+        """Kill one task this hook started and start it again with the same spec and env."""
+        check_job_id(job_id)
+        with self._lock:
+            old = self._tasks.get((job_id, job, index))
+            if old is None:
+                raise KeyError(f"task {job}:{index} of job {job_id!r} was not started by this hook; "
+                               "StartTasks it first")
+            if expected_pid and old.proc.pid != expected_pid and old.proc.poll() is None:
+                return old  # a retried restart: it happened already
+            self._kill(old)
+            task = self._launch(job_id, job, index, old.spec_json, old.env, old.address)
+            task.restarts = old.restarts + 1
+            self._tasks[task.key] = task
+            return task
+
+    def wait_ready(self, tasks: list[Task], timeout: float) -> None:
+        """Wait until every task serves or ends, at most ``timeout`` seconds (no error)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(t.state() == "starting" for t in tasks):
+            time.sleep(0.05)
+
+    def shutdown(self) -> None:
+        """Kill every task process this hook started."""
+        with self._lock:
+            tasks = list(self._tasks.values())
+        for task in tasks:
+            self._kill(task)

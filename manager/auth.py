@@ -1,0 +1,174 @@
+"""Per-job secret tokens, and the gRPC interceptors that require them on every call.
+
+A job's token is ``secrets.token_urlsafe(32)``, kept in a file only its owner can read
+(0600). Clients send it in the ``authorization`` metadata as ``Bearer <token>``; the
+server interceptor refuses any call without it, or with another token, with
+UNAUTHENTICATED, and logs the method and the peer (never the token).
+
+Transport (plaintext on loopback, TLS elsewhere) is in ``tfsync.manager.transport``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import stat
+
+import grpc
+
+logger = logging.getLogger(__name__)
+
+METADATA_KEY = "authorization"
+SCHEME = "Bearer "
+
+
+class TokenFileError(PermissionError):
+    """A token file is missing, empty, or readable by others than its owner."""
+
+
+def new_token() -> str:
+    """A fresh secret: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_token(path: str | os.PathLike, token: str | None = None) -> str:
+    """Write ``token`` (a new one if None) to ``path`` with mode 0600; return the token.
+
+    The file is created 0600 (never briefly world-readable); an existing file is
+    truncated and its mode reset to 0600. A missing parent directory is made 0700.
+    """
+    token = new_token() if token is None else token
+    if not token or any(c.isspace() for c in token):
+        raise ValueError("a token must be a non-empty string without whitespace; "
+                         "use tfsync.manager.auth.new_token()")
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode("ascii"))
+    finally:
+        os.close(fd)
+    return token
+
+
+def read_token(path: str | os.PathLike) -> str:
+    """Read a token file written by :func:`write_token`; refuse one others can read."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise TokenFileError(f"token file {path!r} does not exist; expected the file the manager "
+                             "wrote when the job was submitted (tfsync.manager.auth.write_token)") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise TokenFileError(f"token file {path!r} has mode {mode:04o}: group or others can access it; "
+                             f"expected 0600; fix: chmod 600 {path!r}, or better, issue a new token "
+                             "since this one may have been read")
+    with open(path, encoding="ascii") as f:
+        token = f.read().strip()
+    if not token:
+        raise TokenFileError(f"token file {path!r} is empty; expected one token line; "
+                             "write one with tfsync.manager.auth.write_token")
+    return token
+
+
+def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """Metadata that authenticates one call (for clients that pass metadata themselves)."""
+    return ((METADATA_KEY, SCHEME + token),)
+
+
+# -- server side --------------------------------------------------------------------------
+def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
+    """A handler of the same kind as ``handler`` that refuses the call."""
+
+    def deny(_request_or_iterator, context):
+        logger.warning("refused %s from %s: %s", method, context.peer(), reason)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      f"{reason}; send the job's token as '{METADATA_KEY}: {SCHEME}<token>' metadata")
+
+    def deny_stream(request_or_iterator, context):
+        deny(request_or_iterator, context)
+        yield  # pragma: no cover - abort raises
+
+    kind = (handler.request_streaming, handler.response_streaming)
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if kind == (False, False):
+        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
+    if kind == (False, True):
+        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
+    if kind == (True, False):
+        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
+
+
+class TokenCheck:
+    """Compares the token a call presents with the expected one (constant time)."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("a server needs a non-empty token; use new_token() or read_token(path)")
+        self._expected = (SCHEME + token).encode("utf-8")
+
+    def problem(self, metadata) -> str | None:
+        """None if ``metadata`` carries the token, else why not ("no token" / "wrong token")."""
+        for key, value in metadata or ():
+            if key == METADATA_KEY:
+                presented = value.encode("utf-8") if isinstance(value, str) else value
+                return None if hmac.compare_digest(presented, self._expected) else "wrong token"
+        return "no token"
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Refuse every call that does not carry ``token`` (UNAUTHENTICATED, logged)."""
+
+    def __init__(self, token: str):
+        self._check = TokenCheck(token)
+
+    def intercept_service(self, continuation, handler_call_details):
+        reason = self._check.problem(handler_call_details.invocation_metadata)
+        handler = continuation(handler_call_details)
+        if reason is None or handler is None:  # None: unknown method, gRPC answers UNIMPLEMENTED
+            return handler
+        return _denial_handler(handler, handler_call_details.method, reason)
+
+
+# -- client side --------------------------------------------------------------------------
+class _ClientCallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Attach the token to every call of a channel (works on plaintext channels too,
+    unlike ``grpc.metadata_call_credentials``)."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("TokenClientInterceptor needs a non-empty token; read it with read_token(path)")
+        self._pair = call_metadata(token)[0]
+
+    def _details(self, details):
+        metadata = [m for m in (details.metadata or ()) if m[0] != METADATA_KEY]
+        return _ClientCallDetails(details, metadata + [self._pair])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)

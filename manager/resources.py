@@ -1,0 +1,128 @@
+"""The manager's view of node resources: hooks report samples (``ReportResources``), the
+board keeps the latest per node in memory, and a background thread writes what changed
+to the job store every ``flush_interval`` seconds.
+
+The board is the manager's ReportResources / StreamReportResources; the rest of the
+Manager service is added around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc
+from tfsync.manager.store import ResourceRecord, Store
+
+logger = logging.getLogger(__name__)
+
+
+def _record(sample: common_pb2.ResourceSample) -> ResourceRecord:
+    procs = tuple({"job_id": p.job_id, "task": f"{p.task.job}:{p.task.index}", "pid": p.pid, "alive": p.alive,
+                   "cpu_percent": p.cpu_percent, "rss_bytes": p.rss_bytes} for p in sample.processes)
+    return ResourceRecord(sample.node, sample.time, sample.job_id, sample.cpu_percent, sample.memory_percent, procs)
+
+
+class ResourceBoard:
+    """Latest sample per node; ``start()`` flushes changed nodes to ``store`` periodically."""
+
+    def __init__(self, store: Store | None = None, flush_interval: float = 1.0):
+        if flush_interval <= 0:
+            raise ValueError(f"flush_interval must be > 0 s, got {flush_interval}")
+        self.store = store
+        self.flush_interval = flush_interval
+        self._latest: dict[str, common_pb2.ResourceSample] = {}
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.flushed = 0  # records written so far
+
+    def report(self, sample: common_pb2.ResourceSample) -> None:
+        with self._lock:
+            self._latest[sample.node] = sample
+            self._dirty.add(sample.node)
+
+    def latest(self) -> dict[str, common_pb2.ResourceSample]:
+        with self._lock:
+            return dict(self._latest)
+
+    def flush(self) -> int:
+        """Write the nodes that reported since the last flush; return how many."""
+        with self._lock:
+            samples = [self._latest[n] for n in self._dirty]
+            self._dirty.clear()
+        if samples and self.store is not None:
+            self.store.add_resources([_record(s) for s in samples])
+            self.flushed += len(samples)
+        return len(samples)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - a failed flush must not end the loop; logged
+                logger.exception("flushing resource samples to %s failed; retrying in %.1f s",
+                                 getattr(self.store, "path", None), self.flush_interval)
+
+    def start(self) -> "ResourceBoard":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="resource-flush", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.flush()
+
+
+class ResourceReports(manager_pb2_grpc.ManagerServicer):
+    """The Manager RPCs that take hooks' resource reports (others answer UNIMPLEMENTED)."""
+
+    def __init__(self, board: ResourceBoard, interval_s: float = 1.0):
+        self.board = board
+        self.interval_s = interval_s
+
+    def _take(self, request, context) -> None:
+        if not request.sample.node:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ResourceSample.node is empty; expected the "
+                          "reporting node's name")
+        self.board.report(request.sample)
+
+    def ReportResources(self, request, context):
+        self._take(request, context)
+        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)
+
+    def StreamReportResources(self, request_iterator, context):
+        for request in request_iterator:
+            self._take(request, context)
+        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)
+
+
+class AioResourceReports(manager_pb2_grpc.ManagerServicer):
+    """``ResourceReports`` for a ``grpc.aio`` server (``tfsync.manager.aio``): one event
+    loop serves thousands of hooks' open report streams."""
+
+    def __init__(self, board: ResourceBoard, interval_s: float = 1.0):
+        self.board = board
+        self.interval_s = interval_s
+
+    async def _take(self, request, context) -> None:
+        if not request.sample.node:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ResourceSample.node is empty; expected the "
+                                "reporting node's name")
+        self.board.report(request.sample)
+
+    async def ReportResources(self, request, context):
+        await self._take(request, context)
+        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)
+
+    async def StreamReportResources(self, request_iterator, context):
+        async for request in request_iterator:
+            await self._take(request, context)
+        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)

@@ -1,0 +1,83 @@
+"""The value objects the job store (``tfsync.manager.store``) reads and writes: plain frozen
+dataclasses, JSON-able fields, no SQLite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JOB_STATES = ("submitted", "running", "stopped", "failed", "done")
+RUN_KINDS = ("train", "resume", "trial")
+EVENT_KINDS = ("worker_lost", "worker_rejoined", "task_restarted", "switch", "checkpoint")
+SWITCH_METHODS = ("hot", "restart")
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    signature: str
+    config: dict
+    state: str
+    created: float
+    updated: float
+    run_dir: str = ""
+    token_path: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    job_id: str
+    kind: str
+    config: dict
+    started: float
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    run_id: int
+    step: int
+    time: float                # Unix time the step ended
+    samples: int               # samples of this step, all workers
+    loss: float | None
+    protocol: str
+    batch_sizes: tuple         # per worker, in worker order
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: int
+    kind: str                  # one of EVENT_KINDS
+    time: float
+    detail: dict               # checkpoint: {"path": ..., "step": ...}
+
+
+@dataclass(frozen=True)
+class SwitchPoint:
+    run_id: int
+    step: int
+    time: float
+    from_protocol: str
+    to_protocol: str
+    method: str                # "hot" | "restart"
+    detail: dict
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a job can resume: its newest checkpoint, and the last step it recorded."""
+    job_id: str
+    run_id: int | None         # the run that wrote the checkpoint (None: no checkpoint yet)
+    checkpoint_path: str | None
+    checkpoint_step: int | None
+    last_step: int | None      # newest step summary of the job's latest run with any
+
+
+@dataclass(frozen=True)
+class ResourceRecord:
+    node: str
+    time: float
+    job_id: str
+    cpu_percent: float
+    memory_percent: float
+    processes: tuple = ()      # dicts: task, pid, alive, cpu_percent, rss_bytes

@@ -1,0 +1,128 @@
+"""gRPC servers and channels of the control plane: loopback by default, TLS on demand,
+the job token on every call (``tfsync.manager.auth``).
+
+Binding to anything but a loopback address must be asked for (``allow_remote=True``),
+and without TLS that logs a warning: the token would cross the network in plaintext.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from tfsync.manager import auth
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+class TransportError(RuntimeError):
+    """A server could not bind, or a TLS file could not be read."""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM files. Servers need ``cert_file`` + ``key_file``; clients need ``ca_file`` (the CA
+    that signed the server's certificate) and, when they dial an address that is not in
+    the certificate, ``server_name`` (a name that is)."""
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+    server_name: str | None = None
+
+
+def _read(path: str | None, what: str) -> bytes:
+    if not path:
+        raise TransportError(f"TLS needs {what}, got none; pass TlsConfig({what}=PATH)")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise TransportError(f"cannot read TLS {what} {path!r}: {e.strerror}; expected a PEM file") from None
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(_read(tls.key_file, "key_file"), _read(tls.cert_file, "cert_file"))])
+
+
+def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=_read(tls.ca_file, "ca_file"))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"address {address!r} is not HOST:PORT with a port in 0..65535; e.g. 127.0.0.1:0")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None) -> None:
+    """Refuse a non-loopback address unless ``allow_remote``; warn when it has no TLS."""
+    host, _ = split_address(listen)
+    if not is_loopback(host):
+        if not allow_remote:
+            raise TransportError(f"refusing to listen on {listen!r}: not a loopback address; expected "
+                                 f"{DEFAULT_HOST}:PORT, or pass allow_remote=True (and TLS) to serve other machines")
+        if tls is None:
+            logger.warning("listening on %s without TLS: tokens and commands cross the network in "
+                           "plaintext; pass a TlsConfig with cert_file and key_file", listen)
+
+
+def make_server(listen: str = f"{DEFAULT_HOST}:0", *, token: str, tls: TlsConfig | None = None,
+                allow_remote: bool = False, max_workers: int = 16, options=()) -> tuple[grpc.Server, int]:
+    """A gRPC server (not started) that requires ``token`` on every call; returns it and the
+    bound port. Add servicers, then ``server.start()``."""
+    check_listen(listen, allow_remote, tls)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+                         interceptors=[auth.TokenAuthInterceptor(token)], options=list(options))
+    try:
+        if tls is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, server_credentials(tls))
+    except RuntimeError as e:
+        port, cause = 0, e
+    else:
+        cause = None
+    if not port:
+        raise TransportError(f"cannot listen on {listen!r} ({cause or 'bind failed'}); the port may be "
+                             "in use: pick another, or port 0 for a free one")
+    return server, port
+
+
+def make_channel(target: str, *, token: str, tls: TlsConfig | None = None, options=()) -> grpc.Channel:
+    """A channel to ``target`` that sends ``token`` with every call: plaintext when ``tls`` is
+    None (loopback only, by convention), else TLS verified against ``tls.ca_file``."""
+    opts = list(options)
+    if tls is None:
+        channel = grpc.insecure_channel(target, options=opts)
+    else:
+        if tls.server_name:
+            opts.append(("grpc.ssl_target_name_override", tls.server_name))
+        channel = grpc.secure_channel(target, channel_credentials(tls), options=opts)
+    return grpc.intercept_channel(channel, auth.TokenClientInterceptor(token))
+
+
+def wait_ready(channel: grpc.Channel, timeout: float, what: str = "server") -> None:
+    """Block until ``channel`` connects, or raise TransportError after ``timeout`` seconds."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        raise TransportError(f"{what} not reachable within {timeout:.1f} s; check that it runs and "
+                             "the address, or raise the timeout") from None

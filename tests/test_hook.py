@@ -1,0 +1,204 @@
+"""The node hook on a real gRPC server on loopback: real TF task processes (cluster test)
+and a stand-in task program that only opens its port (unit tests)."""
+
+import json
+import sys
+import textwrap
+import time
+
+import grpc
+import psutil
+import pytest
+
+from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.engine.cluster import free_ports
+from tfsync.hooks import node
+from tfsync.hooks.tasks import port_open
+from tfsync.manager import auth, transport
+
+RUNNING, STOPPED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_STOPPED
+
+# Listens on its spec address like a TF task would, and exits with its parent.
+FAKE_TASK = textwrap.dedent("""
+    import argparse, json, os, socket, time
+    p = argparse.ArgumentParser()
+    for a in ("--cluster", "--job", "--index", "--parent-pid"):
+        p.add_argument(a)
+    args = p.parse_args()
+    host, port = json.loads(args.cluster)[args.job][int(args.index)].rsplit(":", 1)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen(16)
+    while os.getppid() == int(args.parent_pid):
+        time.sleep(0.05)
+""")
+
+
+@pytest.fixture
+def make_hook(tmp_path):
+    """make_hook(fake=True) -> (stub, hook, token); every hook is stopped at the end."""
+    made = []
+
+    def make(fake=True):
+        fake_path = tmp_path / "fake_task.py"
+        fake_path.write_text(FAKE_TASK)
+        command = (sys.executable, str(fake_path)) if fake else node.TASK_COMMAND
+        token = auth.new_token()
+        hook, port = node.serve(token=token, log_dir=str(tmp_path / "logs"), node="node-a", task_command=command)
+        channel = transport.make_channel(f"127.0.0.1:{port}", token=token)
+        made.append((hook, channel))
+        return node_hook_pb2_grpc.NodeHookStub(channel), hook, token, port
+
+    try:
+        yield make
+    finally:
+        for hook, channel in made:
+            channel.close()
+            hook.stop(grace=None)
+
+
+def _spec(ps=1, workers=1):
+    ports = free_ports(ps + workers + 1)
+    addr = [f"127.0.0.1:{p}" for p in ports]
+    return {"chief": addr[:1], "ps": addr[1:1 + ps], "worker": addr[1 + ps:]}
+
+
+def _start(stub, spec, tasks=(("ps", 0),), wait=10.0, job_id="job-1", env=None):
+    return stub.StartTasks(node_hook_pb2.StartTasksRequest(
+        job_id=job_id, cluster_spec_json=json.dumps(spec), env=env or {}, wait_ready_s=wait,
+        tasks=[common_pb2.TaskRef(job=j, index=i) for j, i in tasks]), timeout=wait + 10)
+
+
+def _gone(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.cluster
+def test_real_tf_task_lifecycle(make_hook):
+    stub, hook, _, _ = make_hook(fake=False)
+    spec = _spec()
+    started = _start(stub, spec, wait=90.0).tasks[0]
+    assert started.state == RUNNING, f"TF task did not serve within 90 s; see {started.log_path}"
+    assert port_open(spec["ps"][0])
+    health = stub.Health(node_hook_pb2.HealthRequest(), timeout=10)
+    assert [(t.task.job, t.pid, t.state) for t in health.tasks] == [("ps", started.pid, RUNNING)]
+    samples = list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(interval_s=0.1, max_samples=3),
+                                        timeout=10))
+    assert len(samples) == 3 and samples[-1].node == "node-a" and samples[-1].memory_total_bytes > 0
+    proc = samples[-1].processes[0]
+    assert (proc.pid, proc.alive) == (started.pid, True) and proc.rss_bytes > 10 * 2**20  # TF is loaded
+
+    again = _start(stub, spec, wait=0.0)  # a retried StartTasks returns the running task
+    assert again.tasks[0].pid == started.pid and "already running" in again.messages[0]
+
+    restarted = stub.RestartTask(node_hook_pb2.RestartTaskRequest(
+        job_id="job-1", task=common_pb2.TaskRef(job="ps", index=0), expected_pid=started.pid, wait_ready_s=90.0),
+        timeout=100)
+    assert restarted.pid != started.pid and restarted.restarts == 1 and restarted.state == RUNNING
+    assert _gone(started.pid) and port_open(spec["ps"][0])
+
+    stopped = stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id="job-1"), timeout=20).tasks
+    assert [(t.pid, t.state) for t in stopped] == [(restarted.pid, STOPPED)]
+    assert _gone(restarted.pid) and not port_open(spec["ps"][0])
+
+
+@pytest.mark.unit
+def test_malformed_requests_are_invalid_argument_and_the_hook_goes_on(make_hook):
+    stub, _, _, _ = make_hook()
+    spec = _spec()
+    bad = [
+        node_hook_pb2.StartTasksRequest(job_id="j", cluster_spec_json="{not json",
+                                        tasks=[common_pb2.TaskRef(job="ps", index=0)]),
+        node_hook_pb2.StartTasksRequest(job_id="j", cluster_spec_json=json.dumps(spec),
+                                        tasks=[common_pb2.TaskRef(job="evaluator", index=0)]),
+        node_hook_pb2.StartTasksRequest(job_id="j", cluster_spec_json=json.dumps(spec),
+                                        tasks=[common_pb2.TaskRef(job="ps", index=-1)]),
+        node_hook_pb2.StartTasksRequest(job_id="j", cluster_spec_json=json.dumps(spec),
+                                        tasks=[common_pb2.TaskRef(job="worker", index=1)]),
+        node_hook_pb2.StartTasksRequest(job_id="../etc", cluster_spec_json=json.dumps(spec),
+                                        tasks=[common_pb2.TaskRef(job="ps", index=0)]),
+        node_hook_pb2.StartTasksRequest(job_id="j", cluster_spec_json=json.dumps(spec), env={"LD_PRELOAD": "x.so"},
+                                        tasks=[common_pb2.TaskRef(job="ps", index=0)]),
+    ]
+    expected = ["not valid JSON", "cannot run on a node hook", "negative", "outside the cluster spec",
+                "job_id '../etc'", "LD_PRELOAD"]
+    for request, words in zip(bad, expected):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.StartTasks(request, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details()
+    for interval in (0.0, -1.0, 0.01):
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(interval_s=interval), timeout=10))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and ">= 0.05" in e.value.details()
+    assert stub.Health(node_hook_pb2.HealthRequest(), timeout=10).tasks == []  # nothing was started
+    ok = _start(stub, spec, env={"OMP_NUM_THREADS": "1"})
+    assert ok.tasks[0].state == RUNNING
+
+
+@pytest.mark.unit
+def test_retries_and_unknown_tasks(make_hook):
+    stub, _, _, _ = make_hook()
+    spec = _spec(workers=2)
+    first = _start(stub, spec, tasks=[("worker", 0), ("worker", 1)]).tasks
+    assert [t.state for t in first] == [RUNNING, RUNNING]
+    other = _spec()
+    with pytest.raises(grpc.RpcError) as e:  # same task, another spec: refused, not replaced
+        _start(stub, other, tasks=[("worker", 0)])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    ref = common_pb2.TaskRef(job="worker", index=0)
+    new = stub.RestartTask(node_hook_pb2.RestartTaskRequest(job_id="job-1", task=ref, expected_pid=first[0].pid,
+                                                            wait_ready_s=10), timeout=20)
+    retried = stub.RestartTask(node_hook_pb2.RestartTaskRequest(job_id="job-1", task=ref, expected_pid=first[0].pid),
+                               timeout=20)
+    assert new.pid != first[0].pid and retried.pid == new.pid and retried.restarts == 1
+    with pytest.raises(grpc.RpcError) as e:
+        stub.RestartTask(node_hook_pb2.RestartTaskRequest(job_id="job-2", task=ref), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    not_ours = stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id="job-2", tasks=[ref]), timeout=10)
+    assert not_ours.tasks == [] and "not started by this hook" in not_ours.messages[0]
+    assert psutil.pid_exists(new.pid)  # job-2's stop touched nothing of job-1
+    stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id="job-1", tasks=[ref]), timeout=10)
+    again = stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id="job-1", tasks=[ref]), timeout=10)
+    assert again.tasks[0].state == STOPPED and "already ended" in again.messages[0]
+    assert [t.state for t in stub.Health(node_hook_pb2.HealthRequest(), timeout=10).tasks] == [STOPPED, RUNNING]
+
+
+@pytest.mark.unit
+def test_stopping_the_hook_kills_its_tasks(make_hook):
+    stub, hook, _, _ = make_hook()
+    tasks = _start(stub, _spec(workers=1), tasks=[("ps", 0), ("worker", 0)]).tasks
+    pids = [t.pid for t in tasks]
+    assert all(psutil.pid_exists(p) for p in pids)
+    hook.stop(grace=None)
+    assert all(_gone(p) for p in pids)
+
+
+@pytest.mark.unit
+def test_wrong_or_missing_token_is_unauthenticated(make_hook):
+    _, _, _, port = make_hook()
+    for channel in (transport.make_channel(f"127.0.0.1:{port}", token=auth.new_token()),
+                    grpc.insecure_channel(f"127.0.0.1:{port}")):
+        with channel:
+            with pytest.raises(grpc.RpcError) as e:
+                node_hook_pb2_grpc.NodeHookStub(channel).Health(node_hook_pb2.HealthRequest(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.unit
+def test_stream_resources_reports_each_task_and_ends_when_asked(make_hook):
+    stub, _, _, _ = make_hook()
+    task = _start(stub, _spec()).tasks[0]
+    t0 = time.monotonic()
+    samples = list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(interval_s=0.1, max_samples=4),
+                                        timeout=10))
+    assert len(samples) == 4 and 0.3 <= time.monotonic() - t0 < 5
+    assert all(s.processes[0].pid == task.pid and s.processes[0].alive for s in samples)
+    assert samples[-1].processes[0].rss_bytes > 0 and samples[-1].time > samples[0].time
+    assert list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(
+        interval_s=0.05, max_samples=1, job_id="other"), timeout=10))[0].processes == []

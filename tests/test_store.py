@@ -1,0 +1,187 @@
+"""The job store on real SQLite files: round trips, WAL, reopening, other processes, threads."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from tfsync.manager.store import (ResourceRecord, StepSummary, Store, StoreError, SwitchPoint)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def db(tmp_path):
+    store = Store(tmp_path / "state" / "jobs.db")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _steps(run_id, first, count, protocol="bsp"):
+    return [StepSummary(run_id, s, 1000.0 + s, 64, 2.0 / (s + 1), protocol, (48, 16))
+            for s in range(first, first + count)]
+
+
+def test_wal_mode_and_schema_version(db):
+    assert db.pragma("journal_mode") == "wal"
+    assert db.pragma("user_version") == 1
+
+
+def test_job_run_steps_events_results_round_trip(db):
+    job = db.create_job("mnist", "sig-a", {"train": {"samples": 60000}}, run_dir="runs/m", token_path="t")
+    assert job.state == "submitted" and job.config == {"train": {"samples": 60000}}
+    db.set_job_state(job.id, "running")
+    assert db.job(job.id).state == "running" and db.job(job.id).updated >= job.updated
+    run = db.start_run(job.id)
+    assert run.config == job.config and db.runs(job.id) == [run]
+    db.add_steps(_steps(run.id, 0, 5))
+    got = db.steps(run.id)
+    assert [s.step for s in got] == [0, 1, 2, 3, 4] and got[3] == _steps(run.id, 3, 1)[0]
+    assert [s.step for s in db.steps(run.id, from_step=3)] == [3, 4]
+    db.add_event(run.id, "worker_lost", {"worker": 1}, at=10.0)
+    db.add_event(run.id, "checkpoint", {"path": "ckpt-4", "step": 4}, at=11.0)
+    assert [e.kind for e in db.events(run.id)] == ["worker_lost", "checkpoint"]
+    assert db.events(run.id, "worker_lost")[0].detail == {"worker": 1}
+    sw = SwitchPoint(run.id, 3, 10.5, "bsp", "asp", "restart", {"reason": "timing"})
+    db.add_switch(sw)
+    assert db.switches(run.id) == [sw]
+    db.set_result(run.id, "accuracy", 0.97)
+    db.set_result(run.id, "curve", [1, 2])
+    assert db.results(run.id) == {"accuracy": 0.97, "curve": [1, 2]}
+    db.add_resources([ResourceRecord("node-a", 5.0, job.id, 12.5, 40.0, ({"pid": 7, "rss_bytes": 9},))])
+    assert db.resources("node-a")[0].processes == ({"pid": 7, "rss_bytes": 9},)
+
+
+def test_bad_values_are_rejected_with_the_allowed_ones(db):
+    job = db.create_job("j", "s", {})
+    with pytest.raises(ValueError, match="'paused' is not one of submitted, running"):
+        db.set_job_state(job.id, "paused")
+    with pytest.raises(ValueError, match="event kind"):
+        db.add_event(db.start_run(job.id).id, "exploded")
+    with pytest.raises(KeyError, match="no job 'nope'"):
+        db.job("nope")
+
+
+def test_retried_submit_returns_the_same_job_and_conflicts_are_refused(db):
+    first = db.create_job("j", "s", {"a": 1}, job_id="job-1")
+    assert db.create_job("j", "s", {"a": 1}, job_id="job-1") == first
+    assert len(db.jobs()) == 1
+    with pytest.raises(StoreError, match="exists with another"):
+        db.create_job("j", "s", {"a": 2}, job_id="job-1")
+
+
+def test_resume_point_is_the_newest_checkpoint_and_last_step(db):
+    job = db.create_job("j", "s", {})
+    assert db.resume_point(job.id).checkpoint_path is None and db.resume_point(job.id).last_step is None
+    r1 = db.start_run(job.id)
+    db.add_steps(_steps(r1.id, 0, 10))
+    db.add_event(r1.id, "checkpoint", {"path": "ckpt-5", "step": 5}, at=5.0)
+    db.add_event(r1.id, "checkpoint", {"path": "ckpt-9", "step": 9}, at=9.0)
+    r2 = db.start_run(job.id, "resume")
+    db.add_steps(_steps(r2.id, 9, 3))
+    point = db.resume_point(job.id)
+    assert (point.run_id, point.checkpoint_path, point.checkpoint_step, point.last_step) == (r1.id, "ckpt-9", 9, 11)
+
+
+def test_runs_by_signature_spans_jobs(db):
+    a, b, other = db.create_job("a", "sig", {}), db.create_job("b", "sig", {}), db.create_job("c", "x", {})
+    ra, rb = db.start_run(a.id, "trial", {"switch_at": 0.5}), db.start_run(b.id, "trial", {"switch_at": 0.25})
+    db.start_run(other.id)
+    db.set_result(ra.id, "time_to_accuracy", 30.0)
+    found = db.runs_by_signature("sig")
+    assert [(r.id, r.config["switch_at"], res) for r, res in found] == [
+        (ra.id, 0.5, {"time_to_accuracy": 30.0}), (rb.id, 0.25, {})]
+
+
+def test_reopening_the_file_keeps_everything(tmp_path):
+    path = tmp_path / "jobs.db"
+    with Store(path) as s:
+        job = s.create_job("j", "s", {"k": [1, 2]})
+        run = s.start_run(job.id)
+        s.add_steps(_steps(run.id, 0, 3))
+        s.set_job_state(job.id, "done")
+    with Store(path) as s:
+        assert s.job(job.id).state == "done" and s.job(job.id).config == {"k": [1, 2]}
+        assert [x.step for x in s.steps(run.id)] == [0, 1, 2]
+        assert s.pragma("journal_mode") == "wal"
+
+
+def test_newer_schema_is_refused(tmp_path):
+    import sqlite3
+    path = tmp_path / "future.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version=7")
+    conn.close()
+    with pytest.raises(StoreError, match="schema version 7.*upgrade tfsync"):
+        Store(path)
+
+
+def test_write_from_another_process_is_visible(db, tmp_path):
+    job = db.create_job("j", "s", {})
+    run = db.start_run(job.id)
+    db.add_steps(_steps(run.id, 0, 1))  # this connection has read the file before the other writes
+    assert [s.step for s in db.steps(run.id)] == [0]
+    code = textwrap.dedent(f"""
+        from tfsync.manager.store import Store, StepSummary
+        s = Store({str(db.path)!r})
+        s.add_steps([StepSummary({run.id}, 1, 1.0, 32, 0.5, "asp", (32,))])
+        s.add_event({run.id}, "switch", {{"to": "asp"}})
+        s.set_job_state({job.id!r}, "stopped")
+        s.close()
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert [s.step for s in db.steps(run.id)] == [0, 1]
+    assert db.events(run.id)[0].detail == {"to": "asp"} and db.job(job.id).state == "stopped"
+
+
+def test_concurrent_inserts_from_threads_lose_nothing(db):
+    job = db.create_job("j", "s", {})
+    runs = [db.start_run(job.id).id for _ in range(4)]
+    errors = []
+
+    def writer(run_id):
+        try:
+            for batch in range(20):
+                db.add_steps(_steps(run_id, batch * 10, 10))
+                db.add_event(run_id, "worker_rejoined", {"batch": batch})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    for r in runs:
+        assert [s.step for s in db.steps(r)] == list(range(200))
+        assert len(db.events(r)) == 20
+
+
+def test_resource_board_flushes_the_latest_sample_per_node(db):
+    from tfsync.api.v1 import common_pb2
+    from tfsync.manager.resources import ResourceBoard
+
+    board = ResourceBoard(db, flush_interval=0.05)
+    for t in (1.0, 2.0):  # two reports of node-a before a flush: only the newest is written
+        board.report(common_pb2.ResourceSample(node="node-a", time=t, cpu_percent=10 * t, processes=[
+            common_pb2.ProcessSample(task=common_pb2.TaskRef(job="ps", index=0), pid=5, alive=True, rss_bytes=7)]))
+    board.report(common_pb2.ResourceSample(node="node-b", time=1.5))
+    assert board.flush() == 2 and board.flush() == 0
+    got = db.resources("node-a")
+    assert [(r.time, r.cpu_percent) for r in got] == [(2.0, 20.0)]
+    assert got[0].processes[0]["task"] == "ps:0" and got[0].processes[0]["rss_bytes"] == 7
+    board.start()
+    try:
+        board.report(common_pb2.ResourceSample(node="node-b", time=3.0))
+        deadline = time.monotonic() + 5
+        while len(db.resources("node-b")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        board.stop()
+    assert [r.time for r in db.resources("node-b")] == [1.5, 3.0]
