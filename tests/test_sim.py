@@ -187,3 +187,25 @@ def test_removed_worker_finishes_its_step_outside_the_membership():
     assert [p.worker for p in r.log if p.dropped] == [2]
     assert all(sorted(rounds[k]) == [0, 1] for k in range(0, 5))
     assert all(sorted(rounds[k]) == [0, 1, 2] for k in range(5, max(rounds)))
+
+
+@pytest.mark.parametrize("hidden", [(), (7,), (6, 5, 4)])
+def test_mlp_gradients_match_finite_differences(hidden):
+    """Back-propagation through 0, 1 and 3 hidden layers (paper 004 §4 draws 0-3)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 9)).astype(np.float32), rng.integers(0, 4, 40)
+    m = NumpyMLP(x, y, x, y, hidden=hidden, seed=1)
+    m.params = [p.astype(np.float64) for p in m.params]
+    m.x = m.x.astype(np.float64)
+    m._batch = lambda worker, size: np.arange(size)  # every batch: examples 0..7
+    grads, loss = m.gradient(0, 8)
+    assert len(grads) == len(m.params) == 2 * (len(hidden) + 1)
+    for k, (p, g) in enumerate(zip(m.params, grads)):
+        idx = tuple(rng.integers(0, s) for s in p.shape)
+        old = p[idx]
+        p[idx] = old + 1e-5
+        up = m.gradient(0, 8)[1]
+        p[idx] = old - 1e-5
+        down = m.gradient(0, 8)[1]
+        p[idx] = old
+        assert g[idx] == pytest.approx((up - down) / 2e-5, rel=1e-3, abs=1e-6), f"param {k}"

@@ -57,8 +57,25 @@ def run_episode(name: str, spec: InstanceSpec, seed: int, model: QNetwork | None
     return out, pol, res
 
 
+def sequential_updates(spec: InstanceSpec, seed: int) -> int:
+    """Updates plain sequential SGD needs to reach the target on instance ``seed`` (the
+    same model, data and batch size; one worker, so no staleness). A policy can save
+    only the difference between this and its own update count: with ASP's push rate it
+    bounds how fast any policy of the three-action space can be."""
+    from ..sim.simulator import Simulator
+    from ..sim.speeds import SpeedModel
+
+    inst = make_instance(spec, seed)
+    sim = Simulator(1, SpeedModel(fixed=1.0, per_sample=0.0), model=inst.sim.model, lr=spec.lr,
+                    eval_every=spec.eval_every, record=False)
+    res = sim.run(make_policy("asp", spec), accuracy=spec.target, time=spec.max_time)
+    return res.updates
+
+
 def _job(args) -> dict:
     name, spec, seed, model_path = args
+    if name == "sequential":
+        return {"policy": name, "seed": seed, "updates": sequential_updates(spec, seed)}
     model = QNetwork.load(model_path) if model_path else None
     return run_episode(name, spec, seed, model)[0].row()
 

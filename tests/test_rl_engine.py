@@ -1,0 +1,67 @@
+"""A policy file drives a real job: `tfsync run` with protocol rlp on a local cluster."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfsync.policy.rlp import QNetwork
+
+pytestmark = pytest.mark.cluster
+
+JOB = """
+[job]
+name = "rl"
+run_dir = "{run_dir}"
+[model]
+name = "linear"
+[train]
+batch_size = 32
+learning_rate = 0.05
+epochs = 0.2
+checkpoint_every = 0
+[[protocol]]
+name = "rlp"
+model = "{model}"
+"""
+
+
+def lockstep_network() -> QNetwork:
+    """A hand-set network that reads l_n, the updates applied during the pusher's step:
+    l_n = 0 -> NONE, l_n >= 1 -> ALL. With 2 workers that is BSP in apply form."""
+    w1 = np.zeros((40, 1))
+    w1[3, 0] = 1.0  # newest tuple's l_n / 10
+    return QNetwork([w1, np.zeros(1), np.array([[-20.0, 0.0, 20.0]]), np.array([1.0, 0.0, -1.0])])
+
+
+def test_a_policy_file_runs_a_real_job_and_its_actions_are_obeyed(tmp_path):
+    model = tmp_path / "policy.npz"
+    lockstep_network().save(model)
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=tmp_path / "run", model=model))
+    data = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", data],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    stats = summary["timeline"][0]["stats"]
+    actions = stats["actions"]
+    assert summary["timeline"][0]["protocol"] == "rlp"
+    assert actions["none"] > 5 and abs(actions["none"] - actions["all"]) <= 1 and actions["submitter"] == 0
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    clocks = {0: 0, 1: 0}
+    for rec in (x for x in records if "worker" in x):  # arrival order
+        clocks[rec["worker"]] += 1
+        assert abs(clocks[0] - clocks[1]) <= 1  # lock-step, as the network decided
+    assert summary["test_accuracy"] > 0.5
+
+
+def test_a_job_naming_rlp_without_a_model_is_refused(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.replace('model = "{model}"\n', "").format(run_dir=tmp_path / "run"))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "protocol[0].model: missing" in r.stderr
