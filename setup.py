@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
               "tfsync.datasets", "tfsync.sim", "tfsync.rl", "tfsync.manager", "tfsync.hooks",
-              "tfsync.api", "tfsync.api.v1"],
+              "tfsync.api", "tfsync.api.v1", "tfsync.predict", "tfsync.batching", "tfsync.inject"],
     # The design card keeps manager/ and hooks/ at the top of the repository; users
     # import them only as tfsync.manager and tfsync.hooks.
     package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},
@@ -24,6 +24,10 @@ setup(
         "protobuf>=7.35.1",  # likewise
         "psutil>=5.9",
         "statsmodels>=0.14",
+        "scipy>=1.11",  # linprog (LB-BSP's GPU rule); statsmodels brings it, we use it directly
+        # One BLAS thread around small fits (ARIMA, simulator) in processes that already
+        # imported NumPy; env variables only work before that import.
+        "threadpoolctl>=3",
         "numpy>=1.26",
     ],
     extras_require={

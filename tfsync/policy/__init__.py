@@ -14,12 +14,14 @@ from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, Po
 from .bsp import BSP
 from .elastic_bsp import ElasticBSP
 from .fluentps import PSSP, FluentPS
+from .lbbsp import LBBSP
 from .rlp import RLP
 from .sizing import FixedSizer
 from .ssp import SSP
 
 REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP, "fluentps": FluentPS, "pssp": PSSP,
-                                   "elastic_bsp": ElasticBSP, "rlp": RLP}
+                                   "elastic_bsp": ElasticBSP, "rlp": RLP,
+                                   "lbbsp": LBBSP}
 
 
 def register(name: str, cls: type[Policy]) -> None:
@@ -50,7 +52,7 @@ def get(spec, **options) -> Policy:
 
 
 __all__ = [
-    "ASP", "BSP", "ElasticBSP", "FluentPS", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
+    "ASP", "BSP", "ElasticBSP", "FluentPS", "LBBSP", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
     "Decision", "FixedSizer", "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode",
     "REGISTRY", "get", "register",
 ]

@@ -1,0 +1,158 @@
+"""LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfsync.batching import GpuProfile
+from tfsync.policy import BSP, ClusterView, FixedSizer, Push, PushMode
+from tfsync.policy.lbbsp import LBBSP, LBBSPSizer, resource_reading
+from tfsync.predict import NarxTrainer, Predictor
+from tfsync.sim import Simulator, SpeedModel
+from tfsync.sim.model import NumpyMLP
+
+pytestmark = pytest.mark.unit
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+
+
+def round_sizes(result):
+    """{round: {worker: batch size}} of the pushes of a run."""
+    rounds = collections.defaultdict(dict)
+    for p in result.log:
+        rounds[p.round][p.worker] = p.batch_size
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
+    speeds = dict(fixed=0.0, per_sample=0.001, factors=[1, 3], jitter=0.05, seed=1)
+    lb = Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32), updates=60)
+    bsp = Simulator(2, SpeedModel(**speeds)).run(BSP(), updates=60)
+    rounds = round_sizes(lb)
+    assert rounds[0] == {0: 32, 1: 32}  # nothing observed yet: BSP's equal split
+    assert all(sum(r.values()) == 64 for r in rounds)  # X = n * batch_size every round
+    ratios = [r[0] / r[1] for r in rounds[1:]]
+    assert all(2.5 <= q <= 3.6 for q in ratios), ratios
+    assert lb.samples == 64 * lb.updates == bsp.samples  # same progress per update as BSP
+    assert lb.time / lb.updates < 0.6 * bsp.time / bsp.updates  # ideal: 48/96 of BSP's round
+
+
+def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
+    """LB-BSP is BSP with other sizes: once it picks (48, 16), training is identical to
+    BSP run with FixedSizer([48, 16]), weighted mean included (paper 002 eq. 8)."""
+    d = np.load(SAMPLE)
+
+    def model():
+        return NumpyMLP(d["x_train"][:2000], d["y_train"][:2000], d["x_test"][:200], d["y_test"][:200],
+                        hidden=16, seed=3)
+
+    speeds = dict(fixed=0.0, per_sample=0.001, factors=[1, 3])
+    lb = LBBSP(batch_size=32)
+    view = ClusterView(2, (0, 0), (0, 0))
+    for w, speed in ((0, 3000.0), (1, 1000.0)):  # prime the predictors: worker 0 is 3x faster
+        lb.sizer.observe(Push(w, 1, 30, 0.0, 30 / speed, 0.0, 0.0, PushMode.AGGREGATE), view)
+    m_lb, m_bsp = model(), model()
+    r_lb = Simulator(2, SpeedModel(**speeds), model=m_lb).run(lb, updates=20)
+    r_bsp = Simulator(2, SpeedModel(**speeds), model=m_bsp).run(BSP(FixedSizer([48, 16])), updates=20)
+    assert r_lb.samples == r_bsp.samples == 64 * r_lb.updates
+    assert all(r == {0: 48, 1: 16} for r in round_sizes(r_lb))
+    for a, b in zip(m_lb.params, m_bsp.params):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(m_lb.params[0], model().params[0])  # it did train
+
+
+def test_non_blocking_lags_one_round():
+    speeds = SpeedModel(fixed=0.0, factors=[1, 3])
+    blocking = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32), updates=4))
+    lagged = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32, blocking=False), updates=4))
+    assert blocking[:3] == [{0: 32, 1: 32}, {0: 48, 1: 16}, {0: 48, 1: 16}]
+    assert lagged[:3] == [{0: 32, 1: 32}, {0: 32, 1: 32}, {0: 48, 1: 16}]
+
+
+def fake_push(worker, batch, seconds):
+    return Push(worker, 1, batch, 0.0, seconds, seconds, 0.0, PushMode.AGGREGATE)
+
+
+def test_background_plan_is_used_when_ready_and_never_waited_for():
+    sizer = LBBSPSizer(32, blocking=False, background=True)
+    view = ClusterView(2, (1, 1), (1, 1))
+    try:
+        for w, t in ((0, 0.01), (1, 0.03)):
+            sizer.observe(fake_push(w, 32, t), view)
+        assert sizer.sizes(view) == {0: 32, 1: 32}  # the first round: equal split
+        sizer.settle(timeout=10)
+        assert sizer.sizes(view) == {0: 48, 1: 16}  # the plan made in the background
+    finally:
+        sizer.close()
+
+
+def test_gpu_profiles_size_by_the_linear_program_and_estimate_comm():
+    # step time (0.01 + 0.001 x) * factor + comm: profiles m = 0.001 f, b = 0.01 f
+    profiles = [GpuProfile(0.001, 0.01, 1, None), GpuProfile(0.003, 0.03, 1, None)]
+    policy = LBBSP(batch_size=32, profiles=profiles)
+    sim = Simulator(2, SpeedModel(fixed=0.01, per_sample=0.001, factors=[1, 3]), comm=0.05)
+    r = sim.run(policy, updates=10)
+    assert round_sizes(r)[1:] and all(s == {0: 53, 1: 11} for s in round_sizes(r)[1:])
+    assert policy.sizer.comm[0].predict() == pytest.approx(0.05, abs=1e-6)
+    with pytest.raises(ValueError, match="not for \\[2\\]"):
+        Simulator(3, SpeedModel()).run(LBBSP(profiles=profiles), updates=3)
+
+
+class Recorder(Predictor):
+    name = "recorder"
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def _update(self, speed, cpu, mem):
+        self.calls.append((speed, cpu, mem))
+
+    def _predict(self):
+        return self.calls[-1][0]
+
+
+def test_observations_carry_speed_and_resources_to_the_predictors():
+    sizer = LBBSPSizer(16, Recorder)
+
+    class Usage:  # the hook's NodeUsage names
+        cpu_percent, memory_percent = 75.0, 40.0
+
+    view = ClusterView(3, (1, 1, 1), (1, 1, 1), resources={0: {"cpu": 50, "mem": 20}, 1: Usage()})
+    for w in range(3):
+        sizer.observe(fake_push(w, 16, 0.5), view)
+    assert sizer.predictors[0].calls == [(32.0, 50.0, 20.0)]
+    assert sizer.predictors[1].calls == [(32.0, 75.0, 40.0)]
+    assert sizer.predictors[2].calls == [(32.0, None, None)]
+    sizer.observe(fake_push(0, 16, 0.0), view)  # no compute time: no speed, not recorded
+    assert len(sizer.predictors[0].calls) == 1
+    assert resource_reading(None) == (None, None)
+
+
+def test_stats_report_sizing_time_and_errors_are_clear():
+    policy = LBBSP(batch_size=8)
+    Simulator(4, SpeedModel(factors=[1, 2, 3, 4])).run(policy, updates=20)
+    s = policy.stats()
+    assert s["decisions"] == 21 and 0 < s["sizing_ms_mean"] <= s["sizing_ms_max"]
+    assert 0 < s["share"] <= 1 and sum(s["sizes"].values()) == 32
+    assert policy.describe()["sizer"]["predictor"] == "ema"
+    narx = LBBSP(predictor={"name": "narx", "trainer": NarxTrainer(threads=0)})
+    assert json.loads(json.dumps(narx.describe()))["sizer"]["predictor"] == {"name": "narx",
+                                                                            "trainer": "NarxTrainer"}
+    with pytest.raises(ValueError, match="LBBSP needs an LBBSPSizer"):
+        LBBSP(sizer=FixedSizer([1, 2]))
+    with pytest.raises(ValueError, match="unknown predictor 'magic'"):
+        LBBSP(predictor="magic")
+
+
+def test_policy_predictors_and_sizing_import_no_tensorflow():
+    code = ("import sys; import tfsync.policy.lbbsp, tfsync.predict, tfsync.batching, tfsync.inject; "
+            "bad = [m for m in ('tensorflow', 'tf_keras', 'statsmodels') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

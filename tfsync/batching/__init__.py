@@ -1,0 +1,10 @@
+"""LB-BSP batch-size solvers (paper 002 §3): the CPU rule (sizes proportional to
+predicted speeds), the GPU rule (a linear program over profiled compute-time lines),
+and hysteresis against churn. Plain functions on numbers; no TensorFlow."""
+
+from .apportion import cpu_rule, round_to_total, water_fill
+from .gpu import GpuProfile, gpu_rule, predicted_times, profile_worker
+from .hysteresis import Hysteresis
+
+__all__ = ["GpuProfile", "Hysteresis", "cpu_rule", "gpu_rule", "predicted_times", "profile_worker",
+           "round_to_total", "water_fill"]

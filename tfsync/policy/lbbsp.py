@@ -1,0 +1,254 @@
+"""LB-BSP (paper 002): BSP whose per-worker batch sizes equalise the workers' iteration
+times, with the batch-size-weighted mean of eq. 8 at the barrier (the engine and the
+simulator already aggregate AGGREGATE pushes that way) and the round total kept at
+X = n * batch_size, so every round processes as many samples as BSP (§3.4).
+
+``LBBSPSizer`` keeps one speed predictor per worker (``tfsync.predict``; EMA by default,
+NARX as in the paper), fed by every push: speed = batch / (end - start), with CPU and
+memory from ``view.resources[w]`` where a monitor provides them. Sizes come from the CPU
+rule (§3.2, proportional to predicted speeds) or, given per-worker GPU profiles, from
+the GPU rule (§3.3, a linear program; communication time as an EMA of the part of an
+iteration the profile does not explain). A ``Hysteresis`` keeps sizes that are not
+worth changing (tfsync.batching.hysteresis).
+
+Modes (§4, Fig. 7): ``blocking=True`` sizes round r+1 at the barrier of round r from
+that round's observations (the paper's CPU clusters). ``blocking=False`` grants sizes
+computed one round earlier, so the barrier never waits for prediction: round r+1 uses
+the predictions made after round r-1 (the paper's GPU clusters). With
+``background=True`` the rule itself (the linear program, for GPU profiles) runs in one
+background thread on a snapshot of the predictions (one plan in the making at a time);
+a plan not ready at a barrier is not waited for: the previous one is granted again
+(``late_plans`` counts these). Without it the lagged plan is computed on the
+coordinator right after the grants, which keeps the simulator deterministic.
+
+``stats()``: time per sizing decision and per observation (prediction update), and
+``share``, the fraction of wall time since the first push spent in both (meaningful on
+a real cluster; in the simulator the policy is most of the work).
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import time
+from typing import Mapping, Sequence
+
+from ..batching import GpuProfile, Hysteresis, cpu_rule, gpu_rule, predicted_times
+from ..predict import EMA, factory
+from .base import BatchSizer, ClusterView, Push
+from .bsp import BSP
+
+logger = logging.getLogger(__name__)
+
+
+def resource_reading(r) -> tuple[float | None, float | None]:
+    """(cpu %, memory %) from a resources entry: a mapping or an object with ``cpu`` /
+    ``mem`` (or the hook's ``cpu_percent`` / ``memory_percent``); None where absent."""
+    if r is None:
+        return None, None
+    get = r.get if isinstance(r, Mapping) else (lambda k, d=None: getattr(r, k, d))
+    cpu = get("cpu", None)
+    mem = get("mem", None)
+    cpu = get("cpu_percent", None) if cpu is None else cpu
+    mem = get("memory_percent", None) if mem is None else mem
+    return (None if cpu is None else float(cpu)), (None if mem is None else float(mem))
+
+
+def _plain(spec):
+    """A JSON-safe description of a predictor spec (objects such as a trainer by type name)."""
+    if isinstance(spec, (str, int, float, bool)) or spec is None:
+        return spec
+    if isinstance(spec, dict):
+        return {str(k): _plain(v) for k, v in spec.items()}
+    return getattr(spec, "__name__", type(spec).__name__)
+
+
+class LBBSPSizer(BatchSizer):
+    """Per-worker batch sizes from predicted speeds (see the module docstring)."""
+
+    def __init__(self, batch_size: int = 32, predictor="ema", *, profiles=None, blocking: bool = True,
+                 background: bool = False, lo: int | Sequence[int] = 1, hi=None,
+                 min_gain: float = 0.05, max_change: float = 0.5, comm_alpha: float = 0.2):
+        super().__init__(batch_size)
+        self.make_predictor = factory(predictor)
+        self.predictor_spec = _plain(predictor)
+        self.profiles = self._profiles(profiles)
+        self.blocking, self.background = bool(blocking), bool(background)
+        self.lo, self.hi = lo, hi
+        self.hysteresis = Hysteresis(min_gain, max_change)
+        self.comm_alpha = comm_alpha
+        self.predictors: dict = {}
+        self.comm: dict[int, EMA] = {}
+        self.current: dict[int, int] | None = None  # the sizes last granted
+        self._plan: dict[int, int] | None = None  # non-blocking: sizes for the next round
+        self._future: concurrent.futures.Future | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._t0: float | None = None
+        self._decide_s: list[float] = []
+        self._observe_s = self._observe_max = 0.0
+        self._observes = self.late = 0
+
+    @staticmethod
+    def _profiles(profiles) -> dict[int, GpuProfile] | None:
+        if profiles is None:
+            return None
+        items = profiles.items() if isinstance(profiles, Mapping) else enumerate(profiles)
+        out = {}
+        for w, p in items:
+            out[int(w)] = p if isinstance(p, GpuProfile) else GpuProfile(**p)
+        return out
+
+    # -- observations -------------------------------------------------------------------
+    def observe(self, push: Push, view: ClusterView) -> None:
+        t0 = time.perf_counter()
+        self._t0 = t0 if self._t0 is None else self._t0
+        t = push.compute_time
+        if t > 0 and push.batch_size > 0:
+            cpu, mem = resource_reading(view.resources.get(push.worker) if view.resources else None)
+            p = self.predictors.get(push.worker)
+            if p is None:
+                p = self.predictors[push.worker] = self.make_predictor()
+            p.update(push.batch_size / t, cpu, mem)
+            if self.profiles is not None and push.worker in self.profiles:
+                unexplained = t - self.profiles[push.worker].time(push.batch_size)
+                self.comm.setdefault(push.worker, EMA(self.comm_alpha)).update(max(unexplained, 0.0))
+        dt = time.perf_counter() - t0
+        self._observe_s += dt
+        self._observe_max = max(self._observe_max, dt)
+        self._observes += 1
+
+    def predictions(self, workers: Sequence[int]) -> dict[int, float]:
+        """Predicted speed per worker; one never observed gets the mean of the others."""
+        known = {}
+        for w in workers:
+            p = self.predictors.get(w)
+            if p is not None and p.count:
+                v = p.predict()
+                if math.isfinite(v) and v > 0:
+                    known[w] = v
+        if not known:
+            return {}
+        mean = sum(known.values()) / len(known)
+        return {w: known.get(w, mean) for w in workers}
+
+    # -- sizing -------------------------------------------------------------------------
+    def _rule(self, workers: list[int], speeds: dict[int, float], comm: dict[int, float],
+              current: dict[int, int] | None) -> dict[int, int]:
+        """The sizes for ``workers`` from a snapshot (pure: safe in a background thread)."""
+        total = self.batch_size * len(workers)
+        if self.profiles is not None:
+            missing = [w for w in workers if w not in self.profiles]
+            if missing:
+                raise ValueError(f"LB-BSP has GPU profiles for workers {sorted(self.profiles)} but not "
+                                 f"for {missing}; profile every worker or drop profiles")
+            prof = [self.profiles[w] for w in workers]
+            c = [comm.get(w, 0.0) for w in workers]
+            proposed = dict(zip(workers, gpu_rule(prof, total, c)))
+
+            def times(sizes):
+                return dict(zip(workers, predicted_times(prof, [sizes[w] for w in workers], c)))
+        else:
+            if not speeds:  # nothing observed yet: BSP's equal split
+                return {w: self.batch_size for w in workers}
+            proposed = dict(zip(workers, cpu_rule([speeds[w] for w in workers], total, self.lo, self.hi)))
+
+            def times(sizes):  # paper 002 §3.2: t_i = x_i / v_i
+                return {w: sizes[w] / speeds[w] for w in workers}
+        return self.hysteresis.choose(current, proposed, times)
+
+    def _snapshot(self, workers):
+        return self.predictions(workers), {w: e.predict() for w, e in self.comm.items() if e.count}
+
+    def sizes(self, view: ClusterView) -> dict[int, int]:
+        t0 = time.perf_counter()
+        self._t0 = t0 if self._t0 is None else self._t0
+        workers = sorted(view.members)
+        if self.blocking:
+            sizes = self._rule(workers, *self._snapshot(workers), self.current)
+        else:
+            sizes = self._take_plan(workers)
+            speeds, comm = self._snapshot(workers)
+            if self.background:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfsync-lbbsp")
+                if self._future is None:  # one plan in the making at a time; it lands when done
+                    self._future = self._pool.submit(self._rule, workers, speeds, comm, sizes)
+            else:
+                self._plan = self._rule(workers, speeds, comm, sizes)
+        self.current = sizes
+        self._decide_s.append(time.perf_counter() - t0)
+        logger.debug("LB-BSP sizes %s (total %d)", sizes, sum(sizes.values()))
+        return sizes
+
+    def _take_plan(self, workers: list[int]) -> dict[int, int]:
+        """Non-blocking: the plan made one round ago, never waited for."""
+        if self._future is not None:
+            if self._future.done():
+                self._plan, self._future = self._future.result(), None
+            else:
+                self.late += 1
+        plan = self._plan
+        if plan is None or set(plan) != set(workers):  # first round or new members: equal split
+            return {w: self.batch_size for w in workers} if plan is None or self.current is None \
+                else self._rule(workers, *self._snapshot(workers), None)
+        return dict(plan)
+
+    # -- reporting ----------------------------------------------------------------------
+    def stats(self) -> dict:
+        d = self._decide_s
+        wall = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        spent = sum(d) + self._observe_s
+        return {"decisions": len(d), "sizing_ms_mean": 1e3 * sum(d) / len(d) if d else 0.0,
+                "sizing_ms_max": 1e3 * max(d) if d else 0.0,
+                "observe_ms_mean": 1e3 * self._observe_s / self._observes if self._observes else 0.0,
+                "observe_ms_max": 1e3 * self._observe_max, "share": spent / wall if wall > 0 else 0.0,
+                "late_plans": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds,
+                "sizes": dict(self.current) if self.current else {}}
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait for the plan being made in the background (tests, shutdown)."""
+        if self._future is not None:
+            try:
+                self._future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                raise TimeoutError(f"LB-BSP's background sizing took over {timeout} s; raise the "
+                                   "timeout or use background=False") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def describe(self) -> dict:
+        return {"name": "LBBSPSizer", "batch_size": self.batch_size, "predictor": self.predictor_spec,
+                "rule": "gpu" if self.profiles is not None else "cpu", "blocking": self.blocking,
+                "background": self.background, "lo": self.lo, "hi": self.hi,
+                "hysteresis": self.hysteresis.describe()}
+
+
+class LBBSP(BSP):
+    """BSP with LB-BSP's batch sizes; options as :class:`LBBSPSizer`'s."""
+
+    name = "lbbsp"
+
+    def __init__(self, batch_size: int = 32, predictor="ema", profiles=None, blocking: bool = True,
+                 background: bool = False, lo=1, hi=None, min_gain: float = 0.05,
+                 max_change: float = 0.5, comm_alpha: float = 0.2, sizer: LBBSPSizer | None = None,
+                 seed: int | None = None):
+        if sizer is None:
+            sizer = LBBSPSizer(batch_size, predictor, profiles=profiles, blocking=blocking,
+                               background=background, lo=lo, hi=hi, min_gain=min_gain,
+                               max_change=max_change, comm_alpha=comm_alpha)
+        elif not isinstance(sizer, LBBSPSizer):
+            raise ValueError(f"LBBSP needs an LBBSPSizer, got {type(sizer).__name__}; pass "
+                             "LB-BSP's options instead of a sizer")
+        super().__init__(sizer, seed)
+
+    def on_push(self, push: Push, view: ClusterView):
+        self.sizer.observe(push, view)
+        return super().on_push(push, view)
+
+    def stats(self) -> dict:
+        return self.sizer.stats()

@@ -1,0 +1,67 @@
+"""Worker-speed predictors (paper 002 §3.2.1, §4.2, Table 3): one object per worker,
+``update(speed, cpu, mem)`` after every step, ``predict()`` before the next.
+
+``get(spec, **options)`` builds one by name (``"last"``, ``"ema"``, ``"arima"``,
+``"narx"``, ``"rnn"``, ``"lstm"``), from a dict (``{"name": "ema", "alpha": 0.3}``), or
+passes an instance through; unknown names or options raise ValueError listing the valid
+ones. Only the learned predictors touch TensorFlow, lazily, when they first train.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .arima import ARIMAPredictor
+from .base import EMA, LastValue, NoObservation, Predictor
+from .learned import NARX, LearnedPredictor, LSTMPredictor, RNNPredictor
+from .trainer import NarxTrainer, default_trainer
+
+REGISTRY: dict[str, type[Predictor]] = {"last": LastValue, "ema": EMA, "arima": ARIMAPredictor,
+                                        "narx": NARX, "rnn": RNNPredictor, "lstm": LSTMPredictor}
+
+
+def get(spec, **options) -> Predictor:
+    """A new predictor from a name, a dict with ``name``, or an instance (returned as is)."""
+    if isinstance(spec, Predictor):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a ready predictor instance")
+        return spec
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        options = {**spec, **options}
+    else:
+        name = spec
+    cls = REGISTRY.get(str(name).lower()) if name is not None else None
+    if cls is None:
+        raise ValueError(f"unknown predictor {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    params = set()
+    for klass in cls.__mro__:  # learned predictors pass **options up to their base
+        if "__init__" in klass.__dict__:
+            params |= set(inspect.signature(klass.__init__).parameters)
+    params -= {"self", "options"}
+    unknown = sorted(set(options) - params)
+    if unknown:
+        raise ValueError(f"predictor {name!r} takes no option {unknown[0]!r}; valid: "
+                         f"{', '.join(sorted(params))}")
+    return cls(**options)
+
+
+def factory(spec="ema", **options):
+    """A zero-argument callable making a fresh predictor per call (one per worker)."""
+    if isinstance(spec, type) and issubclass(spec, Predictor):
+        return lambda: spec(**options)
+    if callable(spec) and not isinstance(spec, (Predictor, type)):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a predictor factory")
+        return spec
+    if isinstance(spec, Predictor):
+        raise ValueError("give a predictor name, dict or factory, not an instance: "
+                         "every worker needs its own predictor")
+    get(spec, **options)  # validate now, not at the first push
+    return lambda: get(spec, **options)
+
+
+__all__ = ["ARIMAPredictor", "EMA", "LSTMPredictor", "LastValue", "LearnedPredictor", "NARX",
+           "NarxTrainer", "NoObservation", "Predictor", "REGISTRY", "RNNPredictor",
+           "default_trainer", "factory", "get"]

@@ -1,0 +1,209 @@
+"""Learned speed predictors trained online: NARX (paper 002 §3.2.1) and, for the
+comparison of Table 3, SimpleRNN and LSTM with look-back 2.
+
+NARX (eq. 4): v^k = F(v^{k-1}, v^{k-2}, c^k, c^{k-1}, c^{k-2}, m^k, m^{k-1}, m^{k-2}),
+8 inputs, where c^k / m^k are the CPU / memory readings the step starts with (given to
+``update`` together with the previous step's speed). RNN/LSTM see the last 2 speeds only
+(the paper's point: they are blind to resources).
+
+Inputs are normalised: speeds by a running scale s, the worker's mean speed over the
+training window (refreshed at every fit and kept with the weights), as v/s - 1; CPU and
+memory percentages by 1/100; then every input and the target are standardised with the
+training set's statistics. Reused weights (§4.2) are applied with the new worker's own
+mean speed so far, so a model trained on one worker transfers to another of different
+absolute speed. (A scale that moved with every sample would make a constant trend look
+like a changing one, which the network cannot see; one scale per fit keeps it constant.)
+
+The network's output is the *change* from the last speed: v^k = v^{k-1} + s * G(...),
+the same function class as eq. 4 with the last speed passed straight through. A steady
+trend is then a constant output, not an extrapolation past the trained range, where a
+tanh layer saturates and under-predicts.
+
+Schedule (§4.2): EMA until ``warmup`` observations (500 in the paper), then the model
+once its first fit is done; given ``weights`` of an earlier model, the model is used at
+once and refined after ``min_train`` observations. Refit every ``retrain_every``
+observations on the last ``window``, by a :class:`NarxTrainer` (background threads).
+Inference is NumPy on the trained weights, so ``predict()`` costs microseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import numpy as np
+
+from . import nets
+from .base import EMA, Predictor
+from .trainer import NarxTrainer, default_trainer
+
+logger = logging.getLogger(__name__)
+
+
+class LearnedPredictor(Predictor):
+    """Shared machinery; subclasses set ``kind``, ``lag`` and ``_row``."""
+
+    kind = "narx"
+    lag = 3  # observations needed before the first input row exists
+
+    def __init__(self, warmup: int = 500, weights=None, trainer: NarxTrainer | None = None,
+                 units: int = 2, window: int = 1000, retrain_every: int = 50, min_train: int = 32,
+                 alpha: float = 0.2, seed: int = 0):
+        super().__init__()
+        if int(warmup) < 0 or int(units) < 1 or int(retrain_every) < 1:
+            raise ValueError(f"{self.name}: warmup must be >= 0, units and retrain_every >= 1; got "
+                             f"warmup={warmup}, units={units}, retrain_every={retrain_every}")
+        if int(window) < int(min_train) or int(min_train) < self.lag + 2:
+            raise ValueError(f"{self.name}: need {self.lag + 2} <= min_train <= window; got "
+                             f"min_train={min_train}, window={window}")
+        self.warmup, self.units, self.window = int(warmup), int(units), int(window)
+        self.retrain_every, self.min_train, self.seed = int(retrain_every), int(min_train), int(seed)
+        self.trainer = trainer
+        self.ema = EMA(alpha)
+        self.reused = weights is not None
+        self._state = self._check_state(weights) if weights is not None else None
+        self._model = None  # the tf_keras model, touched only by the training thread
+        self._lock = threading.Lock()
+        self._v: list[float] = []
+        self._c: list[float] = []
+        self._m: list[float] = []
+        self._since_train = 0
+        self._requested = False
+        self.fits = 0
+        self._warned = False
+
+    # -- data -----------------------------------------------------------------------------
+    def _update(self, speed, cpu, mem):
+        self.ema.update(speed)
+        with self._lock:
+            # A missing reading repeats the last one (0 % before any); stored as fractions.
+            c = cpu / 100.0 if cpu is not None else (self._c[-1] if self._c else 0.0)
+            m = mem / 100.0 if mem is not None else (self._m[-1] if self._m else 0.0)
+            self._v.append(speed)
+            self._c.append(c)
+            self._m.append(m)
+            extra = len(self._v) - (self.window + self.lag)
+            if extra > 0:
+                for series in (self._v, self._c, self._m):
+                    del series[:extra]
+        self._since_train += 1
+        need = self.min_train if self.reused else max(self.warmup, self.min_train)
+        if self.count >= need and (not self._requested or self._since_train >= self.retrain_every):
+            self._requested, self._since_train = True, 0
+            (self.trainer or default_trainer()).request(self)
+
+    def _row(self, j: int, s: float) -> np.ndarray:
+        """Inputs predicting observation ``j`` (0-based in the kept series) from those before."""
+        raise NotImplementedError
+
+    def _dataset(self):
+        """(inputs, targets, scale) of the last ``window`` observations."""
+        with self._lock:
+            n = len(self._v)
+            first = max(self.lag, n - self.window)
+            scale = max(float(np.mean(self._v[first - self.lag:])), 1e-12)
+            rows = [self._row(j, scale) for j in range(first, n)]
+            y = [(self._v[j] - self._v[j - 1]) / scale for j in range(first, n)]
+        return np.array(rows), np.array(y), scale
+
+    # -- training (called by the trainer, in its thread) -------------------------------------
+    def _train(self, trainer: NarxTrainer) -> None:
+        x, y, scale = self._dataset()
+        if len(y) < 2:
+            return
+        # Standardise with this training set's statistics, so the loss has unit scale and
+        # the paper's absolute early-stopping threshold (1e-4) means the same everywhere.
+        xm, xs = x.mean(axis=0), x.std(axis=0)
+        xs = np.where(xs > 1e-9, xs, 1.0)
+        ym, ys = float(y.mean()), float(y.std()) or 1.0
+        nets.limit_tf_threads(trainer.tf_threads)
+        if self._model is None:
+            self._model = nets.build(self.kind, x.shape[1], self.units, trainer.learning_rate, self.seed)
+            if self._state is not None:  # warm start from reused weights
+                self._model.set_weights([w.astype(np.float32) for w in self._state["weights"]])
+        weights, epochs, loss = nets.fit(self._model, (x - xm) / xs, (y - ym) / ys, **trainer.fit_options)
+        # One assignment: predict() sees the old state or the new one, never a mix.
+        self._state = {"kind": self.kind, "weights": weights, "x_mean": xm, "x_std": xs,
+                       "y_mean": ym, "y_std": ys, "scale": scale}
+        self.fits += 1
+        logger.debug("%s trained on %d samples: %d epochs, loss %.3g", self.name, len(y), epochs, loss)
+
+    # -- prediction -------------------------------------------------------------------------
+    def _check_state(self, state) -> dict:
+        keys = {"kind", "weights", "x_mean", "x_std", "y_mean", "y_std"}
+        if not isinstance(state, dict) or not keys <= set(state):
+            raise ValueError(f"{self.name}: weights must be another predictor's .weights (a dict "
+                             f"with {sorted(keys)}), got {type(state).__name__}")
+        if state["kind"] != self.kind:
+            raise ValueError(f"{self.name}: weights are of a {state['kind']!r} model, expected "
+                             f"{self.kind!r}; reuse weights of the same predictor kind")
+        # Another worker's scale does not apply here: use this worker's mean speed (None).
+        return {**state, "weights": [np.array(w, dtype=np.float64) for w in state["weights"]],
+                "scale": None}
+
+    @property
+    def weights(self) -> dict | None:
+        """The current model (weights and input/output statistics), to reuse in another
+        predictor as ``weights=``; None before the first fit."""
+        st = self._state
+        return None if st is None else {**st, "weights": [np.array(a) for a in st["weights"]]}
+
+    @property
+    def using_model(self) -> bool:
+        return self._state is not None and (self.reused or self.count >= self.warmup) \
+            and self.count >= self.lag
+
+    def _predict(self):
+        st = self._state
+        if not self.using_model:
+            return self.ema.predict()
+        with self._lock:
+            n = len(self._v)
+            s = st["scale"] or max(float(np.mean(self._v)), 1e-12)
+            row, last = self._row(n, s), self._v[-1]
+        out = float(nets.forward(self.kind, st["weights"], ((row - st["x_mean"]) / st["x_std"])[None])[0])
+        pred = last + (out * st["y_std"] + st["y_mean"]) * s
+        if math.isfinite(pred) and pred > 0:
+            return pred
+        if not self._warned:
+            self._warned = True
+            logger.warning("%s predicted %r samples/s; using EMA for such predictions", self.name, pred)
+        return self.ema.predict()
+
+    def describe(self):
+        return {"name": self.name, "warmup": self.warmup, "units": self.units,
+                "retrain_every": self.retrain_every, "window": self.window, "fits": self.fits,
+                "reused": self.reused, "using_model": self.using_model}
+
+
+class NARX(LearnedPredictor):
+    name = "narx"
+    kind = "narx"
+    lag = 3
+
+    def _row(self, j, s):  # paper 002 eq. 4, look-back 2 on every series
+        v, c, m = self._v, self._c, self._m
+        return np.array([v[j - 1] / s - 1, v[j - 2] / s - 1, c[j - 1], c[j - 2], c[j - 3],
+                         m[j - 1], m[j - 2], m[j - 3]])
+
+
+class RNNPredictor(LearnedPredictor):
+    """SimpleRNN over the last 2 speeds (paper 002 §5.4, Table 3)."""
+
+    name = "rnn"
+    kind = "rnn"
+    lag = 2
+
+    def __init__(self, units: int = 4, **options):
+        super().__init__(units=units, **options)
+
+    def _row(self, j, s):
+        return np.array([[self._v[j - 2] / s - 1], [self._v[j - 1] / s - 1]])
+
+
+class LSTMPredictor(RNNPredictor):
+    """LSTM over the last 2 speeds (paper 002 §5.4, Table 3)."""
+
+    name = "lstm"
+    kind = "lstm"

@@ -1,0 +1,106 @@
+"""The small networks of the learned predictors: built and trained in tf_keras, run in
+NumPy. This is the only module of tfsync.predict that imports TensorFlow, and only
+inside the training functions, so policies and the simulator stay TF-free.
+
+Architectures (paper 002 §3.2.1 and §5.4):
+- ``narx``: one hidden tanh layer over the 8 NARX inputs, linear output (2 hidden units:
+  8*2 + 2 + 2 + 1 = 21 parameters; the paper keeps it under about 20);
+- ``rnn`` / ``lstm``: SimpleRNN / LSTM over the last 2 speeds (look-back 2), linear output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("narx", "rnn", "lstm")
+_build_lock = threading.Lock()  # Keras' layer naming and graph state are global
+_threads_set = False
+
+
+def limit_tf_threads(threads: int | None) -> None:
+    """Keep TF's intra/inter-op pools at ``threads`` if TF is not initialised yet; once
+    it is (the engine's coordinator), training shares its pools and this only logs."""
+    global _threads_set
+    if threads is None or _threads_set:
+        return
+    _threads_set = True
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+        tf.config.threading.set_inter_op_parallelism_threads(int(threads))
+    except RuntimeError:
+        logger.debug("TensorFlow already initialised; predictor training shares its thread pools")
+
+
+def build(kind: str, n_inputs: int, units: int, learning_rate: float = 0.01, seed: int = 0):
+    """A compiled tf_keras model of ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown network kind {kind!r}; valid: {', '.join(KINDS)}")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tf_keras as keras
+
+    init = keras.initializers.GlorotUniform(seed=seed)
+    with _build_lock:
+        if kind == "narx":
+            layers = [keras.layers.Input((n_inputs,)),
+                      keras.layers.Dense(units, activation="tanh", kernel_initializer=init)]
+        else:
+            cls = keras.layers.SimpleRNN if kind == "rnn" else keras.layers.LSTM
+            layers = [keras.layers.Input((n_inputs, 1)), cls(units, kernel_initializer=init)]
+        model = keras.Sequential(layers + [keras.layers.Dense(1, kernel_initializer=init)])
+        model.compile(keras.optimizers.Adam(learning_rate), "mse")
+    return model
+
+
+def fit(model, x: np.ndarray, y: np.ndarray, *, epochs: int = 200, batch_size: int = 32,
+        min_delta: float = 1e-4, patience: int = 4,
+        min_epochs: int = 0) -> tuple[list[np.ndarray], int, float]:
+    """Train until the loss improves by less than ``min_delta`` for ``patience`` epochs
+    in a row (paper 002 §4.2: 1e-4 for 4 steps) or ``epochs`` pass.
+    Returns (weights, epochs run, final loss)."""
+    import tf_keras as keras
+
+    stop = keras.callbacks.EarlyStopping("loss", min_delta=min_delta, patience=patience,
+                                         start_from_epoch=min_epochs, restore_best_weights=True)
+    hist = model.fit(x.astype(np.float32), y.astype(np.float32).reshape(-1, 1), epochs=epochs,
+                     batch_size=batch_size, verbose=0, shuffle=True, callbacks=[stop])
+    losses = hist.history["loss"]
+    return [np.array(w) for w in model.get_weights()], len(losses), float(losses[-1])
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def forward(kind: str, weights, x: np.ndarray) -> np.ndarray:
+    """The model's output for inputs ``x`` (rows), in NumPy, from Keras' weight list."""
+    x = np.asarray(x, dtype=np.float64)
+    if kind == "narx":
+        w1, b1, w2, b2 = weights
+        return (np.tanh(x @ w1 + b1) @ w2 + b2)[:, 0]
+    if kind == "rnn":  # h_t = tanh(x_t W + h_{t-1} U + b)
+        w, u, b, wo, bo = weights
+        h = np.zeros((x.shape[0], u.shape[0]))
+        for t in range(x.shape[1]):
+            h = np.tanh(x[:, t, :] @ w + h @ u + b)
+        return (h @ wo + bo)[:, 0]
+    if kind == "lstm":  # Keras gate order i, f, c, o; sigmoid recurrent activation
+        w, u, b, wo, bo = weights
+        n = u.shape[0]
+        h = np.zeros((x.shape[0], n))
+        c = np.zeros_like(h)
+        for t in range(x.shape[1]):
+            z = x[:, t, :] @ w + h @ u + b
+            i, f = _sigmoid(z[:, :n]), _sigmoid(z[:, n:2 * n])
+            g, o = np.tanh(z[:, 2 * n:3 * n]), _sigmoid(z[:, 3 * n:])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+        return (h @ wo + bo)[:, 0]
+    raise ValueError(f"unknown network kind {kind!r}; valid: {', '.join(KINDS)}")
