@@ -46,6 +46,13 @@ class DQNConfig:
     seed: int = 0
 
 
+# Beyond the paper: its pool of 50 transitions, a target copied every 5 steps and Adam
+# at 0.01 make Q-values chase the latest few pushes (our measured action shares stay
+# near one third each after 40 episodes). "stable" keeps the network, gamma and epsilon
+# and uses DQN's usual remedies: a large pool, a slow target, a smaller step size.
+PRESETS = {"paper": DQNConfig(), "stable": DQNConfig(pool=5000, copy_every=200, lr=0.001)}
+
+
 def build_qnet(cfg: DQNConfig, inputs: int = HISTORY * FEATURES):
     import tf_keras as keras
 

@@ -75,8 +75,9 @@ class NumpyMLP:
     def apply(self, grads, step_size: float) -> None:
         if grads is None:
             return
-        for param, g in zip(self.params, grads):
-            param -= step_size * g
+        for param, g in zip(self.params, grads):  # in place: no temporaries
+            g *= step_size
+            param -= g
 
     @staticmethod
     def weighted_mean(items):
