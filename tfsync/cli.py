@@ -83,17 +83,30 @@ def cmd_run(args) -> int:
     from .policy.base import PolicyError
 
     progress = None if (args.json or args.quiet) else Progress()
+    manager, state, summary = None, "failed", None
     try:
-        summary = run_job(cfg, progress=progress, data_path=args.data)
+        if not args.no_manager:  # embedded: status/switch/stop reach this run through it
+            import dataclasses
+
+            from .manager import embedded
+            manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
+                                     cfg.cluster.workers, cfg.protocol[0].name)
+        summary = run_job(cfg, progress=progress, data_path=args.data,
+                          controller=manager.link if manager else None)
+        state = "stopped" if summary.get("stopped") else "done"
     except (DataError, ConfigError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     except (EngineError, ClusterError, PolicyError) as e:
         return _fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:
+        state = "stopped"
         if progress:
             progress.done()
         return _fail(f"interrupted; all tasks stopped. Checkpoints: {cfg.job.run_dir}/checkpoints",
                      EXIT_INTERRUPTED)
+    finally:
+        if manager:
+            manager.finish(state, summary)
     if progress:
         progress.done()
     if args.json:
@@ -126,14 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-dir", help="run directory (overrides job.run_dir)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--no-manager", action="store_true",
+                   help="no embedded manager: the run cannot be reached by status/switch/stop")
     r.set_defaults(func=cmd_run)
     from .rl.cli import add_commands
     add_commands(sub)
+    from .manager.cli import add_commands as add_control_commands
+    add_control_commands(sub)
     return p
 
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["hook"]:
+        from .hooks.node import main as hook_main
+        return hook_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")

@@ -42,7 +42,7 @@ def max_batch(phases) -> int:
     return max(sizes)
 
 
-def run_job(cfg: JobConfig, progress=None, data_path: str | None = None) -> dict:
+def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None) -> dict:
     """Train the job on a local cluster; returns the summary (also in run_dir/summary.json)."""
     import tensorflow as tf
     import tf_keras as keras
@@ -72,7 +72,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None) -> dict
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir, base_lr=cfg.train.learning_rate,
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
-                    progress=progress, epoch_samples=len(data.y_train))
+                    progress=progress, epoch_samples=len(data.y_train), controller=controller)
     total = int(round(cfg.train.epochs * len(data.y_train)))
     summary = engine.run(phases, total)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))

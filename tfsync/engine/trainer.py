@@ -26,6 +26,7 @@ from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, Pus
                            validate_decision)
 from ..pushlog import push_record
 from .channel import PSChannel
+from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .generation import Generation, TrainSetup, write_records
@@ -82,7 +83,8 @@ class Engine:
     def __init__(self, setup: TrainSetup, workers: int = 2, ps: int = 1, host: str = "127.0.0.1",
                  run_dir: str = "runs/engine", base_lr: float | None = None,
                  checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
-                 progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None):
+                 progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
+                 controller: Controller | None = None):
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
@@ -90,6 +92,7 @@ class Engine:
         self.checkpoint_every = int(checkpoint_every)
         self.timeout_s = float(timeout_s)
         self.progress = progress
+        self.controller = controller or Controller()  # commands from a manager, at step boundaries
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
@@ -307,9 +310,10 @@ class Engine:
                     arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
                     version=int(version), pushes_during=during)
         self.history.append(push)
-        self.recorder.push(push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
-                                       samples=s.samples, protocol=policy.name,
-                                       lr=self.base_lr * self._lr_scale))
+        record = push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
+                             samples=s.samples, protocol=policy.name, lr=self.base_lr * self._lr_scale)
+        self.recorder.push(record)
+        self.controller.record(record)
         return push
 
     # -- phases --------------------------------------------------------------------------
@@ -336,6 +340,9 @@ class Engine:
                 continue  # the workload of this phase is done: drain, grant nothing more
             self._apply(policy.on_push(push, self.view()))
             self._check_live(policy)
+            for cmd in self.controller.commands():
+                self._obey(phase, cmd)
+                policy = phase.policy
             if self.progress:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
@@ -344,6 +351,31 @@ class Engine:
                 self._save("periodic")
                 self._apply(policy.start(self.view()))
         self._drain(policy)
+
+    def _obey(self, phase: Phase, cmd: Command) -> None:
+        """Carry out a manager's command at this step boundary and report the outcome."""
+        try:
+            message, path = carry_out(self, phase, cmd, self.setup.max_batch_size)
+        except StopRequested as stop:
+            self.controller.result(CommandResult(cmd.id, True, "stopping", self.state.updates, stop.checkpoint_path))
+            raise
+        except (ValueError, PolicyError) as e:
+            logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
+            self.controller.result(CommandResult(cmd.id, False, str(e), self.state.updates))
+            return
+        self.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
+        self.controller.result(CommandResult(cmd.id, True, message, self.state.updates, path))
+
+    def begin_phase(self, phase: Phase, stats_of_previous: dict | None = None) -> dict:
+        """A timeline entry for ``phase`` starting now (and the previous one's final stats)."""
+        if stats_of_previous is not None and self.timeline:
+            self.timeline[-1]["stats"] = stats_of_previous
+        start = {"protocol": phase.policy.name, "samples": self.state.samples,
+                 "updates": self.state.updates, "time": round(time.time() - self._t0, 4),
+                 "policy": phase.policy.describe(), "lr": self.base_lr * phase.lr_scale}
+        self.timeline.append(start)
+        self.recorder.event("phase", **start)
+        return start
 
     def _check_live(self, policy: Policy) -> None:
         if self._outstanding() == 0 and self._wake_at is None:
@@ -416,21 +448,28 @@ class Engine:
                 self.base_lr = self._gen.learning_rate
             t_init = time.time() - self._t0
             self._set_config(phases[0])
+            stopped = None
             for i, phase in enumerate(phases):
                 if i > 0:
-                    self._switch(phases[i - 1].policy, phase, i)
+                    self._switch(phases[i - 1].policy, phase, len(self.timeline))
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self._next_cluster is None:
                     self._next_cluster = self._launch()  # new tasks start while this phase trains
-                start = {"protocol": phase.policy.name, "samples": self.state.samples,
-                         "updates": self.state.updates, "time": round(time.time() - self._t0, 4),
-                         "policy": phase.policy.describe(), "lr": self.base_lr * phase.lr_scale}
-                self.timeline.append(start)
-                self.recorder.event("phase", **start)
-                self._run_phase(phase, int(round(phase.until * total_samples)), total_samples)
-                start["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
+                self.begin_phase(phase)
+                try:
+                    self._run_phase(phase, int(round(phase.until * total_samples)), total_samples)
+                except StopRequested as stop:
+                    stopped = stop
+                finally:
+                    self.timeline[-1]["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
+                if stopped:
+                    break
             wall = time.time() - self._t0
-            self._save("final")
+            if stopped is None:
+                self._save("final")
             summary = self._summary(wall, t_init, total_samples)
+            summary["stopped"] = stopped is not None
+            if stopped is not None:
+                summary["stop_checkpoint"] = stopped.checkpoint_path
             self.recorder.summary(summary)
             self.close()
             return summary

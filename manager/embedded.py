@@ -1,0 +1,93 @@
+"""The manager `tfsync run` embeds: a gRPC server on loopback for one job, its job store
+entry, and the coordinator's link to it.
+
+The job's control files live in ``<run_dir>/control/``: ``token`` (0600, the per-job
+secret every control call must carry) and ``manager.json`` (address, job and run ids,
+pid), which `tfsync status|switch|stop|checkpoint` read. The job store is
+``$TFSYNC_HOME/jobs.db`` (default ``~/.tfsync``), shared by all runs of the user, so
+recurring jobs find their earlier runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfsync.api.v1 import manager_pb2_grpc
+from tfsync.manager import auth, transport
+from tfsync.manager.link import ManagerLink
+from tfsync.manager.service import ManagerService
+from tfsync.manager.store import Store
+
+logger = logging.getLogger(__name__)
+
+ENV_HOME = "TFSYNC_HOME"
+
+
+def home() -> Path:
+    """``$TFSYNC_HOME``, or ``~/.tfsync``."""
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".tfsync").expanduser()
+
+
+def signature(config: dict) -> str:
+    """A stable id of what makes runs comparable: everything but names and paths."""
+    keep = {k: v for k, v in config.items() if k != "job"}
+    if isinstance(keep.get("data"), dict):
+        keep["data"] = {k: v for k, v in keep["data"].items() if k != "path"}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class EmbeddedManager:
+    server: object
+    address: str
+    service: ManagerService
+    store: Store
+    job_id: str
+    run_id: int
+    link: ManagerLink
+    control_dir: Path
+
+    def finish(self, state: str, summary: dict | None = None) -> None:
+        """Record the outcome, close the link and the server (idempotent enough to call in
+        a ``finally``)."""
+        try:
+            self.link.close()
+            if summary is not None:
+                for key in ("wall_s", "pushes", "samples", "test_accuracy", "stopped"):
+                    if key in summary:
+                        self.store.set_result(self.run_id, key, summary[key])
+            self.store.set_job_state(self.job_id, state)
+        finally:
+            self.server.stop(grace=1.0)
+            (self.control_dir / "manager.json").unlink(missing_ok=True)
+            self.store.close()
+
+
+def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
+          store_path: str | None = None) -> EmbeddedManager:
+    control = Path(run_dir) / "control"
+    control.mkdir(parents=True, exist_ok=True)
+    token = auth.write_token(control / "token")
+    store_path = store_path or str(home() / "jobs.db")
+    Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = Store(store_path)
+    job = store.create_job(name, signature(config), config, run_dir=os.path.abspath(run_dir),
+                           token_path=str((control / "token").resolve()))
+    store.set_job_state(job.id, "running")
+    run = store.start_run(job.id)
+    service = ManagerService(store)
+    service.register(job.id, name)
+    server, port = transport.make_server(f"{transport.DEFAULT_HOST}:0", token=token)
+    manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
+    server.start()
+    address = f"{transport.DEFAULT_HOST}:{port}"
+    link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
+    info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path}
+    (control / "manager.json").write_text(json.dumps(info, indent=2))
+    logger.info("manager for job %s at %s (control files in %s)", job.id, address, control)
+    return EmbeddedManager(server, address, service, store, job.id, run.id, link, control)

@@ -1,0 +1,172 @@
+"""The manager's gRPC service: job status, commands to a running coordinator, metrics.
+
+A coordinator attaches (``Attach``: its step records in, commands out). Status and
+commands address a job by id; every command gets an id, is queued for the job's
+coordinator, and is carried out at a step boundary (Sync-Switch Fig. 9). A retried
+request (same ``request_id``) returns the first answer and issues nothing new. Bad input
+gets INVALID_ARGUMENT with a message; an unknown job NOT_FOUND.
+
+Step records are summarised into the job store in batches (``flush_every`` records or
+``flush_s`` seconds), never one transaction per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from tfsync.api.v1 import manager_pb2
+from tfsync.manager.resources import ResourceBoard, ResourceReports
+from tfsync.manager.store import StepSummary, Store
+
+logger = logging.getLogger(__name__)
+
+STATES = {"submitted": 1, "running": 2, "stopped": 3, "failed": 4, "done": 5}
+
+
+@dataclass
+class JobRuntime:
+    """What the manager knows of a job while it runs."""
+
+    job_id: str
+    name: str
+    run_id: int = 0
+    workers: int = 0
+    protocol: str = ""
+    step: int = 0
+    samples: int = 0
+    loss: float = float("nan")
+    batch_sizes: dict = field(default_factory=dict)
+    commands: queue.Queue = field(default_factory=queue.Queue)
+    results: dict = field(default_factory=dict)  # command id -> CommandResult
+    answered: dict = field(default_factory=dict)  # request id -> CommandAck
+    attached: bool = False
+    pending: list = field(default_factory=list)  # step summaries not yet in the store
+    flushed: float = 0.0
+
+
+class ManagerService(ResourceReports):
+    def __init__(self, store: Store, board: ResourceBoard | None = None, flush_every: int = 200,
+                 flush_s: float = 1.0):
+        super().__init__(board or ResourceBoard(store))
+        self.store, self.flush_every, self.flush_s = store, flush_every, flush_s
+        self.jobs: dict[str, JobRuntime] = {}
+        self._lock = threading.Lock()
+
+    # -- jobs ---------------------------------------------------------------------------
+    def register(self, job_id: str, name: str) -> JobRuntime:
+        with self._lock:
+            return self.jobs.setdefault(job_id, JobRuntime(job_id, name))
+
+    def _job(self, job_id: str, context) -> JobRuntime:
+        job = self.jobs.get(job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no running job {job_id!r} on this manager")
+        return job
+
+    def GetStatus(self, request, context):
+        job = self._job(request.job_id, context)
+        try:
+            state = self.store.job(job.job_id).state
+        except KeyError:
+            state = "running" if job.attached else "submitted"
+        sizes = [job.batch_sizes.get(w, 0) for w in range(job.workers)]
+        return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=STATES[state],
+                                     protocol=job.protocol, step=job.step, samples=job.samples,
+                                     loss=job.loss, run_id=job.run_id, batch_sizes=sizes)
+
+    # -- commands -------------------------------------------------------------------------
+    def _issue(self, request, context, kind: str, **fields) -> manager_pb2.CommandAck:
+        job = self._job(request.job_id, context)
+        if request.request_id and request.request_id in job.answered:
+            first = job.answered[request.request_id]
+            return manager_pb2.CommandAck(job_id=job.job_id, command_id=first.command_id, duplicate=True,
+                                          message=first.message)
+        cmd = manager_pb2.Command(command_id=uuid.uuid4().hex[:12], job_id=job.job_id, **{kind: request})
+        job.commands.put(cmd)
+        ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id,
+                                     message=f"{kind} queued for the next step boundary")
+        if request.request_id:
+            job.answered[request.request_id] = ack
+        logger.info("job %s: %s queued as %s", job.job_id, kind, cmd.command_id)
+        return ack
+
+    def Switch(self, request, context):
+        from tfsync import policy as policies
+
+        if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
+            request.method = manager_pb2.SWITCH_METHOD_HOT
+        options = {k: (int(v) if float(v).is_integer() else v) for k, v in request.options.items()}
+        try:
+            policies.get(request.protocol, **options)
+        except (ValueError, TypeError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return self._issue(request, context, "switch")
+
+    def SetBatchSizes(self, request, context):
+        job = self._job(request.job_id, context)
+        sizes = list(request.batch_sizes)
+        if len(sizes) != job.workers or min(sizes, default=0) < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"batch sizes {sizes}: expected {job.workers} integers >= 1, one per worker")
+        return self._issue(request, context, "set_batch_sizes")
+
+    def Checkpoint(self, request, context):
+        return self._issue(request, context, "checkpoint")
+
+    def Stop(self, request, context):
+        return self._issue(request, context, "stop")
+
+    # -- the coordinator's stream ------------------------------------------------------------
+    def Attach(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello" or not first.hello.job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Attach must open with a hello naming the job")
+        hello = first.hello
+        job = self._job(hello.job_id, context)
+        job.run_id, job.workers, job.protocol, job.step = hello.run_id, hello.workers, hello.protocol, hello.step
+        job.attached = True
+        reader = threading.Thread(target=self._read, args=(job, request_iterator), daemon=True,
+                                  name=f"attach-{job.job_id}")
+        reader.start()
+        try:
+            while context.is_active() and (reader.is_alive() or not job.commands.empty()):
+                try:
+                    yield job.commands.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+        finally:
+            job.attached = False
+            self._flush(job)
+
+    def _read(self, job: JobRuntime, request_iterator) -> None:
+        try:
+            for msg in request_iterator:
+                kind = msg.WhichOneof("kind")
+                if kind == "step":
+                    self._step(job, msg.step)
+                elif kind == "result":
+                    job.results[msg.result.command_id] = msg.result
+                    logger.info("job %s: command %s %s: %s", job.job_id, msg.result.command_id,
+                                "done" if msg.result.ok else "refused", msg.result.message)
+        except grpc.RpcError:
+            pass  # the coordinator went away; its status stays as last reported
+
+    def _step(self, job: JobRuntime, rec) -> None:
+        job.step, job.samples, job.loss, job.protocol = rec.step, rec.samples, rec.loss, rec.protocol
+        job.batch_sizes[rec.worker] = rec.batch_size
+        job.pending.append(StepSummary(job.run_id, rec.step, rec.end, rec.batch_size, rec.loss, rec.protocol,
+                                       tuple(job.batch_sizes.get(w, 0) for w in range(job.workers))))
+        if len(job.pending) >= self.flush_every or time.time() - job.flushed > self.flush_s:
+            self._flush(job)
+
+    def _flush(self, job: JobRuntime) -> None:
+        pending, job.pending, job.flushed = job.pending, [], time.time()
+        if pending and job.run_id:
+            self.store.add_steps(pending)

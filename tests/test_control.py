@@ -1,0 +1,113 @@
+"""Controlling a running job as a user does: `tfsync run` in one process, `tfsync status |
+switch | batch-sizes | stop` from others, over the job's embedded manager (real gRPC on
+loopback, real TF tasks, the real job store)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfsync.manager.store import Store
+
+pytestmark = pytest.mark.cluster
+
+JOB = """
+[job]
+name = "ctl"
+run_dir = "{run_dir}"
+[model]
+name = "linear"
+[train]
+batch_size = 16
+learning_rate = 0.05
+epochs = 20
+checkpoint_every = 0
+[[protocol]]
+name = "bsp"
+"""
+DATA = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+
+
+def tfsync(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "tfsync.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def wait_for(what, check, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    run_dir = tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=run_dir))
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        info = wait_for("the manager", lambda: (run_dir / "control" / "manager.json").is_file())
+        assert info and oct((run_dir / "control" / "token").stat().st_mode & 0o777) == "0o600"
+
+        def status():
+            r = tfsync("status", str(job), "--json", env=env)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+
+        first = wait_for("steps", lambda: (s := status()) and int(s.get("step", 0)) > 5 and s)
+        assert first["protocol"] == "bsp" and first["state"] == "JOB_STATE_RUNNING"
+
+        token = run_dir / "control" / "token"
+        real = token.read_text()
+        token.write_text("not-the-token\n")  # a caller with a wrong token is refused
+        bad = tfsync("status", str(job), env=env)
+        token.write_text(real)
+        assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
+
+        bad = tfsync("batch-sizes", str(run_dir), "8", "8", "8", env=env)
+        assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "expected 2 integers" in bad.stderr
+        bad = tfsync("switch", str(job), "--to", "zipline", env=env)
+        assert bad.returncode == 2 and "unknown protocol 'zipline'" in bad.stderr
+
+        sizes = tfsync("batch-sizes", str(job), "4", "12", env=env)
+        assert sizes.returncode == 0, sizes.stderr
+        wait_for("batch sizes 4 and 12", lambda: (s := status()) and s.get("batch_sizes") == [4, 12])
+
+        sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", env=env)
+        assert sw.returncode == 0 and "queued" in sw.stdout, sw.stderr
+        wait_for("the switch to ssp", lambda: (s := status()) and s["protocol"] == "ssp")
+
+        assert tfsync("stop", str(job), env=env).returncode == 0
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, err[-2000:]
+    summary = json.loads(out)
+    assert summary["stopped"] and summary["stop_checkpoint"]
+    assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "ssp"]
+    assert summary["samples"] < summary["workload_samples"]  # it really stopped early
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert {(r["batch_size"], r["worker"]) for r in records if "worker" in r and r["protocol"] == "ssp"} == {(4, 0), (12, 1)}
+    assert not (run_dir / "control" / "manager.json").exists()
+
+    with Store(str(tmp_path / "home" / "jobs.db")) as store:
+        (stored,) = store.jobs()
+        assert stored.state == "stopped"
+        (run_row,) = store.runs(stored.id)
+        steps = store.steps(run_row.id)
+        assert len(steps) == summary["pushes"] and {s.protocol for s in steps} == {"bsp", "ssp"}
+        assert store.results(run_row.id)["stopped"] is True
+
+
+def test_a_job_that_is_not_running_is_named(tmp_path):
+    r = tfsync("status", str(tmp_path))
+    assert r.returncode == 2 and "no running job there" in r.stderr

@@ -1,0 +1,111 @@
+"""Commands a running engine obeys at step boundaries (Sync-Switch Fig. 9: the manager
+decides, the coordinator-side hook acts), and the controller interface that delivers them.
+
+A :class:`Controller` receives every push record (``record``: must be cheap, it runs on
+the engine's loop), hands over pending commands (``commands``) and learns each outcome
+(``result``). The manager's link (``tfsync.manager.link``) implements it over gRPC; the
+engine itself knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from .. import policy as policies
+from ..policy.sizing import FixedSizer
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("switch", "batch_sizes", "checkpoint", "stop")
+
+
+@dataclass(frozen=True)
+class Command:
+    """``switch``: to ``protocol`` (with ``options``) by ``method`` ("hot" | "restart"),
+    learning rate x ``lr_scale`` (None: keep). ``batch_sizes``: one per worker from the
+    next grant on. ``checkpoint``: save now. ``stop``: drain, save if ``save``, end."""
+
+    id: str
+    kind: str
+    protocol: str = ""
+    options: dict = field(default_factory=dict)
+    method: str = "hot"
+    lr_scale: float | None = None
+    batch_sizes: tuple[int, ...] = ()
+    save: bool = True
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    id: str
+    ok: bool
+    message: str
+    updates: int  # the step boundary (model updates so far) at which it was carried out
+    checkpoint_path: str = ""
+
+
+class Controller:
+    """No commands, records dropped: what an engine without a manager has."""
+
+    def record(self, record: dict) -> None:
+        pass
+
+    def commands(self) -> list[Command]:
+        return []
+
+    def result(self, result: CommandResult) -> None:
+        pass
+
+
+class StopRequested(Exception):
+    """A stop command: the run ends after the current step boundary."""
+
+    def __init__(self, checkpoint_path: str = ""):
+        super().__init__("stop requested")
+        self.checkpoint_path = checkpoint_path
+
+
+def check(cmd: Command, workers: int) -> None:
+    """Raise ValueError for a command that cannot be carried out (before touching anything)."""
+    if cmd.kind not in KINDS:
+        raise ValueError(f"unknown command {cmd.kind!r}; expected one of {', '.join(KINDS)}")
+    if cmd.kind == "switch":
+        policies.get(cmd.protocol, **cmd.options)  # unknown names and options raise here
+        if cmd.method not in ("hot", "restart"):
+            raise ValueError(f"switch method {cmd.method!r}; expected hot or restart")
+        if cmd.lr_scale is not None and not cmd.lr_scale > 0:
+            raise ValueError(f"lr_scale {cmd.lr_scale}; expected > 0")
+    if cmd.kind == "batch_sizes" and (len(cmd.batch_sizes) != workers or min(cmd.batch_sizes, default=0) < 1):
+        raise ValueError(f"batch sizes {list(cmd.batch_sizes)}: expected {workers} integers >= 1, one per worker")
+
+
+def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
+    """Apply ``cmd`` to ``engine`` inside ``phase`` (whose policy a switch replaces);
+    returns (message, checkpoint path). Raises StopRequested for ``stop``."""
+    check(cmd, engine.workers)
+    old = phase.policy
+    if cmd.kind == "batch_sizes":
+        if max(cmd.batch_sizes) > max_batch:
+            raise ValueError(f"batch size {max(cmd.batch_sizes)} exceeds the input pipeline's "
+                             f"{max_batch}; set a larger batch size in the job to allow it")
+        old.sizer = FixedSizer(cmd.batch_sizes)
+        return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
+    if cmd.kind == "checkpoint":
+        engine._drain(old)
+        path = engine._save("command")
+        engine._apply(old.start(engine.view()))
+        return f"checkpoint {path}", path
+    if cmd.kind == "stop":
+        engine._drain(old)
+        raise StopRequested(engine._save("stop") if cmd.save else "")
+    new = policies.get(cmd.protocol, sizer=old.sizer, **cmd.options)
+    target = type(phase)(new, until=phase.until, switch=cmd.method,
+                         lr_scale=phase.lr_scale if cmd.lr_scale is None else cmd.lr_scale,
+                         momentum=phase.momentum)
+    engine._switch(old, target, len(engine.timeline))
+    old_stats = old.stats()
+    phase.policy, phase.lr_scale, phase.switch = new, target.lr_scale, cmd.method
+    engine.begin_phase(phase, stats_of_previous=old_stats)
+    engine._apply(new.start(engine.view()))
+    return f"switched {old.name} -> {new.name} ({cmd.method})", ""
