@@ -1,0 +1,201 @@
+"""Sync-Switch's online straggler policies (paper 003 §IV-B2), active only before the
+switch point: after it the job runs ASP, which the paper considers immune to transient
+stragglers. Both wrap an inner BSP and ASP policy and a :class:`StragglerDetector`.
+
+``bsp_samples`` is the BSP workload of the timing plan (e.g. 0.5 * total samples); once
+that many samples have been aggregated under BSP, the policy switches to ASP for good,
+at a round boundary. ``None``: never (BSP for the whole run, still straggler-aware).
+
+Greedy: while a straggler is present run ASP; once none is left and BSP workload
+remains, go back to BSP. BSP -> ASP is immediate: the round's aggregated gradients are
+applied (``barrier=True``) before any ASP step reads the weights; BSP steps still running
+then arrive in a closed round and are reported ``dropped`` (their gradient is discarded,
+as in drop-stragglers; the push itself is never lost). ASP -> BSP drains: no new grants
+until every granted ASP step has pushed, then the first BSP round starts.
+
+Elastic: remove detected stragglers from the BSP membership (``Decision.remove``) and
+restore them (``Decision.restore``) at the switch point, when they recover, or
+``readmit_after_s`` after removal. A removed worker pushes nothing, so the detector
+cannot see it recover; readmission after the paper's maximum transient slowdown
+(§IV-B2 assumes ~100 s, the time to provision a replacement server) is how it gets
+another chance; if it is still slow it is detected and removed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..policy.asp import ASP
+from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
+from ..policy.bsp import BSP
+from .stragglers import StragglerDetector
+
+logger = logging.getLogger(__name__)
+
+
+class _StragglerAware(Policy):
+    def __init__(self, detector: StragglerDetector, bsp_samples: int | None = None, *,
+                 bsp: Policy | None = None, asp: Policy | None = None, lr_scales: dict | None = None):
+        self.bsp = bsp if bsp is not None else BSP()
+        self.asp = asp if asp is not None else ASP()
+        super().__init__(self.bsp.sizer)
+        if not isinstance(detector, StragglerDetector):
+            raise TypeError(f"detector {detector!r}: expected a StragglerDetector(window_s, k)")
+        if bsp_samples is not None and int(bsp_samples) < 0:
+            raise ValueError(f"bsp_samples = {bsp_samples!r}: must be >= 0 or None (BSP until the end)")
+        self.detector = detector
+        self.bsp_samples = None if bsp_samples is None else int(bsp_samples)
+        self.lr_scales = dict(lr_scales or {})  # e.g. {"bsp": n, "asp": 1.0} (§IV-C)
+        self.bsp_done = 0  # samples aggregated under BSP
+        self.state = "bsp"
+        self.timeline: list[tuple[float, str]] = []  # (time, protocol entered)
+        self.switches = 0
+
+    @property
+    def budget_done(self) -> bool:
+        return self.bsp_samples is not None and self.bsp_done >= self.bsp_samples
+
+    def _enter(self, state: str, view: ClusterView) -> None:
+        if state != self.state:
+            self.switches += 1
+            logger.debug("%s: %s -> %s at %.3f (stragglers %s, BSP samples %d)", self.name, self.state,
+                         state, view.now, sorted(self.detector.stragglers), self.bsp_done)
+        self.state = state
+        self.timeline.append((view.now, state))
+
+    def _observe(self, push: Push) -> None:
+        self.detector.observe(push)
+        if push.mode is PushMode.AGGREGATE and not push.dropped:
+            self.bsp_done += push.batch_size
+
+    def _to_asp(self, view: ClusterView, final: bool = False, **changes) -> Decision:
+        self._enter("final" if final else "asp", view)
+        d = self.asp.start(view)
+        return Decision(d.grants, barrier=view.pending > 0, lr_scale=self.lr_scales.get("asp"), **changes)
+
+    def _to_bsp(self, view: ClusterView) -> Decision:
+        self._enter("bsp", view)
+        d = self.bsp.start(view)
+        return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
+
+    def start(self, view: ClusterView) -> Decision:
+        self.timeline.append((view.now, self.state))
+        if self.state == "bsp":
+            d = self.bsp.start(view)
+            return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
+        return self.asp.start(view)
+
+    def stats(self) -> dict:
+        return {"switches": self.switches, "bsp_samples_done": self.bsp_done,
+                "straggler_events": len(self.detector.events)}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "bsp": self.bsp.describe(), "asp": self.asp.describe(),
+                "bsp_samples": self.bsp_samples, "window_s": self.detector.window_s, "k": self.detector.k}
+
+
+class GreedyStragglerPolicy(_StragglerAware):
+    """ASP while a straggler is present, BSP otherwise, until the BSP workload is done."""
+
+    name = "sync_switch_greedy"
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self._observe(push)
+        return self._step(view, push)
+
+    def on_timer(self, view: ClusterView) -> Decision:
+        self.detector.advance(view.now)
+        return self._step(view, None)
+
+    def _step(self, view: ClusterView, push: Push | None) -> Decision:
+        stragglers = self.detector.stragglers
+        if self.state == "bsp":
+            if self.budget_done and view.in_flight == 0:
+                return self._to_asp(view, final=True)  # the planned switch, at a round boundary
+            if stragglers and not self.budget_done:
+                return self._to_asp(view)
+            return self.bsp.on_push(push, view) if push is not None else NOTHING
+        if self.state == "asp" and not stragglers and not self.budget_done:
+            self._enter("drain", view)  # stop granting; BSP starts once every ASP step is in
+        if self.state == "drain":
+            if stragglers:  # a straggler again before the drain ended: back to ASP
+                self._enter("asp", view)
+                return self.asp.start(view)
+            return self._to_bsp(view) if view.in_flight == 0 else NOTHING
+        return self.asp.on_push(push, view) if push is not None else NOTHING
+
+
+class ElasticStragglerPolicy(_StragglerAware):
+    """BSP without the detected stragglers, all workers back for ASP."""
+
+    name = "sync_switch_elastic"
+
+    def __init__(self, detector: StragglerDetector, bsp_samples: int | None = None, *,
+                 readmit_after_s: float | None = 100.0, max_removed: int | None = None, **kwargs):
+        super().__init__(detector, bsp_samples, **kwargs)
+        if readmit_after_s is not None and not readmit_after_s > 0:
+            raise ValueError(f"readmit_after_s = {readmit_after_s!r}: must be > 0 seconds or None (never)")
+        self.readmit_after_s = readmit_after_s
+        self.max_removed = max_removed
+        self.removed: dict[int, float] = {}  # worker -> time removed
+        self.membership: list[tuple[float, str, int]] = []  # (time, "remove"|"restore", worker)
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self._observe(push)
+        return self._step(view, push)
+
+    def on_timer(self, view: ClusterView) -> Decision:
+        self.detector.advance(view.now)
+        return self._step(view, None)
+
+    def _step(self, view: ClusterView, push: Push | None) -> Decision:
+        if self.state == "final":
+            return self.asp.on_push(push, view) if push is not None else NOTHING
+        if self.budget_done and view.in_flight == 0:  # the planned switch: everyone back, ASP
+            restore = frozenset(self.removed)
+            self._log(view, "restore", restore)
+            self.removed.clear()
+            full = dataclasses.replace(view, active=view.members | restore)
+            return self._to_asp(full, final=True, restore=restore)
+        remove, restore = self._changes(view)
+        if not remove and not restore:
+            return self.bsp.on_push(push, view) if push is not None else NOTHING
+        members = (view.members - remove) | restore
+        changed = dataclasses.replace(view, active=members)
+        d = self.bsp.on_push(push, changed) if push is not None else NOTHING
+        if not d.grants and changed.in_flight == 0:  # e.g. the removed worker was the last one out
+            d = Decision(self.bsp.grants_for(sorted(members), changed), barrier=True)
+        wake = None
+        if remove and self.readmit_after_s is not None:
+            wake = view.now + self.readmit_after_s
+        return Decision(d.grants, d.barrier, remove=remove, restore=restore, wake_at=wake)
+
+    def _changes(self, view: ClusterView) -> tuple[frozenset[int], frozenset[int]]:
+        stragglers = self.detector.stragglers
+        restore = set()
+        for w, since in self.removed.items():
+            due = self.readmit_after_s is not None and view.now - since >= self.readmit_after_s
+            if (w not in stragglers or due) and view.outstanding(w) == 0:  # never wait on its old step
+                restore.add(w)
+        for w in restore:
+            del self.removed[w]
+            self.detector.forget(w)
+        limit = len(view.members) - 1 if self.max_removed is None else self.max_removed - len(self.removed)
+        remove = [w for w in sorted(stragglers) if w in view.members and w not in restore][:max(limit, 0)]
+        for w in remove:
+            self.removed[w] = view.now
+        self._log(view, "remove", remove)
+        self._log(view, "restore", restore)
+        return frozenset(remove), frozenset(restore)
+
+    def _log(self, view: ClusterView, what: str, workers) -> None:
+        for w in sorted(workers):
+            self.membership.append((view.now, what, w))
+            logger.debug("%s: %s worker %d at %.3f", self.name, what, w, view.now)
+
+    def stats(self) -> dict:
+        return {**super().stats(), "removals": sum(1 for _, what, _ in self.membership if what == "remove")}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "readmit_after_s": self.readmit_after_s, "max_removed": self.max_removed}

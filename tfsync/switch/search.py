@@ -1,0 +1,157 @@
+"""Sync-Switch's offline timing policy for recurring jobs: the binary search of paper 003
+§IV-B1, Algorithm 1 (Appendix B), driving a ``run_trial(fraction, seed) -> TrialResult``
+callback. ``fraction``: share of the workload trained with BSP before switching to ASP.
+
+Algorithm 1: if the target accuracy A is not given, train with BSP R times and take the
+mean converged accuracy. Then, from upper = 1, lower = 0, for M settings: try
+s = (upper + lower) / 2 R times; if the mean converged accuracy is acceptable,
+upper = s (switch earlier), else lower = s. The answer is ``upper``: the earliest
+switch point found acceptable (1.0, i.e. BSP only, if none was).
+
+Deviations from the printed pseudo-code, each switchable for reproduction:
+- the printed accumulator alpha' is never reset, so from the second setting on the
+  "mean" alpha'/R adds every earlier setting's accuracies. We reset it per setting
+  (``paper_accumulation=True`` restores the flaw).
+- acceptance: the pseudo-code accepts mean in [A - beta, A + beta], which rejects a
+  switch point *better* than BSP by more than beta; §IV-B1 asks for accuracy "similar"
+  to BSP's. Default ``accept="at_least"``: mean >= A - beta; ``"interval"`` is literal.
+
+Trials are kept in a store keyed by (signature, fraction, run), so a search interrupted
+by a failure resumes where it stopped; run r of every setting uses seed ``seed + r``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .trials import MemoryTrials, TrialKey, TrialResult
+
+logger = logging.getLogger(__name__)
+
+ACCEPT_RULES = ("at_least", "interval")
+
+
+def convergence_index(values: Sequence[float], tol: float = 0.001, window: int = 5) -> int | None:
+    """Index of the evaluation at which the curve has converged: the last of the first
+    ``window`` consecutive evaluations that lie within ``tol`` of one another
+    (§VI-A: "not changed for more than 0.1 % for five evaluations"); None if never."""
+    if int(window) < 2:
+        raise ValueError(f"window = {window!r}: must be >= 2 evaluations")
+    for i in range(len(values) - window + 1):
+        chunk = values[i:i + window]
+        if max(chunk) - min(chunk) <= tol:
+            return i + window - 1
+    return None
+
+
+def converged_accuracy(curve: Sequence, tol: float = 0.001, window: int = 5) -> float:
+    """Converged test accuracy of a curve of accuracies (or (step, accuracy) pairs, last
+    item used). ``tol`` is absolute (0.001 = 0.1 % of accuracy). A curve that never
+    converges gives its final accuracy."""
+    values = [float(v[-1]) if isinstance(v, (tuple, list)) else float(v) for v in curve]
+    if not values:
+        raise ValueError("converged_accuracy of an empty curve; expected at least one evaluation")
+    i = convergence_index(values, tol, window)
+    if i is None:
+        logger.debug("curve of %d evaluations never converged (tol %g, window %d); using the last",
+                     len(values), tol, window)
+        return values[-1]
+    return values[i]
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    beta: float = 0.01  # accuracy margin (§VI-C1 uses 0.01)
+    settings: int = 4  # M: switch points tried
+    runs: int = 3  # R: trials per switch point (and BSP runs when no target)
+    target: float | None = None  # A; None: measured from R BSP runs
+    accept: str = "at_least"
+    paper_accumulation: bool = False  # True: the printed, never-reset accumulator
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.beta >= 0:
+            raise ValueError(f"beta = {self.beta!r}: must be >= 0 (an accuracy margin, e.g. 0.01)")
+        if int(self.settings) < 1 or int(self.runs) < 1:
+            raise ValueError(f"settings = {self.settings!r}, runs = {self.runs!r}: both must be >= 1")
+        if self.accept not in ACCEPT_RULES:
+            raise ValueError(f"accept = {self.accept!r}: must be one of {', '.join(ACCEPT_RULES)}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    fraction: float
+    accuracies: tuple[float, ...]
+    score: float  # the mean compared with the target (alpha' / R)
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    fraction: float  # the switch point found (upper)
+    target: float
+    bsp: tuple[float, ...]  # accuracies of the BSP runs that set the target (empty if given)
+    settings: tuple[Setting, ...]
+    trials_run: int  # run_trial calls made by this search
+    trials_reused: int  # found in the store
+    time: float  # summed time of every trial the search used (its cost)
+
+
+def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str,
+                  settings: SearchSettings = SearchSettings(), store=None,
+                  progress: Callable[[dict], None] | None = None) -> SearchResult:
+    """Algorithm 1 of paper 003 (Appendix B) with the fixes above; see the module doc."""
+    store = store if store is not None else MemoryTrials()
+    counts = {"run": 0, "reused": 0, "time": 0.0}
+
+    def trial(fraction: float, r: int) -> TrialResult:
+        key = TrialKey(signature, fraction, r)
+        result = store.get(key)
+        reused = result is not None
+        if not reused:
+            result = run_trial(key.fraction, settings.seed + r)
+            if not isinstance(result, TrialResult):
+                raise TypeError(f"run_trial({key.fraction}, {settings.seed + r}) returned {result!r}; "
+                                "expected a TrialResult(converged_accuracy, time)")
+            store.put(key, result)
+        counts["reused" if reused else "run"] += 1
+        counts["time"] += result.time
+        logger.debug("trial fraction %.6g run %d: accuracy %.4f, %.1f s%s", key.fraction, r,
+                     result.converged_accuracy, result.time, " (stored)" if reused else "")
+        if progress is not None:
+            progress({"fraction": key.fraction, "run": r, "result": result, "reused": reused,
+                      "trials": counts["run"] + counts["reused"]})
+        return result
+
+    R = int(settings.runs)
+    bsp: tuple[float, ...] = ()
+    if settings.target is None:  # Algorithm 1 lines 2-5
+        bsp = tuple(trial(1.0, r).converged_accuracy for r in range(R))
+        target = statistics.fmean(bsp)
+    else:
+        target = float(settings.target)
+    upper, lower, alpha = 1.0, 0.0, 0.0
+    tried = []
+    for _ in range(int(settings.settings)):  # lines 7-22
+        s = (upper + lower) / 2.0
+        if not settings.paper_accumulation:
+            alpha = 0.0  # the fix: the printed algorithm never resets alpha' between settings
+        accs = tuple(trial(s, r).converged_accuracy for r in range(R))
+        alpha += sum(accs)
+        score = alpha / R
+        ok = score >= target - settings.beta
+        if settings.accept == "interval":
+            ok = ok and score <= target + settings.beta
+        tried.append(Setting(s, accs, score, ok))
+        logger.debug("switch at %.6g: mean accuracy %.4f vs target %.4f -> %s", s, score, target,
+                     "accept" if ok else "reject")
+        if ok:
+            upper = s
+        else:
+            lower = s
+    logger.info("switch-point search for %s: BSP for %.4g of the workload (target %.4f, %d trials run, "
+                "%d reused)", signature, upper, target, counts["run"], counts["reused"])
+    return SearchResult(upper, target, bsp, tuple(tried), counts["run"], counts["reused"], counts["time"])
