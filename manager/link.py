@@ -59,7 +59,15 @@ class ManagerLink(Controller):
             msg = self._out.get()
             if msg is _DONE:
                 return
-            yield msg
+            yield self._step(msg) if isinstance(msg, dict) else msg
+
+    def _step(self, record: dict) -> manager_pb2.CoordinatorMessage:
+        loss = record.get("loss")
+        return manager_pb2.CoordinatorMessage(step=manager_pb2.StepRecord(
+            job_id=self.job_id, run_id=self.run_id, worker=record["worker"], step=record["pushes"],
+            start=record["start"], end=record["end"], samples=record["samples"],
+            loss=loss if loss is not None and math.isfinite(loss) else float("nan"),
+            batch_size=record["batch_size"], protocol=record["protocol"]))
 
     def _read(self) -> None:
         try:
@@ -71,14 +79,8 @@ class ManagerLink(Controller):
 
     # -- Controller ------------------------------------------------------------------------
     def record(self, record: dict) -> None:
-        loss = record.get("loss")
-        msg = manager_pb2.CoordinatorMessage(step=manager_pb2.StepRecord(
-            job_id=self.job_id, run_id=self.run_id, worker=record["worker"], step=record["pushes"],
-            start=record["start"], end=record["end"], samples=record["samples"],
-            loss=loss if loss is not None and math.isfinite(loss) else float("nan"),
-            batch_size=record["batch_size"], protocol=record["protocol"]))
-        try:
-            self._out.put_nowait(msg)
+        try:  # the message is built on gRPC's sending thread, off the engine's loop
+            self._out.put_nowait(record)
         except queue.Full:
             self.dropped += 1
 

@@ -93,6 +93,7 @@ class Engine:
         self.timeout_s = float(timeout_s)
         self.progress = progress
         self.controller = controller or Controller()  # commands from a manager, at step boundaries
+        self._control_s = 0.0  # time the loop spent in the controller (the training hook's overhead)
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
@@ -313,7 +314,9 @@ class Engine:
         record = push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
                              samples=s.samples, protocol=policy.name, lr=self.base_lr * self._lr_scale)
         self.recorder.push(record)
+        t = time.perf_counter()
         self.controller.record(record)
+        self._control_s += time.perf_counter() - t
         return push
 
     # -- phases --------------------------------------------------------------------------
@@ -340,7 +343,10 @@ class Engine:
                 continue  # the workload of this phase is done: drain, grant nothing more
             self._apply(policy.on_push(push, self.view()))
             self._check_live(policy)
-            for cmd in self.controller.commands():
+            t = time.perf_counter()
+            commands = self.controller.commands()
+            self._control_s += time.perf_counter() - t
+            for cmd in commands:
                 self._obey(phase, cmd)
                 policy = phase.policy
             if self.progress:
@@ -501,7 +507,8 @@ class Engine:
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
             "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
-            "clocks": list(s.clocks), "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),
+            "clocks": list(s.clocks), "control_s": round(self._control_s, 6),
+            "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),
             "meta": self.setup.meta,
         }
 
