@@ -24,7 +24,7 @@ import statistics
 import sys
 
 from tfsync.switch.search import converged_accuracy
-from tfsync.switch.search_cost import PAPER_SETTINGS, RecordedRun, RunBank, cost_table
+from tfsync.switch.search_cost import RecordedRun, RunBank, cost_table
 
 logger = logging.getLogger(__name__)
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -6,7 +6,7 @@ raise ValueError listing what is valid.
 
 from __future__ import annotations
 
-import inspect
+from ..registry import build
 
 from .asp import ASP
 from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, PolicyError,
@@ -30,25 +30,7 @@ def register(name: str, cls: type[Policy]) -> None:
 
 def get(spec, **options) -> Policy:
     """A policy from a name (``"ssp"``), a dict (``{"name": "ssp", "staleness": 2}``) or an instance."""
-    if isinstance(spec, Policy):
-        if options:
-            raise ValueError(f"options {sorted(options)} given with a ready policy instance")
-        return spec
-    if isinstance(spec, dict):
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        options = {**spec, **options}
-    else:
-        name = spec
-    cls = REGISTRY.get(str(name).lower()) if name is not None else None
-    if cls is None:
-        raise ValueError(f"unknown protocol {name!r}; valid: {', '.join(sorted(REGISTRY))}")
-    params = inspect.signature(cls.__init__).parameters
-    unknown = sorted(set(options) - set(params) - {"self"})
-    if unknown:
-        valid = sorted(p for p in params if p != "self")
-        raise ValueError(f"protocol {name!r} takes no option {unknown[0]!r}; valid: {', '.join(valid)}")
-    return cls(**options)
+    return build(REGISTRY, spec, Policy, "protocol", **options)
 
 
 __all__ = [

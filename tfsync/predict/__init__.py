@@ -9,7 +9,7 @@ ones. Only the learned predictors touch TensorFlow, lazily, when they first trai
 
 from __future__ import annotations
 
-import inspect
+from ..registry import build
 
 from .arima import ARIMAPredictor
 from .base import EMA, LastValue, NoObservation, Predictor
@@ -22,29 +22,7 @@ REGISTRY: dict[str, type[Predictor]] = {"last": LastValue, "ema": EMA, "arima": 
 
 def get(spec, **options) -> Predictor:
     """A new predictor from a name, a dict with ``name``, or an instance (returned as is)."""
-    if isinstance(spec, Predictor):
-        if options:
-            raise ValueError(f"options {sorted(options)} given with a ready predictor instance")
-        return spec
-    if isinstance(spec, dict):
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        options = {**spec, **options}
-    else:
-        name = spec
-    cls = REGISTRY.get(str(name).lower()) if name is not None else None
-    if cls is None:
-        raise ValueError(f"unknown predictor {name!r}; valid: {', '.join(sorted(REGISTRY))}")
-    params = set()
-    for klass in cls.__mro__:  # learned predictors pass **options up to their base
-        if "__init__" in klass.__dict__:
-            params |= set(inspect.signature(klass.__init__).parameters)
-    params -= {"self", "options"}
-    unknown = sorted(set(options) - params)
-    if unknown:
-        raise ValueError(f"predictor {name!r} takes no option {unknown[0]!r}; valid: "
-                         f"{', '.join(sorted(params))}")
-    return cls(**options)
+    return build(REGISTRY, spec, Predictor, "predictor", **options)
 
 
 def factory(spec="ema", **options):
