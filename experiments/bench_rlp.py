@@ -52,12 +52,23 @@ def main(argv=None) -> int:
     p.add_argument("--estimate-seeds", type=int, default=10,
                    help="seeds of sequential SGD for the no-staleness estimate")
     p.add_argument("--out", default="results")
+    p.add_argument("--label", default="", help="suffix of the output files (e.g. stable)")
+    p.add_argument("--only-rlp", action="store_true",
+                   help="run only RLP; the static policies' times come from <out>/bench_rlp.csv "
+                        "(same seeds, same instances, so the same times)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows, table = [], []
     t0 = time.time()
+    earlier = {}
+    if args.only_rlp:
+        with open(os.path.join(args.out, "bench_rlp.csv")) as f:
+            earlier = {r["set"]: r for r in csv.DictReader(f)}
     for name in args.sets.split(","):
         spec = SETS[name]
+        if args.only_rlp:
+            _only_rlp(name, spec, earlier[name], args, rows, table)
+            continue
         pilot = evaluate(["ssp2", "ssp5", "ssp8"], spec, range(args.pilot), processes=args.processes)
         ps = summarize(pilot)
         ssp = min(ps, key=lambda k: ps[k]["mean_time"] if ps[k]["converged"] else math.inf)
@@ -90,15 +101,34 @@ def main(argv=None) -> int:
               f"{s[ssp]['mean_time']:,.0f}  RLP {rl:,.0f} s;  RLP / best static ({best}) = "
               f"{row['rlp_over_best']:.2f}; no-staleness estimate (ASP's push rate, "
               f"sequential SGD's updates) / best static = {row['bound_over_best']:.2f}", flush=True)
-    _write(os.path.join(args.out, "bench_rlp_runs.csv"), rows)
-    _write(os.path.join(args.out, "bench_rlp.csv"), [_norm(t) for t in table])
+    suffix = f"_{args.label}" if args.label else ""
+    _write(os.path.join(args.out, f"bench_rlp{suffix}_runs.csv"), rows)
+    _write(os.path.join(args.out, f"bench_rlp{suffix}.csv"), [_norm(t) for t in table])
     mean_ratio = sum(t["rlp_over_best"] for t in table) / len(table)
     print(f"\nRLP time / best static policy's, averaged over sets: {mean_ratio:.2f} (target <= 0.70; "
           f"paper: RLP {PAPER['bsp']}x, {PAPER['asp']}x, {PAPER['ssp']}x faster than BSP, ASP, SSP)")
     print(f"RLP decision time: {decision_us(args.model):.0f} us per push (NumPy Q-network + state update)")
     print(f"wall time {time.time() - t0:,.0f} s")
-    _plot(table, os.path.join(args.out, "bench_rlp.png"))
+    if not args.only_rlp:
+        _plot(table, os.path.join(args.out, "bench_rlp.png"))
     return 0
+
+
+def _only_rlp(name, spec, before: dict, args, rows: list, table: list) -> None:
+    """RLP with another model, against the static times of an earlier full run."""
+    got = evaluate(["rlp"], spec, range(args.seeds), args.model, processes=args.processes,
+                   progress=progress_bar())
+    for r in got:
+        r["set"] = name
+    rows += got
+    s = summarize(got)["rlp"]
+    best = float(before[f"time_{before['best_static']}"])
+    table.append({"set": name, "time_rlp": s["mean_time"], "ci_rlp": s["ci95"],
+                  "converged_rlp": f"{s['converged']}/{s['runs']}", "best_static": before["best_static"],
+                  "rlp_over_best": s["mean_time"] / best,
+                  "rlp_over_bsp": s["mean_time"] / float(before["time_bsp"])})
+    print(f"{name}: RLP {s['mean_time']:,.0f} s; / best static ({before['best_static']}) = "
+          f"{s['mean_time'] / best:.2f}", flush=True)
 
 
 def decision_us(model: str, pushes: int = 3000) -> float:
