@@ -69,17 +69,20 @@ class EmbeddedManager:
 
 
 def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
-          store_path: str | None = None) -> EmbeddedManager:
+          store_path: str | None = None, resume: bool = False) -> EmbeddedManager:
+    """``resume``: a new run of the newest stored job with this run directory (if any)."""
     control = Path(run_dir) / "control"
     control.mkdir(parents=True, exist_ok=True)
     token = auth.write_token(control / "token")
     store_path = store_path or str(home() / "jobs.db")
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(store_path)
-    job = store.create_job(name, signature(config), config, run_dir=os.path.abspath(run_dir),
-                           token_path=str((control / "token").resolve()))
+    earlier = [j for j in store.jobs() if j.run_dir == os.path.abspath(run_dir)] if resume else []
+    job = earlier[-1] if earlier else store.create_job(
+        name, signature(config), config, run_dir=os.path.abspath(run_dir),
+        token_path=str((control / "token").resolve()))
     store.set_job_state(job.id, "running")
-    run = store.start_run(job.id)
+    run = store.start_run(job.id, kind="resume" if earlier else "train")
     service = ManagerService(store)
     service.register(job.id, name)
     server, port = transport.make_server(f"{transport.DEFAULT_HOST}:0", token=token)

@@ -82,6 +82,14 @@ def cmd_run(args) -> int:
     from .jobrun import run_job
     from .policy.base import PolicyError
 
+    resume = None
+    if getattr(args, "resume", False):
+        from .engine.records import last_checkpoint
+        resume = last_checkpoint(cfg.job.run_dir)
+        if resume is None:
+            return _fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
+                         f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)
+        print(f"resuming {cfg.job.name} from {resume['path']} ({resume['samples']} samples done)", file=sys.stderr)
     progress = None if (args.json or args.quiet) else Progress()
     manager, state, summary = None, "failed", None
     try:
@@ -90,9 +98,9 @@ def cmd_run(args) -> int:
 
             from .manager import embedded
             manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
-                                     cfg.cluster.workers, cfg.protocol[0].name)
+                                     cfg.cluster.workers, cfg.protocol[0].name, resume=resume is not None)
         summary = run_job(cfg, progress=progress, data_path=args.data,
-                          controller=manager.link if manager else None)
+                          controller=manager.link if manager else None, resume=resume)
         state = "stopped" if summary.get("stopped") else "done"
     except (DataError, ConfigError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
@@ -134,14 +142,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on PS and worker task processes started on this machine. "
                                    "Writes metrics.jsonl, TensorBoard scalars, checkpoints and "
                                    "summary.json to the job's run directory.")
-    r.add_argument("job", help="path to the job file (TOML)")
-    r.add_argument("--data", help="data path (overrides data.path): a Keras .npz or an MNIST IDX folder")
-    r.add_argument("--run-dir", help="run directory (overrides job.run_dir)")
-    r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--no-manager", action="store_true",
-                   help="no embedded manager: the run cannot be reached by status/switch/stop")
+    rs = sub.add_parser("resume", help="continue a job from its last checkpoint (after a crash or a stop)",
+                        description="Continue the job described by a TOML job file from the newest "
+                                    "checkpoint in its run directory: weights, optimizer state and "
+                                    "progress continue; records are appended to metrics.jsonl.")
+    for q in (r, rs):
+        q.add_argument("job", help="path to the job file (TOML)")
+        q.add_argument("--data", help="data path (overrides data.path): a Keras .npz or an MNIST IDX folder")
+        q.add_argument("--run-dir", help="run directory (overrides job.run_dir)")
+        q.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
+        q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        q.add_argument("--no-manager", action="store_true",
+                       help="no embedded manager: the run cannot be reached by status/switch/stop")
     r.set_defaults(func=cmd_run)
+    rs.set_defaults(func=cmd_run, resume=True)
     from .rl.cli import add_commands
     add_commands(sub)
     from .manager.cli import add_commands as add_control_commands

@@ -42,7 +42,8 @@ def max_batch(phases) -> int:
     return max(sizes)
 
 
-def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None) -> dict:
+def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
+            resume: dict | None = None) -> dict:
     """Train the job on a local cluster; returns the summary (also in run_dir/summary.json)."""
     import tensorflow as tf
     import tf_keras as keras
@@ -74,6 +75,6 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     progress=progress, epoch_samples=len(data.y_train), controller=controller)
     total = int(round(cfg.train.epochs * len(data.y_train)))
-    summary = engine.run(phases, total)
+    summary = engine.run(phases, total, resume=resume)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))
     return summary

@@ -76,3 +76,23 @@ class RunRecorder:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def last_checkpoint(run_dir: str) -> dict | None:
+    """The newest checkpoint event in ``run_dir/metrics.jsonl`` whose files still exist
+    (path, updates, samples, pushes, round), or None: where `tfsync resume` restarts."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    found = None
+    with open(path) as f:
+        for line in f:
+            if '"checkpoint"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut short by a crash
+                continue
+            if rec.get("event") == "checkpoint" and os.path.exists(rec["path"] + ".index"):
+                found = {k: rec[k] for k in ("path", "updates", "samples", "pushes", "round") if k in rec}
+    return found

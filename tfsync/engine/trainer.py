@@ -407,7 +407,8 @@ class Engine:
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
                                  "why": why, "seconds": round(time.time() - t, 4)})
-        self.recorder.event("checkpoint", path=path, updates=self.state.updates, why=why)
+        self.recorder.event("checkpoint", path=path, updates=self.state.updates, why=why,
+                            samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
         return path
 
     def _switch(self, old: Policy, phase: Phase, index: int) -> None:
@@ -442,12 +443,24 @@ class Engine:
         self._gen.set_hyper(learning_rate=self.base_lr * phase.lr_scale, momentum=momentum)
 
     # -- the whole run -------------------------------------------------------------------
-    def run(self, phases: list[Phase], total_samples: int, restore: str | None = None) -> dict:
-        """Train through ``phases`` for ``total_samples`` examples; returns the summary."""
+    def run(self, phases: list[Phase], total_samples: int, restore: str | None = None,
+            resume: dict | None = None) -> dict:
+        """Train through ``phases`` for ``total_samples`` examples; returns the summary.
+
+        ``resume``: a checkpoint event of an earlier run of this job (``last_checkpoint``):
+        the weights come from its ``path`` and the counters (samples, updates, pushes,
+        round) continue from it, so phases already done are skipped."""
         if not phases:
             raise ValueError("run() needs at least one phase")
         self._closing = False
         self._t0 = time.time()
+        if resume:
+            restore = resume["path"]
+            s = self.state
+            s.samples, s.updates, s.pushes, s.round = (int(resume.get(k, 0)) for k in
+                                                       ("samples", "updates", "pushes", "round"))
+            self._last_ckpt_updates = s.updates
+            self.recorder.event("resume", **resume)
         try:
             self._open_generation(self._launch(), restore=restore)
             if self.base_lr is None:
@@ -474,6 +487,8 @@ class Engine:
                 self._save("final")
             summary = self._summary(wall, t_init, total_samples)
             summary["stopped"] = stopped is not None
+            if resume:
+                summary["resumed_from"] = resume
             if stopped is not None:
                 summary["stop_checkpoint"] = stopped.checkpoint_path
             self.recorder.summary(summary)
