@@ -31,6 +31,7 @@ from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
+from .recovery import recover_lost_ps
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Engine:
         self.progress = progress
         self.controller = controller or Controller()  # commands from a manager, at step boundaries
         self._control_s = 0.0  # time the loop spent in the controller (the training hook's overhead)
+        self.recoveries, self.max_recoveries, self.recovery_log = 0, 3, []  # lost-PS restarts
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
@@ -332,7 +334,12 @@ class Engine:
                     epoch = e
                     m, gen = phase.momentum(e), self._gen
                     self._channel.call(lambda: gen.set_hyper(momentum=m))
-            result = self._next_result()
+            try:
+                result = self._next_result()
+            except EngineError:
+                if not recover_lost_ps(self, phase):
+                    raise
+                continue
             if result is None:  # timer
                 self._wake_at = None
                 self._apply(policy.on_timer(self.view()))
@@ -406,6 +413,7 @@ class Engine:
         path = self._ckpt_manager.save(checkpoint_number=self.state.updates)
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
+                                 "pushes": self.state.pushes,
                                  "why": why, "seconds": round(time.time() - t, 4)})
         self.recorder.event("checkpoint", path=path, updates=self.state.updates, why=why,
                             samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
@@ -522,7 +530,7 @@ class Engine:
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
             "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
-            "clocks": list(s.clocks), "control_s": round(self._control_s, 6),
+            "clocks": list(s.clocks), "control_s": round(self._control_s, 6), "recoveries": self.recovery_log,
             "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),
             "meta": self.setup.meta,
         }

@@ -1,0 +1,52 @@
+"""Kill the parameter server mid-run: the engine restarts the tasks, restores the newest
+checkpoint and finishes the job; the work lost is at most one checkpoint interval."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_resume import DATA, JOB, PER_UPDATE, records
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    run_dir = tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=run_dir))
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (run_dir / "metrics.jsonl").exists() and \
+                    sum(r.get("event") == "checkpoint" for r in records(run_dir)) >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint within 120 s")
+        (ps,) = [p for p in psutil.Process(run.pid).children(recursive=True)
+                 if "--job ps" in " ".join(p.cmdline())]
+        ps.send_signal(signal.SIGKILL)
+        killed_at = max(r["samples"] for r in records(run_dir) if "worker" in r)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, err[-2000:]
+    summary = json.loads(out)
+    (rec,) = summary["recoveries"]
+    assert rec["task"] == "ps:0" and rec["exit_code"] == -signal.SIGKILL
+    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE
+    assert killed_at - rec["samples_lost"] >= 0
+    assert summary["samples"] >= summary["workload_samples"]
+    assert summary["test_accuracy"] > 0.8
+    assert any(r.get("event") == "task_restarted" for r in records(run_dir))
