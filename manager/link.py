@@ -24,11 +24,16 @@ _METHODS = {manager_pb2.SWITCH_METHOD_RESTART: "restart"}
 _DONE = object()
 
 
+def policy_options(options) -> dict:
+    """A SwitchRequest's numeric options as policy arguments (whole numbers as int)."""
+    return {k: (int(v) if float(v).is_integer() else v) for k, v in options.items()}
+
+
 def to_command(msg: manager_pb2.Command) -> Command:
     kind = msg.WhichOneof("kind")
     if kind == "switch":
         sw = msg.switch
-        options = {k: (int(v) if float(v).is_integer() else v) for k, v in sw.options.items()}
+        options = policy_options(sw.options)
         lr_scale = options.pop("lr_scale", None)
         return Command(msg.command_id, "switch", protocol=sw.protocol, options=options,
                        method=_METHODS.get(sw.method, "hot"), lr_scale=lr_scale)

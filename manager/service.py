@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from tfsync.api.v1 import manager_pb2
+from tfsync.manager.link import policy_options
 from tfsync.manager.resources import ResourceBoard, ResourceReports
 from tfsync.manager.store import StepSummary, Store
 
@@ -102,7 +103,8 @@ class ManagerService(ResourceReports):
 
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
-        options = {k: (int(v) if float(v).is_integer() else v) for k, v in request.options.items()}
+        options = policy_options(request.options)
+        options.pop("lr_scale", None)  # the engine's, not the policy's
         try:
             policies.get(request.protocol, **options)
         except (ValueError, TypeError) as e:

@@ -80,7 +80,7 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         assert sizes.returncode == 0, sizes.stderr
         wait_for("batch sizes 4 and 12", lambda: (s := status()) and s.get("batch_sizes") == [4, 12])
 
-        sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", env=env)
+        sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", "--lr-scale", "0.5", env=env)
         assert sw.returncode == 0 and "queued" in sw.stdout, sw.stderr
         wait_for("the switch to ssp", lambda: (s := status()) and s["protocol"] == "ssp")
 
@@ -96,7 +96,9 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "ssp"]
     assert summary["samples"] < summary["workload_samples"]  # it really stopped early
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    assert {(r["batch_size"], r["worker"]) for r in records if "worker" in r and r["protocol"] == "ssp"} == {(4, 0), (12, 1)}
+    ssp = [r for r in records if "worker" in r and r["protocol"] == "ssp"]
+    assert {(r["batch_size"], r["worker"]) for r in ssp} == {(4, 0), (12, 1)}
+    assert ssp and all(r["lr"] == pytest.approx(0.05 * 0.5) for r in ssp)  # --lr-scale 0.5 of 0.05
     assert not (run_dir / "control" / "manager.json").exists()
 
     with Store(str(tmp_path / "home" / "jobs.db")) as store:
