@@ -25,15 +25,7 @@ def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
         await deny(request_or_iterator, context)
         yield  # pragma: no cover - abort raises
 
-    kind = (handler.request_streaming, handler.response_streaming)
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if kind == (False, False):
-        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
-    if kind == (False, True):
-        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
-    if kind == (True, False):
-        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
-    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
+    return auth.handler_like(handler, deny, deny_stream)
 
 
 class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):

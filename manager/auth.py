@@ -94,15 +94,21 @@ def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
         deny(request_or_iterator, context)
         yield  # pragma: no cover - abort raises
 
+    return handler_like(handler, deny, deny_stream)
+
+
+def handler_like(handler: grpc.RpcMethodHandler, unary_reply, streaming_reply):
+    """A method handler of ``handler``'s kind (same serializers) that calls ``unary_reply``
+    for methods with one response and ``streaming_reply`` for streamed responses."""
     kind = (handler.request_streaming, handler.response_streaming)
     des, ser = handler.request_deserializer, handler.response_serializer
     if kind == (False, False):
-        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
+        return grpc.unary_unary_rpc_method_handler(unary_reply, des, ser)
     if kind == (False, True):
-        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
+        return grpc.unary_stream_rpc_method_handler(streaming_reply, des, ser)
     if kind == (True, False):
-        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
-    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
+        return grpc.stream_unary_rpc_method_handler(unary_reply, des, ser)
+    return grpc.stream_stream_rpc_method_handler(streaming_reply, des, ser)
 
 
 class TokenCheck:

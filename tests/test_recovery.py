@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from test_resume import DATA, JOB, PER_UPDATE, records
+from test_resume import DATA, JOB, PER_UPDATE, records, wait_for_checkpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -24,14 +23,7 @@ def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (run_dir / "metrics.jsonl").exists() and \
-                    sum(r.get("event") == "checkpoint" for r in records(run_dir)) >= 2:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint within 120 s")
+        wait_for_checkpoints(run_dir)
         (ps,) = [p for p in psutil.Process(run.pid).children(recursive=True)
                  if "--job ps" in " ".join(p.cmdline())]
         ps.send_signal(signal.SIGKILL)

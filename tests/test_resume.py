@@ -48,6 +48,16 @@ def records(run_dir):
     return out
 
 
+def wait_for_checkpoints(run_dir, count: int = 2, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and \
+                sum(r.get("event") == "checkpoint" for r in records(run_dir)) >= count:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"fewer than {count} checkpoints within {timeout:.0f} s")
+
+
 def test_resume_after_the_manager_is_killed(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     run_dir = tmp_path / "run"
@@ -56,14 +66,7 @@ def test_resume_after_the_manager_is_killed(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # two checkpoints, still in the BSP phase
-            if (run_dir / "metrics.jsonl").exists() and \
-                    sum(r.get("event") == "checkpoint" for r in records(run_dir)) >= 2:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint within 120 s")
+        wait_for_checkpoints(run_dir)  # two checkpoints, still in the BSP phase
         tasks = psutil.Process(run.pid).children(recursive=True)
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
