@@ -82,3 +82,21 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
     assert err.strip().splitlines()[-1].startswith("tfsync: error: interrupted")
     time.sleep(1)
     assert _tasks_of(proc.pid) == [], "task processes outlived tfsync run"
+
+
+def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path):
+    job, run_dir = _job(tmp_path, 0.1)
+    data = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    summaries = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", data],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        summaries.append(json.loads(r.stdout))
+    assert "were moved to" in r.stderr
+    (previous,) = (run_dir / "previous").iterdir()
+    for path, summary in ((run_dir, summaries[1]), (previous, summaries[0])):
+        pushes = [x for x in map(json.loads, open(path / "metrics.jsonl")) if "worker" in x]
+        assert len(pushes) == summary["pushes"]  # each run's records, not both appended
+    assert (previous / "checkpoints").is_dir() and (run_dir / "checkpoints").is_dir()

@@ -90,6 +90,11 @@ def cmd_run(args) -> int:
             return _fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
                          f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)
         print(f"resuming {cfg.job.name} from {resume['path']} ({resume['samples']} samples done)", file=sys.stderr)
+    else:
+        from .engine.records import set_aside_previous_run
+        moved = set_aside_previous_run(cfg.job.run_dir)
+        if moved:
+            print(f"the previous run's outputs in {cfg.job.run_dir} were moved to {moved}", file=sys.stderr)
     progress = None if (args.json or args.quiet) else Progress()
     manager, state, summary = None, "failed", None
     try:

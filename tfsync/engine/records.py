@@ -96,3 +96,24 @@ def last_checkpoint(run_dir: str) -> dict | None:
             if rec.get("event") == "checkpoint" and os.path.exists(rec["path"] + ".index"):
                 found = {k: rec[k] for k in ("path", "updates", "samples", "pushes", "round") if k in rec}
     return found
+
+
+PREVIOUS_OUTPUTS = ("metrics.jsonl", "summary.json", "tb", "checkpoints", "logs")
+
+
+def set_aside_previous_run(run_dir: str) -> str | None:
+    """Move an earlier run's outputs in ``run_dir`` to ``run_dir/previous/<UTC time>/`` so a
+    new run starts clean and nothing is lost; returns where they went (None: nothing there).
+    `tfsync resume` does not call this: it continues the run it finds."""
+    found = [n for n in PREVIOUS_OUTPUTS if os.path.exists(os.path.join(run_dir, n))]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = os.path.join(run_dir, "previous", stamp)
+    n = 1
+    while os.path.exists(dest):  # two runs within a second
+        dest, n = os.path.join(run_dir, "previous", f"{stamp}-{n}"), n + 1
+    os.makedirs(dest)
+    for name in found:
+        os.replace(os.path.join(run_dir, name), os.path.join(dest, name))
+    return dest
