@@ -104,7 +104,7 @@ def test_bad_protocol_name():
     e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
     assert e.field == "protocol[0].name"
     assert str(e) == ('job.toml: protocol[0].name = "bspx": must be one of '
-                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp"')
+                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp"')
 
 
 def test_protocol_registry_is_extensible(monkeypatch):
@@ -125,6 +125,15 @@ def test_fluentps_and_elastic_bsp_options():
     assert _error({"protocol": [{"name": "pssp", "execution": "eager"}]}).field == "protocol[0].execution"
     e = _error({"protocol": [{"name": "ssp", "lookahead": 4}]})
     assert e.field == "protocol[0].lookahead" and '"elastic_bsp"' in str(e)
+
+
+def test_lbbsp_options():
+    c = JobConfig.from_dict({"protocol": [{"name": "lbbsp", "predictor": "arima", "blocking": False}]})
+    assert c.protocol[0].options() == {"predictor": "arima", "blocking": False}
+    e = _error({"protocol": [{"name": "lbbsp", "predictor": "oracle"}]})
+    assert e.field == "protocol[0].predictor" and '"narx"' in str(e)
+    assert _error({"protocol": [{"name": "lbbsp", "blocking": "yes"}]}).field == "protocol[0].blocking"
+    assert _error({"protocol": [{"name": "bsp", "predictor": "ema"}]}).field == "protocol[0].predictor"
 
 
 def test_non_increasing_until():

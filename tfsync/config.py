@@ -15,12 +15,13 @@ import tomllib
 from typing import Any, Callable
 
 # Registries: other modules may extend these tuples (e.g. PROTOCOLS += ("pssp",)).
-PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp")
+PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp")
 # Which protocols take each phase option (the policy's constructor argument of that name).
 PHASE_OPTIONS: dict[str, tuple[str, ...]] = {
     "staleness": ("ssp", "pssp"), "probability": ("pssp",), "execution": ("pssp",),
-    "lookahead": ("elastic_bsp",), "model": ("rlp",),
+    "lookahead": ("elastic_bsp",), "model": ("rlp",), "predictor": ("lbbsp",), "blocking": ("lbbsp",),
 }
+PREDICTORS: tuple[str, ...] = ("last", "ema", "arima", "narx", "rnn", "lstm")  # tfsync.predict
 EXECUTIONS: tuple[str, ...] = ("lazy", "soft")
 DATASETS: tuple[str, ...] = ("mnist", "cifar10")
 MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
@@ -90,6 +91,8 @@ class Phase:
     execution: str | None = None  # pssp: "lazy" or "soft" answer of delayed pulls
     lookahead: int | None = None  # elastic_bsp: predicted iterations R per worker
     model: str | None = None  # rlp: policy file from `tfsync policy train`
+    predictor: str | None = None  # lbbsp: worker-speed predictor (default ema)
+    blocking: bool | None = None  # lbbsp: sizes from this round (true) or the previous one
     batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
 
     def __post_init__(self):
@@ -221,6 +224,8 @@ _CHECKS: dict[str, Callable] = {
     "switch.momentum": _choice("SWITCH_MOMENTUM"),
     "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
     "protocol.staleness": _int(0), "protocol.lookahead": _int(1), "protocol.model": _text(),
+    "protocol.predictor": _choice("PREDICTORS"),
+    "protocol.blocking": _rule(lambda: "true or false", lambda v: type(v) is bool, lambda v: True),
     "protocol.execution": _choice("EXECUTIONS"),
     "protocol.probability": _rule(lambda: 'a number in [0, 1] or "dynamic"',
                                   lambda v: type(v) in (int, float, str),

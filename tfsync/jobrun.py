@@ -24,21 +24,30 @@ def build_phases(cfg: JobConfig, num_train: int):
     for p in cfg.protocol:
         after_switch = prev in AGGREGATING and p.name not in AGGREGATING
         hyper = conf.hyper(p.name, n, B, cfg.train.momentum, after_switch=after_switch)
-        sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else policies.BatchSizer(hyper.batch_size)
         momentum = hyper.momentum
         if after_switch and conf.momentum.startswith("ramp"):  # per epoch after the switch (Fig. 8b)
             momentum = functools.partial(conf.momentum_after, cfg.train.momentum, n)
-        phases.append(Phase(policies.get(p.name, sizer=sizer, **p.options()), until=p.until,
+        if p.name == "lbbsp":  # sizes its own batches: X = n * B split by predicted speed
+            policy = policies.get(p.name, batch_size=hyper.batch_size, **p.options())
+        else:
+            sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else policies.BatchSizer(hyper.batch_size)
+            policy = policies.get(p.name, sizer=sizer, **p.options())
+        phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name
     return phases
 
 
-def max_batch(phases) -> int:
+def max_batch(phases, workers: int) -> int:
     sizes = [1]
     for ph in phases:
         s = ph.policy.sizer
-        sizes += list(s.per_worker) if isinstance(s, FixedSizer) else [s.batch_size]
+        if isinstance(s, FixedSizer):
+            sizes += list(s.per_worker)
+        elif isinstance(ph.policy, policies.LBBSP):  # one worker may get X = n * B less 1 per other
+            sizes.append(s.hi if isinstance(s.hi, int) else s.batch_size * workers - (workers - 1))
+        else:
+            sizes.append(s.batch_size)
     return max(sizes)
 
 
@@ -67,7 +76,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
 
     setup = TrainSetup(model_fn, optimizer_fn, loss_fn, data.x_train, data.y_train,
-                       max_batch_size=max_batch(phases), x_test=data.x_test, y_test=data.y_test,
+                       max_batch_size=max_batch(phases, cfg.cluster.workers), x_test=data.x_test, y_test=data.y_test,
                        meta={"job": cfg.job.name, "data": data.source, "model": cfg.model.name,
                              "train_examples": int(len(data.y_train))})
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,

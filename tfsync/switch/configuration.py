@@ -15,7 +15,7 @@ from dataclasses import dataclass
 LR_RULES = ("linear", "constant")
 BATCH_RULES = ("local", "global")
 MOMENTUM_RULES = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
-AGGREGATING = frozenset({"bsp"})  # protocols whose update averages n workers' gradients
+AGGREGATING = frozenset({"bsp", "lbbsp"})  # protocols whose update averages n workers' gradients
 
 
 @dataclass(frozen=True)
