@@ -64,6 +64,17 @@ class _StragglerAware(Policy):
         self.state = state
         self.timeline.append((view.now, state))
 
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self._observe(push)
+        return self._step(view, push)
+
+    def on_timer(self, view: ClusterView) -> Decision:
+        self.detector.advance(view.now)
+        return self._step(view, None)
+
+    def _step(self, view: ClusterView, push: Push | None) -> Decision:
+        raise NotImplementedError
+
     def _observe(self, push: Push) -> None:
         self.detector.observe(push)
         if push.mode is PushMode.AGGREGATE and not push.dropped:
@@ -100,14 +111,6 @@ class GreedyStragglerPolicy(_StragglerAware):
 
     name = "sync_switch_greedy"
 
-    def on_push(self, push: Push, view: ClusterView) -> Decision:
-        self._observe(push)
-        return self._step(view, push)
-
-    def on_timer(self, view: ClusterView) -> Decision:
-        self.detector.advance(view.now)
-        return self._step(view, None)
-
     def _step(self, view: ClusterView, push: Push | None) -> Decision:
         stragglers = self.detector.stragglers
         if self.state == "bsp":
@@ -140,14 +143,6 @@ class ElasticStragglerPolicy(_StragglerAware):
         self.max_removed = max_removed
         self.removed: dict[int, float] = {}  # worker -> time removed
         self.membership: list[tuple[float, str, int]] = []  # (time, "remove"|"restore", worker)
-
-    def on_push(self, push: Push, view: ClusterView) -> Decision:
-        self._observe(push)
-        return self._step(view, push)
-
-    def on_timer(self, view: ClusterView) -> Decision:
-        self.detector.advance(view.now)
-        return self._step(view, None)
 
     def _step(self, view: ClusterView, push: Push | None) -> Decision:
         if self.state == "final":
