@@ -10,7 +10,6 @@ recurring jobs find their earlier runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from tfsync.manager import auth, transport
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store
+from tfsync.switch.trials import job_signature
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,11 @@ def home() -> Path:
 
 
 def signature(config: dict) -> str:
-    """A stable id of what makes runs comparable: everything but names and paths."""
-    keep = {k: v for k, v in config.items() if k != "job"}
-    if isinstance(keep.get("data"), dict):
-        keep["data"] = {k: v for k, v in keep["data"].items() if k != "path"}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """The recurring-job signature (``tfsync.switch.trials.job_signature``, which the
+    switch-point search keys its trials by) of a job config: names and paths left out."""
+    data = {k: v for k, v in config.get("data", {}).items() if k != "path"}
+    hyper = {k: v for k, v in config.items() if k not in ("job", "data", "model")}
+    return job_signature(config.get("model"), data, config.get("cluster", {}).get("workers", 0), hyper)
 
 
 @dataclass

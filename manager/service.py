@@ -28,9 +28,6 @@ from tfsync.manager.store import StepSummary, Store
 
 logger = logging.getLogger(__name__)
 
-STATES = {"submitted": 1, "running": 2, "stopped": 3, "failed": 4, "done": 5}
-
-
 @dataclass
 class JobRuntime:
     """What the manager knows of a job while it runs."""
@@ -78,7 +75,7 @@ class ManagerService(ResourceReports):
         except KeyError:
             state = "running" if job.attached else "submitted"
         sizes = [job.batch_sizes.get(w, 0) for w in range(job.workers)]
-        return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=STATES[state],
+        return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=manager_pb2.JobState.Value(f"JOB_STATE_{state.upper()}"),
                                      protocol=job.protocol, step=job.step, samples=job.samples,
                                      loss=job.loss, run_id=job.run_id, batch_sizes=sizes)
 

@@ -22,7 +22,7 @@ def recover_lost_ps(engine, phase) -> bool:
     gen = engine._gen
     dead = gen.cluster.dead_tasks() if gen is not None else []
     if not any(job == "ps" for job, _, _ in dead) or not engine.checkpoints \
-            or engine.recoveries >= engine.max_recoveries:
+            or len(engine.recovery_log) >= engine.max_recoveries:
         return False
     t0, last = time.time(), engine.checkpoints[-1]
     logger.warning("task %s:%d died; restarting the cluster from %s", dead[0][0], dead[0][1], last["path"])
@@ -35,7 +35,6 @@ def recover_lost_ps(engine, phase) -> bool:
     s.pending_workers, s.pending_samples = [], 0
     engine._last_ckpt_updates = s.updates
     engine._gen.set_hyper(learning_rate=engine.base_lr * engine._lr_scale)
-    engine.recoveries += 1
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
     engine.recovery_log.append(event)

@@ -95,7 +95,7 @@ class Engine:
         self.progress = progress
         self.controller = controller or Controller()  # commands from a manager, at step boundaries
         self._control_s = 0.0  # time the loop spent in the controller (the training hook's overhead)
-        self.recoveries, self.max_recoveries, self.recovery_log = 0, 3, []  # lost-PS restarts
+        self.max_recoveries, self.recovery_log = 3, []  # lost-PS restarts, one entry each
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
