@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
-from tfsync.rl.cli import progress_bar, summarize  # noqa: E402
+from tfsync.rl.cli import progress_bar, summarize, write_csv  # noqa: E402
 from tfsync.rl.evaluate import evaluate  # noqa: E402
 from tfsync.rl.instances import InstanceSpec  # noqa: E402
 
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
               f"{row['rlp_over_best']:.2f}; no-staleness estimate (ASP's push rate, "
               f"sequential SGD's updates) / best static = {row['bound_over_best']:.2f}", flush=True)
     suffix = f"_{args.label}" if args.label else ""
-    _write(os.path.join(args.out, f"bench_rlp{suffix}_runs.csv"), rows)
-    _write(os.path.join(args.out, f"bench_rlp{suffix}.csv"), [_norm(t) for t in table])
+    write_csv(os.path.join(args.out, f"bench_rlp{suffix}_runs.csv"), rows)
+    write_csv(os.path.join(args.out, f"bench_rlp{suffix}.csv"), [_norm(t) for t in table])
     mean_ratio = sum(t["rlp_over_best"] for t in table) / len(table)
     print(f"\nRLP time / best static policy's, averaged over sets: {mean_ratio:.2f} (target <= 0.70; "
           f"paper: RLP {PAPER['bsp']}x, {PAPER['asp']}x, {PAPER['ssp']}x faster than BSP, ASP, SSP)")
@@ -156,14 +156,6 @@ def decision_us(model: str, pushes: int = 3000) -> float:
 
 def _norm(row: dict) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
-
-
-def _write(path: str, rows: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def _plot(table: list[dict], path: str) -> None:

@@ -5,11 +5,10 @@ control files (``control/manager.json``, ``control/token``) are read from there.
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from pathlib import Path
 
-EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+from tfsync.cli import EXIT_BAD_INPUT, EXIT_FAILED, _fail
 
 
 class ControlError(RuntimeError):
@@ -105,11 +104,6 @@ def cmd_batch_sizes(args):
     from tfsync.api.v1 import manager_pb2
     return _call(args, lambda s, j: s.SetBatchSizes(manager_pb2.SetBatchSizesRequest(
         request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=10))
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"tfsync: error: {message}", file=sys.stderr)
-    return code
 
 
 def add_commands(sub) -> None:

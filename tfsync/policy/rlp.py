@@ -167,9 +167,6 @@ class RLP(Policy):
         self.counts = [0, 0, 0]
         self.forced = 0
 
-    def start(self, view: ClusterView) -> Decision:
-        return Decision(self.grants_for(sorted(view.idle), view))
-
     def on_push(self, push: Push, view: ClusterView) -> Decision:
         state = self.tracker.update(push, view.pushes)
         if self._prev is not None and self.observer is not None:

@@ -50,12 +50,13 @@ def _spec(args):
     return InstanceSpec(**kw)
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
+def write_csv(path: str, rows: list[dict]) -> None:
+    """One row per dict; the columns are every key seen, in first-seen order."""
     if not rows:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
 
@@ -75,8 +76,8 @@ def cmd_train(args) -> int:
                      resume=args.resume,
                      progress=bar)
     base = os.path.splitext(args.out)[0]
-    _write_csv(base + "_pretrain.csv", log.pretrain)
-    _write_csv(base + "_episodes.csv", log.episodes)
+    write_csv(base + "_pretrain.csv", log.pretrain)
+    write_csv(base + "_episodes.csv", log.episodes)
     print(f"policy saved to {args.out} ({net.meta.get('episodes', 0)} Q-learning episodes); "
           f"training log: {base}_episodes.csv")
     return 0
@@ -128,15 +129,15 @@ def cmd_eval(args) -> int:
     rows = evaluate(policies, _spec(args), range(args.first_seed, args.first_seed + args.seeds),
                     args.model, processes=args.processes, progress=bar)
     if args.csv:
-        _write_csv(args.csv, rows)
+        write_csv(args.csv, rows)
     summary = summarize(rows)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0
 
 
 def _fail(message: str) -> int:
-    print(f"tfsync: error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    from ..cli import _fail as fail
+    return fail(message, EXIT_BAD_INPUT)
 
 
 def add_commands(sub) -> None:
