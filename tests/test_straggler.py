@@ -52,7 +52,7 @@ def test_records_from_metrics_jsonl_give_the_same_events_as_pushes():
 
 
 def test_hand_fed_windows_and_counters():
-    d = StragglerDetector(window_s=1.0, k=2, min_drop=0.0)
+    d = StragglerDetector(window_s=1.0, k=2, min_drop=0.0, origin=0.0)
     speeds = {0: 10.0, 1: 10.0, 2: 10.0, 3: 2.0}  # samples per busy second
     events = []
     for window in range(6):
@@ -68,6 +68,17 @@ def test_hand_fed_windows_and_counters():
     assert d.stragglers == frozenset()
 
 
+def test_windows_start_at_the_first_time_seen():
+    """The engine's clock is epoch seconds: windows must not be counted from 0 (that was
+    1.8e9 windows to close on the first push, and an out-of-memory kill)."""
+    d = StragglerDetector(window_s=1.0, k=2, min_drop=0.0)
+    t0 = 1.8e9
+    assert d.observe({"worker": 0, "end": t0 + 0.2, "compute_s": 0.5, "batch_size": 8}) == []
+    assert d.origin == t0 + 0.2 and d.window_of(t0 + 1.1) == 0 and d.window_of(t0 + 1.3) == 1
+    d.advance(t0 + 5.3)
+    assert len(d.windows) == 5
+
+
 def test_slow_windows_must_be_consecutive():
     d = StragglerDetector(window_s=1.0, k=2, min_drop=0.0)
     for window in range(8):  # worker 3 slow in every other window only
@@ -78,7 +89,7 @@ def test_slow_windows_must_be_consecutive():
 
 
 def test_samples_per_window_second_when_records_have_no_start():
-    d = StragglerDetector(window_s=2.0, k=1, min_drop=0.0)
+    d = StragglerDetector(window_s=2.0, k=1, min_drop=0.0, origin=0.0)
     for w, n in ((0, 100), (1, 100), (2, 100), (3, 10)):
         d.observe({"worker": w, "time": 1.0, "samples": n})
     assert d.advance(2.0) == [StragglerEvent(2.0, 3, BECAME)]

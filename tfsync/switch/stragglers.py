@@ -19,7 +19,8 @@ Two guards, both documented deviations:
 - a window is judged only when at least ``min_workers`` workers pushed in it; a worker
   with no push in a window keeps its counters (neither straggling nor recovered).
 
-Windows are fixed, back to back, of ``window_s`` seconds from ``origin``; a window is
+Windows are fixed, back to back, of ``window_s`` seconds from ``origin`` (default: the
+first time seen); a window is
 closed once a record ends ``lag_s`` after it (or ``advance(now)`` passes it), so records
 that arrive slightly out of order still count. Records of a closed window are ignored.
 """
@@ -86,7 +87,7 @@ class StragglerDetector:
     and ``events``."""
 
     def __init__(self, window_s: float, k: int = 3, *, min_drop: float = 0.1, min_workers: int = 3,
-                 origin: float = 0.0, lag_s: float = 0.0):
+                 origin: float | None = None, lag_s: float = 0.0):
         if not window_s > 0:
             raise ValueError(f"window_s = {window_s!r}: must be > 0 seconds; pick a few step times")
         if int(k) < 1:
@@ -96,7 +97,10 @@ class StragglerDetector:
         if int(min_workers) < 2:
             raise ValueError(f"min_workers = {min_workers!r}: must be >= 2 (a standard deviation needs two)")
         self.window_s, self.k, self.min_drop = float(window_s), int(k), float(min_drop)
-        self.min_workers, self.origin, self.lag_s = int(min_workers), float(origin), float(lag_s)
+        self.min_workers, self.lag_s = int(min_workers), float(lag_s)
+        # None: the first time seen (a push's end or advance's now); the engine's clock is
+        # epoch seconds, from which windows back to 0 would be billions
+        self.origin = None if origin is None else float(origin)
         self.events: list[StragglerEvent] = []
         self.windows: list[tuple[float, dict[int, float]]] = []  # (window end, throughput per worker)
         self._index = 0  # the open window
@@ -110,10 +114,12 @@ class StragglerDetector:
         return frozenset(self._stragglers)
 
     def window_of(self, t: float) -> int:
+        if self.origin is None:
+            self.origin = float(t)
         return max(int(math.floor((t - self.origin) / self.window_s)), 0)
 
     def window_end(self, index: int) -> float:
-        return self.origin + (index + 1) * self.window_s
+        return (self.origin or 0.0) + (index + 1) * self.window_s
 
     def next_close(self) -> float:
         """The time at which the open window closes."""
@@ -143,6 +149,8 @@ class StragglerDetector:
     def advance(self, now: float) -> list[StragglerEvent]:
         """Close every window that ended ``lag_s`` or more before ``now``."""
         out = []
+        if self.origin is None:
+            self.origin = float(now)
         while self.window_end(self._index) + self.lag_s <= now:
             out += self._close(self._index)
             self._index += 1
