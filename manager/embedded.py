@@ -21,7 +21,7 @@ from tfsync.manager import auth, transport
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store
-from tfsync.switch.trials import job_signature
+from tfsync.switch.trials import config_signature
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +31,6 @@ ENV_HOME = "TFSYNC_HOME"
 def home() -> Path:
     """``$TFSYNC_HOME``, or ``~/.tfsync``."""
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".tfsync").expanduser()
-
-
-def signature(config: dict) -> str:
-    """The recurring-job signature (``tfsync.switch.trials.job_signature``, which the
-    switch-point search keys its trials by) of a job config: names and paths left out."""
-    data = {k: v for k, v in config.get("data", {}).items() if k != "path"}
-    hyper = {k: v for k, v in config.items() if k not in ("job", "data", "model")}
-    return job_signature(config.get("model"), data, config.get("cluster", {}).get("workers", 0), hyper)
 
 
 @dataclass
@@ -79,7 +71,7 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     store = Store(store_path)
     earlier = [j for j in store.jobs() if j.run_dir == os.path.abspath(run_dir)] if resume else []
     job = earlier[-1] if earlier else store.create_job(
-        name, signature(config), config, run_dir=os.path.abspath(run_dir),
+        name, config_signature(config), config, run_dir=os.path.abspath(run_dir),
         token_path=str((control / "token").resolve()))
     store.set_job_state(job.id, "running")
     run = store.start_run(job.id, kind="resume" if earlier else "train")

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Store", "StoreError", "Job", "Run", "StepSummary", "Event", "SwitchPoint", "ResumePoint",
            "ResourceRecord", "JOB_STATES", "RUN_KINDS", "EVENT_KINDS", "SWITCH_METHODS"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Written out in full, not derived from the tuples above: a released schema never changes;
 # a new column or state is a new migration (version 1 -> 2) in _MIGRATIONS.
@@ -66,7 +66,12 @@ CREATE TABLE resources (
     memory_percent REAL NOT NULL, processes TEXT NOT NULL);
 CREATE INDEX resources_by_node ON resources (node, time);
 """
-_MIGRATIONS = {0: _SCHEMA_V1}  # version -> script that brings it to version + 1
+# Version 2: the switch point the recurring-job search found, per job signature.
+_SCHEMA_V2 = """
+CREATE TABLE switch_points (
+    signature TEXT PRIMARY KEY, fraction REAL NOT NULL, detail TEXT NOT NULL, updated REAL NOT NULL);
+"""
+_MIGRATIONS = {0: _SCHEMA_V1, 1: _SCHEMA_V2}  # version -> script that brings it to version + 1
 
 
 class StoreError(RuntimeError):
@@ -264,6 +269,16 @@ class Store:
                           "ORDER BY runs.id DESC, step DESC LIMIT 1", (job_id,))
         run_id, detail = (ckpt[0][0], json.loads(ckpt[0][1])) if ckpt else (None, {})
         return ResumePoint(job_id, run_id, detail.get("path"), detail.get("step"), last[0][0] if last else None)
+
+    # -- switch points found by the search (schema 2) -------------------------------------
+    def set_switch_point(self, signature: str, fraction: float, detail: dict | None = None) -> None:
+        self._write("INSERT OR REPLACE INTO switch_points VALUES (?, ?, ?, ?)",
+                    (signature, float(fraction), json.dumps(detail or {}), time.time()))
+
+    def switch_point(self, signature: str) -> tuple[float, dict, float] | None:
+        """(fraction, detail, time stored) for a recurring job, or None."""
+        rows = self._rows("SELECT fraction, detail, updated FROM switch_points WHERE signature = ?", (signature,))
+        return (rows[0][0], json.loads(rows[0][1]), rows[0][2]) if rows else None
 
     # -- node resources -------------------------------------------------------------------
     def add_resources(self, records: list[ResourceRecord]) -> None:

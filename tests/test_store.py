@@ -1,5 +1,6 @@
 """The job store on real SQLite files: round trips, WAL, reopening, other processes, threads."""
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import time
 
 import pytest
 
+from tfsync.manager import store as store_module
 from tfsync.manager.store import (ResourceRecord, StepSummary, Store, StoreError, SwitchPoint)
 
 pytestmark = pytest.mark.unit
@@ -29,7 +31,7 @@ def _steps(run_id, first, count, protocol="bsp"):
 
 def test_wal_mode_and_schema_version(db):
     assert db.pragma("journal_mode") == "wal"
-    assert db.pragma("user_version") == 1
+    assert db.pragma("user_version") == 2
 
 
 def test_job_run_steps_events_results_round_trip(db):
@@ -185,3 +187,21 @@ def test_resource_board_flushes_the_latest_sample_per_node(db):
     finally:
         board.stop()
     assert [r.time for r in db.resources("node-b")] == [1.5, 3.0]
+
+
+def test_switch_points_and_migration_from_schema_1(tmp_path):
+    """A version-1 store (before switch points) is migrated in place; nothing is lost."""
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(store_module._SCHEMA_V1 + "PRAGMA user_version=1;")
+    conn.execute("INSERT INTO jobs VALUES ('j1', 'old', 'sig', '{}', 'done', 1.0, 1.0, '', '')")
+    conn.commit()
+    conn.close()
+    with Store(path) as db:
+        assert db.pragma("user_version") == 2 and db.job("j1").name == "old"
+        assert db.switch_point("sig") is None
+        db.set_switch_point("sig", 0.25, {"target": 0.98})
+        db.set_switch_point("sig", 0.125, {"target": 0.98, "runs": 3})  # a later search replaces it
+        fraction, detail, when = db.switch_point("sig")
+        assert fraction == 0.125 and detail == {"target": 0.98, "runs": 3} and when > 0
+        assert db.switch_point("other") is None

@@ -75,8 +75,14 @@ def cmd_run(args) -> int:
         if args.run_dir:
             import dataclasses
             cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=args.run_dir))
+        from .switch.cli import stored_switch_point
+        cfg, found = stored_switch_point(cfg)
     except ConfigError as e:
         return _fail(str(e), EXIT_BAD_INPUT)
+    if found is not None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
+        print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
+              f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
     from .engine.cluster import ClusterError
     from .engine.trainer import EngineError
     from .jobrun import run_job
@@ -161,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no embedded manager: the run cannot be reached by status/switch/stop")
     r.set_defaults(func=cmd_run)
     rs.set_defaults(func=cmd_run, resume=True)
+    from .switch.cli import add_commands as add_search_commands
+    add_search_commands(sub)
     from .rl.cli import add_commands
     add_commands(sub)
     from .manager.cli import add_commands as add_control_commands

@@ -30,6 +30,8 @@ SWITCH_METHODS: tuple[str, ...] = ("restart", "hot")
 SWITCH_LR: tuple[str, ...] = ("linear", "constant")
 SWITCH_BATCH: tuple[str, ...] = ("local", "global")
 SWITCH_MOMENTUM: tuple[str, ...] = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
+SWITCH_POINT: tuple[str, ...] = ("auto", "job")
+STRAGGLER_POLICIES: tuple[str, ...] = ("none", "greedy", "elastic")  # tfsync.switch.online
 DEFAULT_STALENESS = 3
 
 
@@ -78,7 +80,8 @@ class TrainSection:
     optimizer: str = "sgd"
     epochs: float = 1.0  # total workload, in passes over the training set
     checkpoint_every: int = 200  # steps; 0 = off
-    eval_every: int = 0  # steps; 0 = off
+    eval_every: int = 0  # steps; 0 = off. Test accuracy in the background, for the curve
+    eval_samples: int = 0  # test examples per evaluation (a fixed random subset); 0 = all
     timeout_s: float = 600.0  # a step taking longer fails the job
 
 
@@ -111,6 +114,28 @@ class SwitchSection:
     lr: str = "linear"  # BSP runs n*eta, ASP eta | "constant": eta throughout
     batch: str = "local"  # ASP runs B per worker | "global": n*B per worker (Fig. 8a)
     momentum: str = "keep"  # after BSP -> ASP: keep | zero | inverse_n | ramp_exp | ramp_linear
+    # Timing policy (§IV-B1): "auto" uses the switch point `tfsync search` stored for this
+    # recurring job, if any; "job" always uses protocol[0].until of the job file.
+    point: str = "auto"
+    # Online straggler policy before the switch (§IV-B2): none | greedy | elastic. Needs
+    # the protocol list bsp -> asp; a straggler is a worker slower than mean - std for
+    # `straggler_k` windows of `straggler_window_s` seconds (needs >= 3 workers).
+    stragglers: str = "none"
+    straggler_window_s: float = 2.0
+    straggler_k: int = 3
+    readmit_after_s: float = 100.0  # elastic: a removed worker gets another chance after this
+
+
+@dataclasses.dataclass(frozen=True)
+class Inject:
+    """A transient straggler for experiments and tests: from ``start_s`` seconds after
+    training starts (after the cluster's start-up), for ``duration_s``, worker ``worker``'s task is paused so that its steps
+    take ``slowdown`` times as long (tfsync.inject.pause)."""
+
+    worker: int
+    slowdown: float = 2.0
+    start_s: float = 0.0
+    duration_s: float = 60.0
 
 
 DEFAULT_PROTOCOL = (Phase("bsp", until=0.5), Phase("asp"))
@@ -127,6 +152,7 @@ class JobConfig:
     train: TrainSection = TrainSection()
     protocol: tuple[Phase, ...] = DEFAULT_PROTOCOL
     switch: SwitchSection = SwitchSection()
+    inject: tuple[Inject, ...] = ()
 
     def __post_init__(self):
         _parse(self.to_dict(), "")  # validate objects built directly, too
@@ -140,6 +166,8 @@ class JobConfig:
         """A plain dict shaped like the job file (None values left out)."""
         out: dict[str, Any] = {s: _plain(getattr(self, s)) for s in _SECTIONS}
         out["protocol"] = [_plain(p) for p in self.protocol]
+        if self.inject:
+            out["inject"] = [_plain(x) for x in self.inject]
         return out
 
 
@@ -219,9 +247,13 @@ _CHECKS: dict[str, Callable] = {
     "train.batch_size": _int(1), "train.learning_rate": _number(0),
     "train.momentum": _number(0, 1, lo_open=False), "train.optimizer": _choice("OPTIMIZERS"),
     "train.epochs": _number(0), "train.checkpoint_every": _int(0),
-    "train.eval_every": _int(0), "train.timeout_s": _number(0),
+    "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0),
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
-    "switch.momentum": _choice("SWITCH_MOMENTUM"),
+    "switch.momentum": _choice("SWITCH_MOMENTUM"), "switch.point": _choice("SWITCH_POINT"),
+    "switch.stragglers": _choice("STRAGGLER_POLICIES"), "switch.straggler_window_s": _number(0),
+    "switch.straggler_k": _int(1), "switch.readmit_after_s": _number(0),
+    "inject.worker": _int(0), "inject.slowdown": _number(1, lo_open=False), "inject.start_s": _number(0, lo_open=False),
+    "inject.duration_s": _number(0),
     "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
     "protocol.staleness": _int(0), "protocol.lookahead": _int(1), "protocol.model": _text(),
     "protocol.predictor": _choice("PREDICTORS"),
@@ -259,11 +291,32 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError(f"{where}job config must be a table (dict), got {_toml_type(d)}")
     for sec in d:
-        _known(where, sec, sec, list(_SECTIONS) + ["protocol"], section=True)
+        _known(where, sec, sec, list(_SECTIONS) + ["protocol", "inject"], section=True)
     out: dict[str, Any] = {s: cls(**_table(where, s, d.get(s, {}), cls))
                            for s, cls in _SECTIONS.items()}
     out["protocol"] = _protocol(where, d.get("protocol"), out["cluster"].workers)
+    out["inject"] = _inject(where, d.get("inject", []), out["cluster"].workers)
+    if out["switch"].stragglers != "none" and [p.name for p in out["protocol"]] != ["bsp", "asp"]:
+        raise ConfigError(f"{where}switch.stragglers = {_fmt(out['switch'].stragglers)}: needs the protocol "
+                          "list bsp -> asp (the online policies act before the switch to ASP); got "
+                          + " -> ".join(p.name for p in out["protocol"]), "switch.stragglers")
     return out
+
+
+def _inject(where: str, items: Any, workers: int) -> tuple[Inject, ...]:
+    if not isinstance(items, (list, tuple)):
+        _bad(where, "inject", items, "an array of tables (one [[inject]] per straggler episode)", False)
+    out = []
+    for i, raw in enumerate(items):
+        f = f"inject[{i}]"
+        v = _table(where, f, raw, Inject)
+        if "worker" not in v:
+            raise ConfigError(f"{where}{f}.worker: missing; name the worker to slow down (0 .. {workers - 1})",
+                              f"{f}.worker")
+        if v["worker"] >= workers:
+            _bad(where, f"{f}.worker", v["worker"], f"< cluster.workers = {workers}")
+        out.append(Inject(**v))
+    return tuple(out)
 
 
 def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -35,7 +36,39 @@ def build_phases(cfg: JobConfig, num_train: int):
         phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name
+    if cfg.switch.stragglers != "none":
+        return [straggler_phase(cfg, phases, int(round(cfg.train.epochs * num_train)))]
     return phases
+
+
+def straggler_phase(cfg: JobConfig, phases, total: int):
+    """The bsp -> asp plan as one phase run by Sync-Switch's online straggler policy
+    (paper 003 §IV-B2): it switches itself, hot, once the BSP share of the workload is
+    done; BSP and ASP keep the learning rates of the configuration policy. The momentum
+    rule after the switch does not apply here (the base momentum is kept)."""
+    from .engine.trainer import Phase
+    from .switch.online import ElasticStragglerPolicy, GreedyStragglerPolicy
+    from .switch.stragglers import StragglerDetector
+
+    bsp, asp = phases
+    if cfg.cluster.workers < 3:
+        logger.warning("switch.stragglers = %s with %d workers: detection compares a worker with the "
+                       "others' mean and spread and needs >= 3 workers; no straggler will be found",
+                       cfg.switch.stragglers, cfg.cluster.workers)
+    detector = StragglerDetector(cfg.switch.straggler_window_s, cfg.switch.straggler_k)
+    options = {"bsp": bsp.policy, "asp": asp.policy, "lr_scales": {"bsp": bsp.lr_scale, "asp": asp.lr_scale}}
+    if cfg.switch.stragglers == "elastic":
+        policy = ElasticStragglerPolicy(detector, int(round(bsp.until * total)),
+                                        readmit_after_s=cfg.switch.readmit_after_s, **options)
+    else:
+        policy = GreedyStragglerPolicy(detector, int(round(bsp.until * total)), **options)
+    return Phase(policy, until=1.0, switch="hot", lr_scale=bsp.lr_scale)
+
+
+def with_switch_point(cfg: JobConfig, fraction: float) -> JobConfig:
+    """``cfg`` training BSP for ``fraction`` of the workload, then ASP."""
+    from .switch.plan import SwitchPlan
+    return dataclasses.replace(cfg, protocol=tuple(SwitchPlan.bsp_then_asp(fraction).to_phases()))
 
 
 def max_batch(phases, workers: int) -> int:
@@ -78,12 +111,28 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     setup = TrainSetup(model_fn, optimizer_fn, loss_fn, data.x_train, data.y_train,
                        max_batch_size=max_batch(phases, cfg.cluster.workers), x_test=data.x_test, y_test=data.y_test,
                        meta={"job": cfg.job.name, "data": data.source, "model": cfg.model.name,
-                             "train_examples": int(len(data.y_train))})
+                             "train_examples": int(len(data.y_train)),
+                             "protocols": [[p.name, p.until] for p in cfg.protocol],
+                             "stragglers": cfg.switch.stragglers})
+    injector = None
+    if cfg.inject:
+        from .inject.pause import Episode, PauseSchedule
+        injector = PauseSchedule([Episode(x.worker, x.slowdown, x.start_s, x.duration_s) for x in cfg.inject],
+                                 pid_of=lambda w: engine.task_pid("worker", w))
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir, base_lr=cfg.train.learning_rate,
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
-                    progress=progress, epoch_samples=len(data.y_train), controller=controller)
+                    progress=progress, epoch_samples=len(data.y_train), controller=controller,
+                    eval_every=cfg.train.eval_every, eval_samples=cfg.train.eval_samples,
+                    on_start=injector.start if injector else None)
     total = int(round(cfg.train.epochs * len(data.y_train)))
-    summary = engine.run(phases, total, resume=resume)
+    try:
+        summary = engine.run(phases, total, resume=resume)
+    finally:
+        if injector is not None:
+            injector.stop()
+    if injector is not None:
+        summary["injected"] = [{"time": round(t, 3), "what": what, "worker": w} for t, what, w in injector.log]
+        engine.recorder.summary(summary)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))
     return summary

@@ -25,10 +25,12 @@ import tensorflow as tf
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from ..pushlog import push_record
+from ..switch.search import converged_accuracy
 from .channel import PSChannel
 from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
+from .evaluator import Evaluation, Evaluator, accuracy
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .recovery import recover_lost_ps
@@ -85,7 +87,8 @@ class Engine:
                  run_dir: str = "runs/engine", base_lr: float | None = None,
                  checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
-                 controller: Controller | None = None):
+                 controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
+                 on_start: Callable | None = None):
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
@@ -119,6 +122,12 @@ class Engine:
         self._final_weights = None
         self._dead_checked = 0.0
         self._records: dict | None = None
+        self.evaluator = None  # test accuracy every ``eval_every`` updates, in the background
+        if eval_every and setup.x_test is not None:
+            self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
+                                       samples=eval_samples or None)
+        self.evals: list[Evaluation] = []
+        self.on_start = on_start  # called once training starts, after init (e.g. a straggler injector)
 
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
@@ -201,6 +210,12 @@ class Engine:
         del gen
         gc.collect()  # free remote resources while their tasks still run (no deleter errors)
         cluster.stop()
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        """The process id of a task of the cluster training now (None if there is none)."""
+        cluster = self._gen.cluster if self._gen is not None else (self._clusters[-1] if self._clusters else None)
+        proc = cluster.procs.get((job, index)) if cluster is not None else None
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     # -- the view a policy sees ----------------------------------------------------------
     def view(self) -> ClusterView:
@@ -350,6 +365,7 @@ class Engine:
                 continue  # the workload of this phase is done: drain, grant nothing more
             self._apply(policy.on_push(push, self.view()))
             self._check_live(policy)
+            self._evaluate_if_due()
             t = time.perf_counter()
             commands = self.controller.commands()
             self._control_s += time.perf_counter() - t
@@ -430,6 +446,8 @@ class Engine:
             cluster = self._next_cluster or self._launch()
             self._next_cluster = None
             t = time.time()
+            if self.evaluator is not None:
+                self.evaluator.wait()
             self._close_generation(kill=True)
             parts["stop_old_s"] = time.time() - t
             t = time.time()
@@ -474,6 +492,8 @@ class Engine:
             if self.base_lr is None:
                 self.base_lr = self._gen.learning_rate
             t_init = time.time() - self._t0
+            if self.on_start is not None:
+                self.on_start()
             self._set_config(phases[0])
             stopped = None
             for i, phase in enumerate(phases):
@@ -506,16 +526,29 @@ class Engine:
             self.close(graceful=False)  # on failure or Ctrl-C: kill the tasks at once
 
     def evaluate(self) -> float | None:
-        """Test accuracy of the current weights, computed on the coordinator."""
+        """Test accuracy of the current weights on the whole test set, computed on the
+        coordinator (after a background evaluation still running)."""
         if self.setup.x_test is None or self._gen is None:
             return None
+        if self.evaluator is not None:
+            self.evaluator.wait()
         local = self.setup.model_fn()
         local.set_weights(self._gen.model.get_weights())
-        correct = 0
-        for i in range(0, len(self.setup.y_test), 1000):
-            logits = local(self.setup.x_test[i:i + 1000], training=False)
-            correct += int(np.sum(np.argmax(logits, -1) == self.setup.y_test[i:i + 1000]))
-        return correct / len(self.setup.y_test)
+        return accuracy(local, self.setup.x_test, self.setup.y_test)
+
+    def _evaluate_if_due(self) -> None:
+        ev = self.evaluator
+        if ev is None:
+            return
+        for e in ev.drain():
+            self._log_eval(e)
+        s = self.state
+        if ev.due(s.pushes):
+            ev.request(self._gen, s.pushes, s.updates, s.samples, time.time() - self._t0)
+
+    def _log_eval(self, e: Evaluation) -> None:
+        self.evals.append(e)
+        self.recorder.event("eval", **e.to_dict())
 
     def final_weights(self) -> list[np.ndarray]:
         return self._final_weights
@@ -524,8 +557,16 @@ class Engine:
         s = self.state
         self._final_weights = self._gen.weights()
         acc = self.evaluate()
+        ev = self.evaluator
+        if ev is not None:  # the curve's last point, on the evaluator's own test subset
+            for e in ev.drain():
+                self._log_eval(e)
+            t = time.perf_counter()
+            last = acc if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
+            self._log_eval(Evaluation(s.updates, s.samples, wall, last, time.perf_counter() - t))
+        curve = [e.accuracy for e in self.evals]
         return {
-            "wall_s": round(wall, 3), "init_s": round(t_init, 3), "workers": self.workers, "ps": self.ps,
+            "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3), "workers": self.workers, "ps": self.ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
             "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
@@ -533,6 +574,9 @@ class Engine:
             "clocks": list(s.clocks), "control_s": round(self._control_s, 6), "recoveries": self.recovery_log,
             "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),
             "meta": self.setup.meta,
+            "evals": [e.to_dict() for e in self.evals],
+            "converged_accuracy": converged_accuracy(curve) if curve else acc,
+            "evals_skipped": self.evaluator.skipped if self.evaluator is not None else 0,
         }
 
     def close(self, graceful: bool = True) -> None:

@@ -98,8 +98,12 @@ class _StragglerAware(Policy):
         return self.asp.start(view)
 
     def stats(self) -> dict:
+        """Counts and, with times as given in the view (the engine's: epoch seconds), the
+        protocol timeline and the detector's events."""
         return {"switches": self.switches, "bsp_samples_done": self.bsp_done,
-                "straggler_events": len(self.detector.events)}
+                "straggler_events": len(self.detector.events),
+                "states": [[round(t, 3), state] for t, state in self.timeline],
+                "detected": [[round(e.time, 3), e.worker, e.kind] for e in self.detector.events]}
 
     def describe(self) -> dict:
         return {"name": self.name, "bsp": self.bsp.describe(), "asp": self.asp.describe(),
@@ -190,7 +194,8 @@ class ElasticStragglerPolicy(_StragglerAware):
             logger.debug("%s: %s worker %d at %.3f", self.name, what, w, view.now)
 
     def stats(self) -> dict:
-        return {**super().stats(), "removals": sum(1 for _, what, _ in self.membership if what == "remove")}
+        return {**super().stats(), "removals": sum(1 for _, what, _ in self.membership if what == "remove"),
+                "membership": [[round(t, 3), what, w] for t, what, w in self.membership]}
 
     def describe(self) -> dict:
         return {**super().describe(), "readmit_after_s": self.readmit_after_s, "max_removed": self.max_removed}

@@ -66,6 +66,27 @@ def job_signature(model: str, data: str, cluster_size: int, hyper: dict | None =
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+# Keys of a job config that do not make another recurring job: how often to checkpoint,
+# evaluate or time out, how a switch is carried out, and what the search varies or a run
+# reacts to (the switch point, the straggler policy, injected stragglers).
+NOT_IN_SIGNATURE = {"job": "*", "model": "*", "data": ("path",), "protocol": "*", "inject": "*",
+                    "cluster": ("ps", "host"),
+                    "train": ("checkpoint_every", "eval_every", "eval_samples", "timeout_s"),
+                    "switch": ("method", "point", "stragglers", "straggler_window_s", "straggler_k",
+                               "readmit_after_s")}
+
+
+def config_signature(config: dict) -> str:
+    """The recurring-job signature of a job config (``JobConfig.to_dict()``): model, data,
+    cluster size and hyper-parameters (paper 003 §IV-B1: a job that recurs "with the same
+    configuration"); see ``NOT_IN_SIGNATURE`` for what is left out."""
+    hyper = {sec: {k: v for k, v in values.items() if k not in NOT_IN_SIGNATURE.get(sec, ())}
+             for sec, values in config.items() if NOT_IN_SIGNATURE.get(sec) != "*" and isinstance(values, dict)}
+    data = hyper.pop("data", {})
+    workers = hyper.pop("cluster", {}).get("workers", 0)
+    return job_signature((config.get("model") or {}).get("name"), data, workers, hyper)
+
+
 class MemoryTrials:
     def __init__(self):
         self.data: dict[TrialKey, TrialResult] = {}

@@ -1,0 +1,128 @@
+"""Test accuracy measured on the coordinator while the workers train.
+
+Every ``every`` steps (pushes, so the cadence in samples is the same under every
+protocol) the engine's loop asks for an evaluation and goes on at once: a
+background thread copies the weights from the PS (a few remote reads), loads them into
+a local copy of the model and runs the test set through it. The loop never waits, so
+grants and barriers are not delayed; the thread runs at a lower CPU priority so that on
+a shared machine the workers come first. ``samples`` limits each evaluation to a fixed random
+subset of the test set (the final accuracy of a run is still on all of it). A request
+made while the previous one still runs is skipped and counted (``skipped``), never queued: a late point on the curve is
+worth less than steady training.
+
+The weights are read one variable at a time while updates may be applied, as any
+side-car evaluator of a parameter server reads them; a snapshot may mix two adjacent
+updates. The local model is rebuilt per cluster generation: a restart switch reconnects
+the coordinator's eager context, which invalidates variables made before it.
+
+Results are collected by the loop (``drain``), so the run's records are written from one
+thread only. Sync-Switch's search needs these curves: converged accuracy is the first
+accuracy that stays within 0.1 % for 5 evaluations (paper 003 §VI-A).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    updates: int
+    samples: int
+    time: float  # seconds since the run began, when the weights were read
+    accuracy: float
+    seconds: float  # how long the evaluation took
+
+    def to_dict(self) -> dict:
+        return {"updates": self.updates, "samples": self.samples, "time": round(self.time, 4),
+                "accuracy": self.accuracy, "seconds": round(self.seconds, 4)}
+
+
+def accuracy(model, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+    correct = 0
+    for i in range(0, len(y), chunk):
+        logits = model(x[i:i + chunk], training=False)
+        correct += int(np.sum(np.argmax(logits, -1) == y[i:i + chunk]))
+    return correct / len(y)
+
+
+class Evaluator:
+    def __init__(self, model_fn: Callable, x_test: np.ndarray, y_test: np.ndarray, every: int,
+                 samples: int | None = None, seed: int = 0, nice: int = 10):
+        if int(every) < 1:
+            raise ValueError(f"evaluate every {every!r} steps: must be >= 1")
+        if samples and samples < len(y_test):  # a fixed random subset (test sets may be sorted by class)
+            keep = np.sort(np.random.default_rng(seed).choice(len(y_test), int(samples), replace=False))
+            x_test, y_test = x_test[keep], y_test[keep]
+        self.model_fn, self.x, self.y = model_fn, x_test, y_test
+        self.every, self.nice = int(every), int(nice)
+        self.next_at = self.every
+        self.skipped = 0
+        self._lock = threading.Lock()
+        self._results: list[Evaluation] = []
+        self._busy = False
+        self._model, self._model_gen = None, None
+
+    def due(self, steps: int) -> bool:
+        return steps >= self.next_at
+
+    def request(self, gen, steps: int, updates: int, samples: int, t: float) -> bool:
+        """Start an evaluation of ``gen``'s current weights; False if one is still running."""
+        self.next_at = (steps // self.every + 1) * self.every
+        with self._lock:
+            if self._busy:
+                self.skipped += 1
+                return False
+            self._busy = True
+        threading.Thread(target=self._run, args=(gen, updates, samples, t), daemon=True,
+                         name="tfsync-evaluator").start()
+        return True
+
+    def _run(self, gen, updates: int, samples: int, t: float) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        except (OSError, AttributeError):
+            pass
+        try:
+            t0 = time.perf_counter()
+            acc = self.evaluate(gen)
+            result = Evaluation(updates, samples, t, acc, time.perf_counter() - t0)
+            with self._lock:
+                self._results.append(result)
+        except Exception as e:  # e.g. the generation was replaced by a restart switch meanwhile
+            logger.debug("evaluation at %d updates skipped: %s", updates, e)
+            with self._lock:
+                self.skipped += 1
+        finally:
+            with self._lock:
+                self._busy = False
+
+    def evaluate(self, gen) -> float:
+        """Accuracy of ``gen``'s weights now (synchronously, in the caller's thread)."""
+        if self._model is None or self._model_gen is not gen:
+            self._model, self._model_gen = self.model_fn(), gen
+        self._model.set_weights(gen.model.get_weights())
+        return accuracy(self._model, self.x, self.y)
+
+    def drain(self) -> list[Evaluation]:
+        with self._lock:
+            out, self._results = self._results, []
+        return out
+
+    def wait(self, timeout: float = 60.0) -> None:
+        """Wait for a running evaluation (before the run's last one, or a restart)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._busy:
+                    return
+            time.sleep(0.02)

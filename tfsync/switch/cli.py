@@ -1,0 +1,227 @@
+"""``tfsync search JOB``: the switch-point search for a recurring job (paper 003 §IV-B1,
+Algorithm 1) on the local cluster, and ``tfsync search --show JOB``.
+
+Every trial is one training of the job file with BSP for a share of the workload, then
+ASP, run in a child process (``python -m tfsync.switch.trial``), so a trial that fails
+or is interrupted never takes the search down with it. Trials and the answer go to the
+job store under the job's signature (``config_signature``): a search that is stopped
+resumes from its stored trials, a later search of the same recurring job reuses them,
+and ``tfsync run`` then switches at the stored point (``switch.point = "auto"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+EVALS_PER_RUN = 20  # when the job file sets no train.eval_every: the curve's resolution
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser(
+        "search", help="find when to switch from BSP to ASP for a recurring job (binary search)",
+        description="Binary search (Sync-Switch, Algorithm 1) for the earliest switch from BSP to ASP "
+                    "whose converged test accuracy stays within --beta of BSP's. Trains the job file "
+                    "R times per setting on a local cluster; trials are stored in the job store, so an "
+                    "interrupted search resumes and `tfsync run` uses the answer.")
+    s.add_argument("job", help="path to the job file (TOML)")
+    s.add_argument("--runs", type=int, default=3, metavar="R", help="training runs per setting (default 3)")
+    s.add_argument("--settings", type=int, default=4, metavar="M", help="switch points tried (default 4)")
+    s.add_argument("--beta", type=float, default=0.01, help="accuracy margin below the target (default 0.01)")
+    s.add_argument("--target", type=float, help="target accuracy A (default: the mean of R BSP runs)")
+    s.add_argument("--data", help="data path (overrides data.path)")
+    s.add_argument("--store", help="job store (default $TFSYNC_HOME/jobs.db)")
+    s.add_argument("--show", action="store_true", help="print the stored result for this job and exit")
+    s.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    s.set_defaults(func=cmd_search)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"tfsync: error: {message}", file=sys.stderr)
+    return code
+
+
+def open_store(path: str | None = None):
+    from ..manager.embedded import home
+    from ..manager.store import Store
+    return Store(path or str(home() / "jobs.db"))
+
+
+def stored_switch_point(cfg, store_path: str | None = None):
+    """``(cfg with the stored switch point, its record)`` for a bsp -> asp job whose
+    ``switch.point`` is "auto" and whose recurring-job signature has a stored search
+    result; otherwise ``(cfg, None)``."""
+    from ..jobrun import with_switch_point
+    from .trials import config_signature
+    if cfg.switch.point != "auto" or [p.name for p in cfg.protocol] != ["bsp", "asp"]:
+        return cfg, None
+    path = store_path or str(_default_store())
+    if not os.path.exists(path):
+        return cfg, None
+    with open_store(path) as store:
+        found = store.switch_point(config_signature(cfg.to_dict()))
+    if found is None:
+        return cfg, None
+    fraction, detail, when = found
+    if not 0.0 < fraction < 1.0 and cfg.switch.stragglers != "none":
+        return cfg, None  # a straggler policy needs both phases; keep the job's own plan
+    return with_switch_point(cfg, fraction), {"fraction": fraction, "stored": when, **detail}
+
+
+def _default_store():
+    from ..manager.embedded import home
+    return home() / "jobs.db"
+
+
+def trial_config(cfg, fraction: float, run: int, num_train: int | None = None):
+    """The job of trial ``run`` at ``fraction``: its own seed and run directory, and an
+    evaluation cadence (the converged accuracy needs a curve)."""
+    from ..jobrun import with_switch_point
+    t = with_switch_point(cfg, fraction)
+    train = t.train
+    if not train.eval_every:
+        steps = cfg.train.epochs * (num_train or 60000) / cfg.train.batch_size
+        train = dataclasses.replace(train, eval_every=max(1, int(steps // EVALS_PER_RUN)))
+    run_dir = os.path.join(cfg.job.run_dir, "search", f"bsp{fraction:.6g}_run{run}")
+    switch = dataclasses.replace(t.switch, stragglers="none", point="job")  # trials run the plan as given
+    return dataclasses.replace(t, job=dataclasses.replace(t.job, seed=cfg.job.seed + run, run_dir=run_dir),
+                               train=train, switch=switch)
+
+
+def run_trial_process(cfg, data_path: str | None) -> dict:
+    """Train ``cfg`` in a child process; its summary. Raises RuntimeError on failure."""
+    request = {"config": cfg.to_dict(), "data": data_path}
+    out = os.path.join(cfg.job.run_dir + ".summary.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "tfsync.switch.trial", out], input=json.dumps(request),
+                          text=True, capture_output=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"trial in {cfg.job.run_dir} failed (exit {proc.returncode}): {tail}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def confidence(accuracies, threshold: float) -> float | None:
+    """Probability that the mean converged accuracy of this setting is >= ``threshold``,
+    from its R runs (Student's t); None with one run."""
+    if len(accuracies) < 2:
+        return None
+    from scipy import stats
+    sd = statistics.stdev(accuracies)
+    mean = statistics.fmean(accuracies)
+    if sd == 0:
+        return 1.0 if mean >= threshold else 0.0
+    return float(stats.t.cdf((mean - threshold) / (sd / math.sqrt(len(accuracies))), len(accuracies) - 1))
+
+
+def describe(result, settings) -> dict:
+    threshold = result.target - settings.beta
+    return {
+        "fraction": result.fraction, "target": result.target, "beta": settings.beta,
+        "runs": settings.runs, "settings": settings.settings, "bsp": list(result.bsp),
+        "tried": [{"fraction": s.fraction, "accuracies": list(s.accuracies), "mean": s.score,
+                   "accepted": s.accepted, "confidence": confidence(s.accuracies, threshold)}
+                  for s in result.settings],
+        "trials_run": result.trials_run, "trials_reused": result.trials_reused,
+        "search_time_s": round(result.time, 3),
+    }
+
+
+def format_result(d: dict, signature: str) -> str:
+    f = d["fraction"]
+    plan = "BSP only (no earlier switch was acceptable)" if f >= 1.0 else f"BSP for {f:.4g} of the workload, then ASP"
+    lines = [f"switch point for job signature {signature}: {plan}",
+             f"target accuracy {d['target']:.4f}" + (f" (mean of {len(d['bsp'])} BSP runs: "
+                                                    + ", ".join(f"{a:.4f}" for a in d["bsp"]) + ")" if d["bsp"] else " (given)")
+             + f", accepted when the mean converged accuracy >= {d['target'] - d['beta']:.4f}",
+             f"{'BSP share':>10} {'runs':>5} {'mean':>7} {'accuracies':<28} {'P(acceptable)':>13}  verdict"]
+    for s in d["tried"]:
+        conf = "n/a (1 run)" if s["confidence"] is None else f"{s['confidence']:.2f}"
+        accs = ", ".join(f"{a:.4f}" for a in s["accuracies"])
+        lines.append(f"{s['fraction']:>10.4g} {len(s['accuracies']):>5} {s['mean']:>7.4f} {accs:<28} {conf:>13}  "
+                     + ("accept" if s["accepted"] else "reject"))
+    chosen = next((s for s in d["tried"] if s["fraction"] == f), None)
+    if chosen is not None and chosen["confidence"] is not None:
+        lines.append(f"how sure: the chosen point is acceptable with probability {chosen['confidence']:.2f} "
+                     f"(t-test over its {len(chosen['accuracies'])} runs)")
+    lines.append(f"cost: {d['trials_run']} trials trained, {d['trials_reused']} reused, "
+                 f"{d['search_time_s']:.0f} s of training")
+    return "\n".join(lines)
+
+
+def cmd_search(args) -> int:
+    from ..config import ConfigError, load_job
+    from ..rl.cli import progress_bar
+    from .search import SearchSettings, binary_search
+    from .trials import JobStoreTrials, TrialResult, config_signature
+
+    try:
+        cfg = load_job(args.job)
+        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=args.target,
+                                  seed=0)
+    except (ConfigError, ValueError) as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    signature = config_signature(cfg.to_dict())
+    with open_store(args.store) as store:
+        if args.show:
+            found = store.switch_point(signature)
+            if found is None:
+                trials = [r for r, _ in store.runs_by_signature(signature) if r.kind == "trial"]
+                return _fail(f"no switch point stored for {args.job} (signature {signature}; {len(trials)} "
+                             f"trial runs stored); run `tfsync search {args.job}`", EXIT_FAILED)
+            fraction, detail, when = found
+            if args.json:
+                print(json.dumps({"signature": signature, "stored": when, **detail}, indent=2))
+            else:
+                print(format_result(detail, signature))
+                print(f"stored {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}")
+            return 0
+        job = store.create_job(cfg.job.name, signature, cfg.to_dict(), run_dir=os.path.abspath(cfg.job.run_dir))
+        store.set_job_state(job.id, "running")
+        trials = JobStoreTrials(store, job.id)
+        total = settings.runs * (settings.settings + (settings.target is None))
+        bar = progress_bar()
+        done = {"n": 0}
+
+        def run_trial(fraction: float, seed: int) -> TrialResult:
+            run = seed - settings.seed
+            tcfg = trial_config(cfg, fraction, run)
+            summary = run_trial_process(tcfg, args.data)
+            curve = [[e["time"], e["accuracy"]] for e in summary.get("evals", [])]
+            return TrialResult(float(summary["converged_accuracy"]), float(summary["wall_s"]),
+                               {"run_dir": tcfg.job.run_dir, "test_accuracy": summary.get("test_accuracy"),
+                                "seed": tcfg.job.seed, "curve": curve})
+
+        def progress(p: dict) -> None:
+            done["n"] += 1
+            r = p["result"]
+            what = "BSP only" if p["fraction"] >= 1.0 else f"BSP {p['fraction']:.4g}"
+            bar(done["n"], total, f"{what} run {p['run']}: accuracy {r.converged_accuracy:.4f}, {r.time:.0f} s"
+                + (" (stored)" if p["reused"] else ""))
+
+        try:
+            result = binary_search(run_trial, signature, settings, trials, progress)
+        except KeyboardInterrupt:
+            store.set_job_state(job.id, "stopped")
+            return _fail(f"search interrupted; {done['n']} trials are stored. Run the same command to resume",
+                         130)
+        except RuntimeError as e:
+            store.set_job_state(job.id, "failed")
+            return _fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
+        detail = describe(result, settings)
+        store.set_switch_point(signature, result.fraction, detail)
+        store.set_job_state(job.id, "done")
+    if args.json:
+        print(json.dumps({"signature": signature, **detail}, indent=2))
+    else:
+        print(format_result(detail, signature))
+        print(f"stored; `tfsync run {args.job}` now switches at this point (switch.point = \"auto\")")
+    return 0
