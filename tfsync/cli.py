@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -176,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -184,6 +189,9 @@ def main(argv=None) -> int:
         return hook_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    # SIGTERM (kill, timeout, a batch system) ends a run as Ctrl-C does: every task stopped,
+    # a paused (injected) worker continued first, the job store told
+    signal.signal(signal.SIGTERM, _interrupt)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

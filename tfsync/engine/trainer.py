@@ -33,6 +33,7 @@ from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_r
 from .evaluator import Evaluation, Evaluator, accuracy
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
+from .resources import ResourceMonitor, worker_pids
 from .recovery import recover_lost_ps
 from .tfcompat import quiet_resource_deleters
 
@@ -127,6 +128,7 @@ class Engine:
             self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
                                        samples=eval_samples or None)
         self.evals: list[Evaluation] = []
+        self.monitor = ResourceMonitor()  # CPU/memory per worker task for the policies (view.resources)
         self.on_start = on_start  # called once training starts, after init (e.g. a straggler injector)
 
     # -- cluster generations ------------------------------------------------------------
@@ -148,6 +150,8 @@ class Engine:
         if self._records is None:
             self._records = write_records(self.setup, os.path.join(self.run_dir, "data"))
         gen = Generation(cluster, self.setup, self._records)
+        self.monitor.set_pids(worker_pids(cluster))
+        self.monitor.start()
         t2 = time.time()
         if restore:
             gen.checkpoint.restore(restore).assert_existing_objects_matched()
@@ -224,7 +228,8 @@ class Engine:
             num_workers=s.num_workers, clocks=tuple(s.clocks), granted=tuple(s.granted),
             round=s.round, pending_workers=tuple(s.pending_workers), pending_samples=s.pending_samples,
             pushes=s.pushes, updates=s.updates, samples=s.samples, now=time.time(),
-            active=frozenset(s.active), history=self.history)  # live, read-only by contract
+            active=frozenset(s.active), history=self.history,  # live, read-only by contract
+            resources=self.monitor.latest())
 
     # -- carrying out decisions ----------------------------------------------------------
     def _apply(self, decision: Decision) -> None:
@@ -582,6 +587,7 @@ class Engine:
     def close(self, graceful: bool = True) -> None:
         """Stop training and every task process this engine started (idempotent)."""
         self._closing = True
+        self.monitor.stop()
         try:
             if self._gen is not None:
                 try:

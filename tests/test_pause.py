@@ -1,0 +1,67 @@
+"""The pause injector slows a real process by the given factor during its episode only,
+follows a restarted pid, and always leaves the process running."""
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfsync.inject.pause import Episode, PauseSchedule
+
+COUNTER = "import sys, time\nn = 0\nwhile True:\n    n += 1\n    if n % 20000 == 0:\n" \
+          "        print(n, flush=True)\n"
+
+
+def cpu_seconds(pid):
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def test_pause_slows_by_the_factor_then_releases():
+    proc = subprocess.Popen([sys.executable, "-c", COUNTER], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        c0 = cpu_seconds(proc.pid)
+        time.sleep(1.0)
+        free = cpu_seconds(proc.pid) - c0  # CPU seconds it gets in 1 s unslowed
+        sched = PauseSchedule([Episode(0, 4.0, 0.0, 2.0)], pid_of=lambda w: proc.pid, period_s=0.1)
+        with sched:
+            time.sleep(0.1)
+            c1 = cpu_seconds(proc.pid)
+            time.sleep(1.5)
+            slowed = (cpu_seconds(proc.pid) - c1) / 1.5
+            time.sleep(1.0)  # the episode ends at 2 s
+            assert psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED
+            c2 = cpu_seconds(proc.pid)
+            time.sleep(1.0)
+            after = cpu_seconds(proc.pid) - c2
+        assert slowed == pytest.approx(free / 4.0, rel=0.4), (free, slowed)
+        assert after > 0.7 * free, (free, after)
+        assert [what for _, what, _ in sched.log] == ["begin", "end"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stop_continues_the_process_and_a_gone_pid_is_skipped():
+    proc = subprocess.Popen([sys.executable, "-c", COUNTER], stdout=subprocess.DEVNULL)
+    pids = {0: proc.pid, 1: 2 ** 22 + 12345}  # worker 1: no such process
+    try:
+        sched = PauseSchedule([Episode(0, 100.0, 0.0, 30.0), Episode(1, 3.0, 0.0, 30.0)],
+                              pid_of=pids.get, period_s=0.2).start()
+        time.sleep(0.55)
+        sched.stop()
+        time.sleep(0.05)
+        assert psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_episode_checks():
+    with pytest.raises(ValueError, match="slowdown"):
+        Episode(0, 0.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match="duration"):
+        Episode(0, 2.0, 0.0, 0.0)

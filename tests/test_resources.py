@@ -1,0 +1,137 @@
+"""ResourceMonitor on real processes (no mocks, no TF). Loose CPU bounds: this machine
+has 2 cores shared with other work, so a spinning process may get only a part of one."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfsync.engine.resources import ResourceMonitor, worker_pids
+from tfsync.policy.lbbsp import resource_reading
+
+pytestmark = pytest.mark.unit
+
+CPU = sorted(os.sched_getaffinity(0))[-1]
+SPIN_AFTER = "import sys, time; time.sleep(float(sys.argv[1]))\nwhile True: pass"
+
+
+def spawn(code, *args, cpu=None):
+    p = subprocess.Popen([sys.executable, "-c", code, *map(str, args)])
+    if cpu is not None:
+        os.sched_setaffinity(p.pid, {cpu})
+    return p
+
+
+def end(p):
+    if p.poll() is None:
+        p.kill()
+    p.wait(10)
+
+
+def test_busy_process_cpu_reading_rises():
+    p = spawn(SPIN_AFTER, 1.2, cpu=CPU)
+    try:
+        m = ResourceMonitor({0: p.pid})
+        m.sample()  # baseline
+        time.sleep(0.6)
+        idle = m.sample()[0]
+        time.sleep(1.0)  # past the sleep: spinning now
+        m.sample()
+        time.sleep(0.6)
+        busy = m.sample()[0]
+    finally:
+        end(p)
+    assert idle["proc_cpu"] < 15, idle
+    # a spinning process gets a fair share of its CPU even beside other busy ones
+    assert busy["proc_cpu"] > max(20, idle["proc_cpu"] + 10), (idle, busy)
+    assert busy["cpus"] == (CPU,) and busy["pid"] == p.pid
+    assert 0 < busy["mem"] < 100 and 0 <= busy["cpu"] <= 100 and busy["set_cpu"] >= busy["cpu"]
+    assert resource_reading(busy) == (busy["cpu"], busy["mem"])
+
+
+def test_a_competing_process_on_the_same_cpu_reads_as_contention():
+    idle = spawn("import time; time.sleep(60)", cpu=CPU)
+    hog = spawn(SPIN_AFTER, 0, cpu=CPU)
+    try:
+        m = ResourceMonitor({3: idle.pid})
+        m.sample()
+        time.sleep(0.8)
+        r = m.sample()[3]
+    finally:
+        end(hog)
+        end(idle)
+    assert r["proc_cpu"] < 10 and r["cpu"] > 50 and r["set_cpu"] > 50, r
+
+
+def test_dead_and_zombie_pids_disappear_without_raising():
+    a, b = spawn("import time; time.sleep(60)"), spawn("import time; time.sleep(60)")
+    m = ResourceMonitor({0: a.pid, 1: b.pid})
+    try:
+        m.sample()
+        time.sleep(0.2)
+        assert set(m.sample()) == {0, 1}
+        a.kill()
+        time.sleep(0.2)  # a is a zombie now (not reaped)
+        assert psutil.Process(a.pid).status() == psutil.STATUS_ZOMBIE
+        assert set(m.sample()) == {1}
+        a.wait(10)  # reaped: the pid no longer exists
+        b.kill()
+        b.wait(10)
+        assert m.sample() == {} and m.latest() == {}
+    finally:
+        end(a)
+        end(b)
+
+
+def test_set_pids_replaces_a_restarted_worker():
+    a, b = spawn("import time; time.sleep(60)"), spawn("import time; time.sleep(60)")
+    try:
+        m = ResourceMonitor({0: a.pid})
+        m.sample()
+        time.sleep(0.2)
+        assert m.sample()[0]["pid"] == a.pid
+        m.set_pids({0: b.pid})
+        assert m.latest() == {}  # the old pid's reading is not the new task's
+        m.sample()  # baseline of b
+        time.sleep(0.2)
+        assert m.sample()[0]["pid"] == b.pid
+    finally:
+        end(a)
+        end(b)
+
+
+def test_thread_samples_and_start_stop_are_idempotent():
+    p = spawn("import time; time.sleep(60)")
+    seen = []
+    try:
+        m = ResourceMonitor({0: p.pid}, interval=0.1, on_sample=seen.append)
+        assert m.start() is m.start()
+        deadline = time.monotonic() + 5
+        while 0 not in m.latest() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        m.stop()
+        m.stop()
+        n = len(seen)
+        time.sleep(0.3)
+        assert 0 in m.latest() and n >= 2 and len(seen) == n  # stopped: no more samples
+        with m:  # restartable, and the context manager stops it
+            time.sleep(0.25)
+        assert len(seen) > n
+    finally:
+        end(p)
+
+
+def test_worker_pids_of_a_cluster_and_bad_interval():
+    class P:
+        def __init__(self, pid):
+            self.pid = pid
+
+    class Cluster:
+        procs = {("ps", 0): P(10), ("worker", 0): P(11), ("worker", 1): P(12)}
+
+    assert worker_pids(Cluster()) == {0: 11, 1: 12}
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        ResourceMonitor({}, interval=0)

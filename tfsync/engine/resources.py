@@ -1,0 +1,183 @@
+"""CPU and memory of each worker's task process, sampled in a background thread: the
+driving resources c^k, m^k that NARX predicts worker speed from (paper 002 §3.2.1, eq. 4).
+
+``ResourceMonitor({worker: pid}, interval=1.0)`` samples every ``interval`` s; ``latest()``
+returns ``{worker: reading}``, a reading being a dict:
+
+- ``cpu``: contention, the busy share of the worker's CPUs taken by *other* processes,
+  0..100 (100 = every CPU in its affinity set fully used by others). This is the figure
+  ``tfsync.policy.lbbsp.resource_reading`` feeds to the predictors, because it is the
+  one that moves with a competing process and with nothing else:
+  * the process's own CPU % (``proc_cpu``) is mostly an *effect* of its speed: under
+    BSP a fast worker waiting at the barrier shows low CPU although nothing slows it,
+    so for NARX it repeats the speed history it already has;
+  * the busy % of its CPUs (``set_cpu``) saturates at 100 whenever the worker computes,
+    so a lone busy worker and one sharing its core with a burner read the same.
+  ``cpu = max(0, sum of set CPUs' busy % - proc_cpu) / len(set)``.
+- ``proc_cpu``: the task process's CPU %, per core (100 = one core busy; may exceed 100).
+- ``set_cpu``: mean busy % of the CPUs in the process's affinity set (all processes).
+- ``mem``: the process's resident memory as % of the machine's RAM.
+- ``pid``, ``cpus`` (the affinity set), ``time`` (``time.time()`` of the sample).
+
+CPU figures cover the time since the previous sample; a pid's first sample only sets
+its baseline, so a worker appears from its second sample on. The monitor keeps its own
+baselines (not psutil's module-wide one), so other samplers in the process do not
+disturb it. A pid that has ended (or is a zombie) disappears from ``latest()``; pids
+can be replaced while running (``set_pids``, after a worker restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Mapping
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+
+def worker_pids(cluster) -> dict[int, int]:
+    """``{worker index: pid}`` of a ``LocalCluster``'s worker task processes."""
+    return {i: p.pid for (job, i), p in cluster.procs.items() if job == "worker"}
+
+
+def _cpu_busy(times) -> tuple[float, float]:
+    """(busy, total) seconds of one CPU's times (idle and iowait count as not busy; steal
+    counts as busy: it is contention too). Linux counts guest time in user time already."""
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
+
+
+class ResourceMonitor:
+    """Per-worker CPU / memory readings; see the module docstring."""
+
+    def __init__(self, pids: Mapping[int, int] | None = None, interval: float = 1.0, *,
+                 on_sample: Callable[[dict], None] | None = None):
+        if not float(interval) > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}; 1.0 is the default")
+        self.interval = float(interval)
+        self.on_sample = on_sample  # called with latest() after every sample (in the thread)
+        self._lock = threading.Lock()  # pids and readings
+        self._sample_lock = threading.Lock()  # one sample at a time (baselines)
+        self._pids: dict[int, int] = {}
+        self._procs: dict[int, psutil.Process] = {}  # pid -> Process
+        self._base: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, monotonic time)
+        self._cpu_base = self._cpu_times()
+        self._latest: dict[int, dict] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.set_pids(pids or {})
+
+    @staticmethod
+    def _cpu_times() -> list[tuple[float, float]]:
+        return [_cpu_busy(t) for t in psutil.cpu_times(percpu=True)]
+
+    # -- pids ---------------------------------------------------------------------------
+    def set_pids(self, pids: Mapping[int, int]) -> None:
+        """Watch ``{worker: pid}`` from now on; workers whose pid changed start afresh."""
+        new = {int(w): int(p) for w, p in pids.items()}
+        with self._lock:
+            for w, pid in self._pids.items():
+                if new.get(w) != pid:
+                    self._latest.pop(w, None)
+            self._pids = new  # baselines of pids no longer watched go at the next sample
+
+    def _forget(self, pid: int) -> None:  # sampling only (under _sample_lock)
+        self._procs.pop(pid, None)
+        self._base.pop(pid, None)
+
+    # -- sampling -----------------------------------------------------------------------
+    def sample(self) -> dict[int, dict]:
+        """Take one sample now (the thread calls this; safe from any thread); returns
+        ``latest()``."""
+        with self._sample_lock:
+            cpus_now = self._cpu_times()
+            busy_pct = [min(max(100.0 * (b1 - b0) / (t1 - t0), 0.0), 100.0) if t1 > t0 else 0.0
+                        for (b0, t0), (b1, t1) in zip(self._cpu_base, cpus_now)]
+            self._cpu_base = cpus_now
+            with self._lock:
+                pids = dict(self._pids)
+            readings = {w: r for w, pid in pids.items() if (r := self._read(pid, busy_pct)) is not None}
+            with self._lock:
+                for w, pid in pids.items():
+                    if self._pids.get(w) != pid:
+                        continue  # replaced by set_pids while sampling
+                    if w in readings:
+                        self._latest[w] = readings[w]
+                    elif pid not in self._base:  # dead (a live pid keeps its last reading)
+                        self._latest.pop(w, None)
+                for pid in set(self._base) - set(self._pids.values()):
+                    self._forget(pid)
+        out = self.latest()
+        if self.on_sample is not None:
+            self.on_sample(out)
+        return out
+
+    def _read(self, pid: int, busy_pct: list[float]) -> dict | None:
+        """One pid's reading, or None (first sample of it, or it is gone)."""
+        try:
+            proc = self._procs.get(pid)
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+            with proc.oneshot():
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(pid)
+                t = proc.cpu_times()
+                now = time.monotonic()
+                used = t.user + t.system
+                mem = proc.memory_percent()
+                cpus = sorted(proc.cpu_affinity())
+        except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
+            self._forget(pid)
+            return None
+        base = self._base.get(pid)
+        self._base[pid] = (used, now)
+        if base is None or now <= base[1]:
+            return None
+        proc_cpu = max(100.0 * (used - base[0]) / (now - base[1]), 0.0)
+        cpus = [c for c in cpus if c < len(busy_pct)] or list(range(len(busy_pct)))
+        set_busy = sum(busy_pct[c] for c in cpus)
+        return {"cpu": round(min(max(set_busy - proc_cpu, 0.0) / len(cpus), 100.0), 2),
+                "mem": round(float(mem), 3), "proc_cpu": round(proc_cpu, 2),
+                "set_cpu": round(set_busy / len(cpus), 2), "pid": pid, "cpus": tuple(cpus),
+                "time": time.time()}
+
+    def latest(self) -> dict[int, dict]:
+        """``{worker: reading}`` of the last sample (copies; dead workers left out)."""
+        with self._lock:
+            return {w: dict(r) for w, r in self._latest.items()}
+
+    # -- the thread ---------------------------------------------------------------------
+    def start(self) -> "ResourceMonitor":
+        """Start sampling in a daemon thread (no-op if running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="tfsync-resource-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a sampler must not die silently mid-run
+                logger.exception("resource sample failed; the next one is tried in %.1f s", self.interval)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (no-op if not running); the last readings stay readable."""
+        self._stop.set()
+        t, self._thread = self._thread, None
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                logger.warning("resource monitor thread did not stop within %s s (a daemon: it "
+                               "ends with the process)", timeout)
+
+    def __enter__(self) -> "ResourceMonitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
