@@ -100,10 +100,19 @@ def run_trial_process(cfg, data_path: str | None) -> dict:
     request = {"config": cfg.to_dict(), "data": data_path}
     out = os.path.join(cfg.job.run_dir + ".summary.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "tfsync.switch.trial", out], input=json.dumps(request),
-                          text=True, capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.switch.trial", out], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(json.dumps(request))
+    except BaseException:  # Ctrl-C or SIGTERM: the trial stops its tasks (and continues a paused one)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        tail = (err.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"trial in {cfg.job.run_dir} failed (exit {proc.returncode}): {tail}")
     with open(out) as f:
         return json.load(f)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 
 
@@ -16,6 +17,8 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print("usage: python -m tfsync.switch.trial OUT < request.json", file=sys.stderr)
         return 2
+    from ..cli import _interrupt
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the tasks on the way out, as `tfsync run` does
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
