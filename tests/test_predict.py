@@ -168,3 +168,16 @@ def test_background_trainer_trains_in_its_thread_and_waits_with_a_timeout():
         trainer.close()
     with pytest.raises(RuntimeError, match="closed"):
         trainer.request(ps[0])
+
+
+def test_narx_plain_output_equals_the_numpy_forward_pass():
+    """NARX predicts in plain floats with the standardisation folded into its first layer
+    (NumPy's per-call cost dominated sizing at 96 workers); same numbers as nets.forward."""
+    from tfsync.predict import learned, nets
+    rng = np.random.default_rng(1)
+    weights = [rng.normal(size=(8, 2)), rng.normal(size=2), rng.normal(size=(2, 1)), rng.normal(size=1)]
+    state = {"weights": weights, "x_mean": rng.normal(size=8), "x_std": rng.uniform(0.5, 2.0, size=8)}
+    for _ in range(3):
+        row = list(rng.normal(size=8))
+        expected = nets.forward("narx", weights, ((np.array(row) - state["x_mean"]) / state["x_std"])[None])[0]
+        assert learned._narx_output(state, row) == pytest.approx(expected, abs=1e-12)
