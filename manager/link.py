@@ -8,10 +8,12 @@ in a queue until the engine asks for them at its next step boundary.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
 import threading
+import time
 
 import grpc
 
@@ -88,6 +90,10 @@ class ManagerLink(Controller):
             self._out.put_nowait(record)
         except queue.Full:
             self.dropped += 1
+
+    def event(self, kind: str, detail: dict) -> None:
+        self._out.put(manager_pb2.CoordinatorMessage(event=manager_pb2.RunEvent(
+            kind=kind, time=time.time(), detail_json=json.dumps(detail, default=str))))
 
     def commands(self) -> list[Command]:
         out = []

@@ -12,6 +12,7 @@ Step records are summarised into the job store in batches (``flush_every`` recor
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -25,6 +26,7 @@ from tfsync.api.v1 import manager_pb2
 from tfsync.manager.link import policy_options
 from tfsync.manager.resources import ResourceBoard, ResourceReports
 from tfsync.manager.store import StepSummary, Store
+from tfsync.manager.store_types import EVENT_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class ManagerService(ResourceReports):
                 kind = msg.WhichOneof("kind")
                 if kind == "step":
                     self._step(job, msg.step)
+                elif kind == "event":
+                    self._event(job, msg.event)
                 elif kind == "result":
                     job.results[msg.result.command_id] = msg.result
                     logger.info("job %s: command %s %s: %s", job.job_id, msg.result.command_id,
@@ -164,6 +168,16 @@ class ManagerService(ResourceReports):
                                        tuple(job.batch_sizes.get(w, 0) for w in range(job.workers))))
         if len(job.pending) >= self.flush_every or time.time() - job.flushed > self.flush_s:
             self._flush(job)
+
+    def _event(self, job: JobRuntime, ev) -> None:
+        if ev.kind not in EVENT_KINDS or not job.run_id:
+            return  # the store keeps the kinds the job's history needs
+        try:
+            detail = json.loads(ev.detail_json or "{}")
+        except ValueError:
+            detail = {"text": ev.detail_json}
+        self.store.add_event(job.run_id, ev.kind, detail, at=ev.time or None)
+        logger.info("job %s: %s %s", job.job_id, ev.kind, detail)
 
     def _flush(self, job: JobRuntime) -> None:
         pending, job.pending, job.flushed = job.pending, [], time.time()

@@ -51,6 +51,9 @@ class Controller:
     def record(self, record: dict) -> None:
         pass
 
+    def event(self, kind: str, detail: dict) -> None:
+        """Something that happened to the run (a lost or rejoined worker, a switch, ...)."""
+
     def commands(self) -> list[Command]:
         return []
 

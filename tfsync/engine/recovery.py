@@ -4,14 +4,25 @@ UnavailableError; the remedy is restart + restore from checkpoint).
 The engine replaces every task process (a PS holds variables no other task has), opens a
 new generation restored from its newest checkpoint, and rolls its counters back to that
 checkpoint: the steps since then are lost and trained again, so at most one checkpoint
-interval of work is lost. A lost worker is not handled here (the job fails with a
-one-line error that names the task).
+interval of work is lost.
+
+A lost worker: the PS still holds every applied update, so nothing completed needs to
+be lost. The live workers finish the steps they were granted (their pushes count), the
+round's aggregate is applied, a checkpoint is taken, and the cluster restarts from it
+(new tasks for every worker, the PS restored): only the dead worker's granted steps
+are lost (``steps_lost``). Why not restart the dead worker alone and let the
+ClusterCoordinator reconnect to it (it does)? In TF 2.21 the recovered worker's step
+function then fails with NOT_FOUND for the BSP accumulator on the PS, while the gate
+queues still work (tried, with a marker token to reconcile lost tokens); a restart from
+a checkpoint taken at the loss costs a few seconds more and works for every protocol.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from ..policy.base import Decision
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +49,44 @@ def recover_lost_ps(engine, phase) -> bool:
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
     engine.recovery_log.append(event)
-    engine.recorder.event("task_restarted", **event)
+    engine.event("task_restarted", **event)
     engine._apply(phase.policy.start(engine.view()))
+    return True
+
+
+def recover_lost_workers(engine, policy) -> bool:
+    """If only workers died (no PS): finish the live workers' steps, apply the round,
+    checkpoint and restart the cluster from it; returns whether it did."""
+    gen = engine._gen
+    dead = gen.cluster.dead_tasks() if gen is not None else []
+    if not dead or any(job != "worker" for job, _, _ in dead):
+        return False
+    lost_workers = sorted(w for _, w, _ in dead)
+    if any(sum(e["task"] == f"worker:{w}" for e in engine.recovery_log) >= engine.max_recoveries
+           for w in lost_workers):
+        return False
+    t0, s = time.time(), engine.state
+    for _, w, code in dead:
+        logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
+                       w, code, s.clocks[w])
+        engine.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
+                     pushes=s.pushes)
+    engine._wait_for(policy, [w for w in range(engine.workers) if w not in lost_workers])
+    lost = {w: s.granted[w] - s.clocks[w] for w in lost_workers}
+    engine._apply(policy.finish(engine.view()))  # what the round aggregated is applied, not lost
+    if s.pending_workers:
+        engine._apply(Decision(barrier=True))
+    engine._channel.sync()
+    path = engine._save("worker_lost")
+    engine._close_generation(kill=True)
+    engine._open_generation(engine._launch(), restore=path)
+    s.granted = list(s.clocks)  # nothing runs in the new generation
+    engine._gen.set_hyper(learning_rate=engine.base_lr * engine._lr_scale)
+    for w in lost_workers:
+        event = {"task": f"worker:{w}", "steps_lost": lost[w], "checkpoint": path,
+                 "seconds": round(time.time() - t0, 3)}
+        engine.recovery_log.append(event)
+        engine.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
+    if not engine._draining:
+        engine._apply(policy.start(engine.view()))
     return True

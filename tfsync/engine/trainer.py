@@ -34,7 +34,7 @@ from .evaluator import Evaluation, Evaluator, accuracy
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor, worker_pids
-from .recovery import recover_lost_ps
+from .recovery import recover_lost_ps, recover_lost_workers
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,10 @@ class Engine:
         self.progress = progress
         self.controller = controller or Controller()  # commands from a manager, at step boundaries
         self._control_s = 0.0  # time the loop spent in the controller (the training hook's overhead)
-        self.max_recoveries, self.recovery_log = 3, []  # lost-PS restarts, one entry each
+        self.max_recoveries, self.recovery_log = 3, []  # per task; one entry per restart
+        self._recovering: set | None = None  # the lost workers while recovering from their loss
+        self._policy: Policy | None = None  # the policy running now
+        self._draining = False
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
@@ -293,17 +296,27 @@ class Engine:
             self._standing -= 1
             if err is not None:
                 time.sleep(0.2)  # let the OS report a task that just died
-                self._raise_if_dead(err)
+                if self._raise_if_dead(err) or self._recovering:
+                    continue  # a closure of a lost worker: the cluster is being restarted
                 raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
             return value
 
-    def _raise_if_dead(self, cause: BaseException | None = None) -> None:
-        dead = self._gen.cluster.dead_tasks()
+    def _raise_if_dead(self, cause: BaseException | None = None) -> bool:
+        """Recover from lost workers (True if it did); raise for any other dead task."""
+        if self._recovering is None:
+            self._recovering = set(w for job, w, _ in self._gen.cluster.dead_tasks() if job == "worker")
+            try:
+                if recover_lost_workers(self, self._policy):
+                    return True
+            finally:
+                self._recovering = None
+        dead = [d for d in self._gen.cluster.dead_tasks() if d[0] != "worker" or d[1] not in (self._recovering or ())]
         if dead:
             job, i, code = dead[0]
             raise EngineError(
                 f"task {job}:{i} died (exit code {code}); logs in {self.run_dir}/logs, "
                 f"last checkpoint in {self.run_dir}/checkpoints") from cause
+        return False
 
     def _record(self, result, policy: Policy) -> Push | None:
         r = np.asarray(result)
@@ -343,7 +356,7 @@ class Engine:
 
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int, total: int) -> None:
-        policy = phase.policy
+        policy = self._policy = phase.policy
         self._apply(policy.start(self.view()))
         self._check_live(policy)
         start_samples, epoch = self.state.samples, 0
@@ -376,7 +389,7 @@ class Engine:
             self._control_s += time.perf_counter() - t
             for cmd in commands:
                 self._obey(phase, cmd)
-                policy = phase.policy
+                policy = self._policy = phase.policy
             if self.progress:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
@@ -400,6 +413,12 @@ class Engine:
         self.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
         self.controller.result(CommandResult(cmd.id, True, message, self.state.updates, path))
 
+    def event(self, kind: str, **fields) -> None:
+        """Record something that happened to the run (metrics.jsonl, and the manager's
+        job store for the kinds it keeps)."""
+        self.recorder.event(kind, **fields)
+        self.controller.event(kind, fields)
+
     def begin_phase(self, phase: Phase, stats_of_previous: dict | None = None) -> dict:
         """A timeline entry for ``phase`` starting now (and the previous one's final stats)."""
         if stats_of_previous is not None and self.timeline:
@@ -415,15 +434,24 @@ class Engine:
         if self._outstanding() == 0 and self._wake_at is None:
             raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
 
-    def _drain(self, policy: Policy) -> None:
-        """Wait for every granted step, then apply what the round aggregated."""
-        while self._outstanding() > 0:
+    def _wait_for(self, policy: Policy, workers) -> None:
+        """Record results until ``workers`` have no granted step left."""
+        s = self.state
+        while any(s.granted[w] > s.clocks[w] for w in workers):
             result = self._next_result()
             if result is None:
                 self._wake_at = None
                 continue
             self._schedule()
             self._record(result, policy)
+
+    def _drain(self, policy: Policy) -> None:
+        """Wait for every granted step, then apply what the round aggregated."""
+        self._policy, self._draining = policy, True
+        try:
+            self._wait_for(policy, range(self.workers))
+        finally:
+            self._draining = False
         self._apply(policy.finish(self.view()))
         if self.state.pending_workers:
             self._apply(Decision(barrier=True))
@@ -436,7 +464,7 @@ class Engine:
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
                                  "pushes": self.state.pushes,
                                  "why": why, "seconds": round(time.time() - t, 4)})
-        self.recorder.event("checkpoint", path=path, updates=self.state.updates, why=why,
+        self.event("checkpoint", path=path, updates=self.state.updates, why=why,
                             samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
         return path
 
@@ -465,7 +493,7 @@ class Engine:
                  "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
                  "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
         self.switches.append(event)
-        self.recorder.event("switch", **event)
+        self.event("switch", **event)
         logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
 
     def _set_config(self, phase: Phase) -> None:
