@@ -39,6 +39,8 @@ PER_UPDATE = 2 * 32  # samples in one BSP update: 2 workers x batch 32
 
 def records(run_dir):
     out = []
+    if not (run_dir / "metrics.jsonl").exists():  # the run has not started yet
+        return out
     with open(run_dir / "metrics.jsonl") as f:
         for line in f:
             try:

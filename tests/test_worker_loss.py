@@ -8,16 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
+from test_control import wait_for
+from test_resume import DATA, records
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
 JOB = """
 [job]
 name = "wloss"
@@ -38,19 +38,6 @@ name = "asp"
 WORKLOAD = 4 * 6000
 
 
-def lines(run_dir):
-    out = []
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass  # a line being written
-    return out
-
-
 def kill_worker(run_pid, index):
     for p in psutil.Process(run_pid).children(recursive=True):
         cmd = p.cmdline()
@@ -58,13 +45,6 @@ def kill_worker(run_pid, index):
             p.send_signal(signal.SIGKILL)
             return p.pid
     raise AssertionError(f"no task process for worker {index}")
-
-
-def wait_until(what, timeout=180.0):
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
@@ -75,11 +55,11 @@ def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        pushes = lambda: [r for r in lines(run_dir) if "worker" in r and "event" not in r]  # noqa: E731
-        wait_until(lambda: len(pushes()) >= 60)  # BSP phase
+        pushes = lambda: [r for r in records(run_dir) if "worker" in r and "event" not in r]  # noqa: E731
+        wait_for("60 BSP steps", lambda: len(pushes()) >= 60, 180)
         kill_worker(run.pid, 1)
-        wait_until(lambda: any(r.get("event") == "worker_rejoined" for r in lines(run_dir)))
-        wait_until(lambda: any(r.get("protocol") == "asp" for r in pushes()) and len(pushes()) >= 500)
+        wait_for("the rejoin", lambda: any(r.get("event") == "worker_rejoined" for r in records(run_dir)), 180)
+        wait_for("ASP steps", lambda: any(r.get("protocol") == "asp" for r in pushes()) and len(pushes()) >= 500, 180)
         kill_worker(run.pid, 0)
         out, err = run.communicate(timeout=300)
     finally:
@@ -94,7 +74,7 @@ def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     # every update the engine counted was applied on the PS: nothing completed was lost (a
     # dead worker's ASP step may have reached the PS before the worker died: applied, not counted)
     assert s["updates"] <= s["optimizer_iterations"] <= s["updates"] + sum(r["steps_lost"] for r in workers)
-    recs = lines(run_dir)
+    recs = records(run_dir)
     steps = [r for r in recs if "worker" in r and "event" not in r]
     assert len(steps) == s["pushes"] and sum(r["batch_size"] for r in steps if not r.get("dropped")) == s["samples"]
     events = [r["event"] for r in recs if r.get("event") in ("worker_lost", "worker_rejoined")]
