@@ -65,3 +65,27 @@ def test_episode_checks():
         Episode(0, 0.5, 0.0, 1.0)
     with pytest.raises(ValueError, match="duration"):
         Episode(0, 2.0, 0.0, 0.0)
+
+
+def test_the_pausing_process_continues_its_target_when_its_parent_goes():
+    """The stop/continue loop lives in a child process (a coordinator thread can be kept
+    from sending SIGCONT by the GIL); if the coordinator dies, the target runs again."""
+    import json
+    proc = subprocess.Popen([sys.executable, "-c", COUNTER], stdout=subprocess.DEVNULL)
+    pauser = subprocess.Popen([sys.executable, "-m", "tfsync.inject.pause"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        spec = {"episodes": [{"worker": 0, "slowdown": 1000.0, "start_s": 0.0, "duration_s": 60.0}],
+                "period_s": 0.2, "pids": {"0": proc.pid}}
+        pauser.stdin.write(json.dumps(spec) + "\n")
+        pauser.stdin.flush()
+        assert json.loads(pauser.stdout.readline())[1:] == ["begin", 0]
+        time.sleep(0.3)
+        pauser.stdin.close()  # the parent is gone
+        pauser.wait(5)
+        time.sleep(0.1)
+        assert psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        pauser.kill()
+        proc.kill()
+        proc.wait()

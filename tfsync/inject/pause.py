@@ -8,20 +8,28 @@ transient episodes of at most 100 s; a paused worker is the same kind of slowdow
 the training: its steps arrive late. Unlike the CPU burner (tfsync.inject.burner) it
 needs no core of its own to pin.
 
-``Episode``s run on one schedule whose clock starts at ``start()``. The pid is looked up
-on every period through ``pid_of(worker)``, so a worker whose task was restarted (a
-restart switch, a recovery) is followed; a pid that is gone is skipped. ``stop()`` (and
-the end of every episode) always continues the process.
+The stop/continue loop runs in a child process (``python -m tfsync.inject.pause``), not
+in a thread of the coordinator: a coordinator thread that makes a TensorFlow call which
+waits on the stopped worker can hold the GIL, and a thread that needs the GIL to send
+SIGCONT then never does (seen: the run hung with the worker stopped for good). The child
+imports no TensorFlow. It reads a JSON spec on its first stdin line and pid updates on
+the next ones (``{"pids": {worker: pid}}``: the parent follows restarted tasks through
+``pid_of``); it continues every process it paused and exits when stdin closes (the
+parent is gone), on ``{"stop": true}`` or on SIGTERM. Each episode's begin and end are
+written to stdout as JSON lines and collected in ``PauseSchedule.log``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 logger = logging.getLogger(__name__)
@@ -42,63 +50,139 @@ class Episode:
                              "need start >= 0 and duration > 0")
 
 
-def _signal(pid: int | None, sig: int) -> None:
-    if pid is None:
-        return
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 class PauseSchedule:
-    """Slows workers during their episodes (one thread per episode)."""
+    """Slows workers during their episodes, from a child process."""
 
     def __init__(self, episodes: Iterable[Episode], pid_of: Callable[[int], int | None],
-                 period_s: float = 0.1):
+                 period_s: float = 0.1, poll_s: float = 0.5):
         self.episodes = list(episodes)
-        self.pid_of, self.period_s = pid_of, float(period_s)
+        self.pid_of, self.period_s, self.poll_s = pid_of, float(period_s), float(poll_s)
+        self.log: list[tuple[float, str, int]] = []  # (seconds since start, "begin"|"end", worker)
+        self._proc: subprocess.Popen | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.t0: float | None = None
-        self.log: list[tuple[float, str, int]] = []  # (seconds since start, "begin"|"end", worker)
+
+    def _pids(self) -> dict[int, int | None]:
+        return {e.worker: self.pid_of(e.worker) for e in self.episodes}
 
     def start(self) -> "PauseSchedule":
-        if self.t0 is None:
-            self.t0 = time.monotonic()
-            for i, e in enumerate(self.episodes):
-                t = threading.Thread(target=self._run, args=(e,), daemon=True, name=f"tfsync-pause-{i}")
-                t.start()
-                self._threads.append(t)
+        if self._proc is not None:
+            return self
+        spec = {"episodes": [asdict(e) for e in self.episodes], "period_s": self.period_s, "pids": self._pids()}
+        self._proc = subprocess.Popen([sys.executable, "-m", "tfsync.inject.pause"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._send(spec)
+        for target, name in ((self._follow, "tfsync-pause-pids"), (self._read, "tfsync-pause-log")):
+            t = threading.Thread(target=target, daemon=True, name=name)
+            t.start()
+            self._threads.append(t)
         return self
 
-    def _run(self, e: Episode) -> None:
-        if self._stop.wait(max(0.0, self.t0 + e.start_s - time.monotonic())):
-            return
-        self.log.append((time.monotonic() - self.t0, "begin", e.worker))
-        logger.info("straggler: worker %d slowed %.1fx for %.0f s", e.worker, e.slowdown, e.duration_s)
-        end = self.t0 + e.start_s + e.duration_s
-        paused = self.period_s * (1.0 - 1.0 / e.slowdown)
-        pid = None
+    def _send(self, message: dict) -> None:
         try:
-            while not self._stop.is_set() and time.monotonic() < end:
-                pid = self.pid_of(e.worker)
-                if paused > 0:
-                    _signal(pid, signal.SIGSTOP)
-                    self._stop.wait(paused)
-                    _signal(pid, signal.SIGCONT)
-                self._stop.wait(self.period_s - paused)
-        finally:
-            _signal(pid, signal.SIGCONT)
-            self.log.append((time.monotonic() - self.t0, "end", e.worker))
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the child is gone
 
-    def stop(self) -> None:
+    def _follow(self) -> None:
+        last = None
+        while not self._stop.wait(self.poll_s):
+            pids = self._pids()
+            if pids != last:
+                self._send({"pids": pids})
+                last = pids
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                t, what, worker = json.loads(line)
+            except ValueError:
+                continue
+            self.log.append((t, what, worker))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._proc is None:
+            return
         self._stop.set()
+        self._send({"stop": True})
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
         for t in self._threads:
-            t.join(timeout=2.0)
+            t.join(timeout=1.0)
 
     def __enter__(self) -> "PauseSchedule":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# -- the child process ------------------------------------------------------------------
+
+def _signal(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _child() -> int:
+    spec = json.loads(sys.stdin.readline() or "null")
+    if not spec:
+        return 0
+    t0, stop = time.monotonic(), threading.Event()
+    pids = {int(w): p for w, p in spec["pids"].items()}
+    period = float(spec["period_s"])
+    out_lock = threading.Lock()
+
+    def terminate(*_):
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+
+    def say(what: str, worker: int) -> None:
+        with out_lock:
+            print(json.dumps([round(time.monotonic() - t0, 3), what, worker]), flush=True)
+
+    def episode(e: Episode) -> None:
+        if stop.wait(max(0.0, t0 + e.start_s - time.monotonic())):
+            return
+        say("begin", e.worker)
+        end, paused, pid = t0 + e.start_s + e.duration_s, period * (1.0 - 1.0 / e.slowdown), None
+        try:
+            while not stop.is_set() and time.monotonic() < end:
+                pid = pids.get(e.worker)
+                if paused > 0:
+                    _signal(pid, signal.SIGSTOP)
+                    stop.wait(paused)
+                    _signal(pid, signal.SIGCONT)
+                stop.wait(period - paused)
+        finally:
+            _signal(pid, signal.SIGCONT)
+            say("end", e.worker)
+
+    threads = [threading.Thread(target=episode, args=(Episode(**e),), daemon=True) for e in spec["episodes"]]
+    for t in threads:
+        t.start()
+    try:
+        for line in sys.stdin:  # pid updates until "stop" or EOF (the parent is gone)
+            message = json.loads(line)
+            if message.get("stop"):
+                break
+            pids.update({int(w): p for w, p in (message.get("pids") or {}).items()})
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    for t in threads:
+        t.join(timeout=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())
