@@ -123,3 +123,16 @@ def test_switch_plan():
         SwitchPlan((("bsp", 0.6), ("asp", 0.5)))
     with pytest.raises(ValueError, match="last phase"):
         SwitchPlan((("bsp", 0.5),))
+
+
+def test_greedy_goes_final_when_the_switch_point_passes_during_a_straggler():
+    """The switch point is a position in the workload: ASP steps taken while a straggler
+    is present count toward it, and once it is passed the policy stays with ASP (without
+    this a run with a large BSP share ended still in BSP, its ASP phase never run)."""
+    budget = 30_000  # passed while worker 2 is still slow
+    policy = GreedyStragglerPolicy(detector(), bsp_samples=budget)
+    _, result = run(policy, straggler_speeds())
+    states = [s for _, s in policy.timeline]
+    assert states[-1] == "final" and "asp" in states and "bsp" not in states[states.index("asp"):]
+    t_final = policy.timeline[-1][0]
+    assert all(p.mode is PushMode.APPLY for p in result.log if p.granted_at >= t_final)

@@ -2,9 +2,10 @@
 switch point: after it the job runs ASP, which the paper considers immune to transient
 stragglers. Both wrap an inner BSP and ASP policy and a :class:`StragglerDetector`.
 
-``bsp_samples`` is the BSP workload of the timing plan (e.g. 0.5 * total samples); once
-that many samples have been aggregated under BSP, the policy switches to ASP for good,
-at a round boundary. ``None``: never (BSP for the whole run, still straggler-aware).
+``bsp_samples`` is the switch point of the timing plan, in samples (e.g. 0.5 * total
+samples); once the run has trained that many (ASP steps taken during a straggler count:
+the switch point is a position in the workload), the policy switches to ASP for good, at
+a round boundary. ``None``: never (BSP for the whole run, still straggler-aware).
 
 Greedy: while a straggler is present run ASP; once none is left and BSP workload
 remains, go back to BSP. BSP -> ASP is immediate: the round's aggregated gradients are
@@ -52,9 +53,11 @@ class _StragglerAware(Policy):
         self.timeline: list[tuple[float, str]] = []  # (time, protocol entered)
         self.switches = 0
 
-    @property
-    def budget_done(self) -> bool:
-        return self.bsp_samples is not None and self.bsp_done >= self.bsp_samples
+    def budget_done(self, view: ClusterView) -> bool:
+        """The planned switch point is reached: ``bsp_samples`` is a position in the
+        workload, so samples trained with ASP during a straggler count toward it too
+        (else a run with a large BSP share ends before its ASP phase)."""
+        return self.bsp_samples is not None and max(self.bsp_done, view.samples) >= self.bsp_samples
 
     def _enter(self, state: str, view: ClusterView) -> None:
         if state != self.state:
@@ -118,12 +121,15 @@ class GreedyStragglerPolicy(_StragglerAware):
     def _step(self, view: ClusterView, push: Push | None) -> Decision:
         stragglers = self.detector.stragglers
         if self.state == "bsp":
-            if self.budget_done and view.in_flight == 0:
+            if self.budget_done(view) and view.in_flight == 0:
                 return self._to_asp(view, final=True)  # the planned switch, at a round boundary
-            if stragglers and not self.budget_done:
+            if stragglers and not self.budget_done(view):
                 return self._to_asp(view)
             return self.bsp.on_push(push, view) if push is not None else NOTHING
-        if self.state == "asp" and not stragglers and not self.budget_done:
+        if self.state in ("asp", "drain") and self.budget_done(view):
+            self._enter("final", view)  # the switch point passed while away from BSP: ASP for good
+            return self.asp.start(view)
+        if self.state == "asp" and not stragglers and not self.budget_done(view):
             self._enter("drain", view)  # stop granting; BSP starts once every ASP step is in
         if self.state == "drain":
             if stragglers:  # a straggler again before the drain ended: back to ASP
@@ -151,7 +157,7 @@ class ElasticStragglerPolicy(_StragglerAware):
     def _step(self, view: ClusterView, push: Push | None) -> Decision:
         if self.state == "final":
             return self.asp.on_push(push, view) if push is not None else NOTHING
-        if self.budget_done and view.in_flight == 0:  # the planned switch: everyone back, ASP
+        if self.budget_done(view) and view.in_flight == 0:  # the planned switch: everyone back, ASP
             restore = frozenset(self.removed)
             self._log(view, "restore", restore)
             self.removed.clear()

@@ -1,0 +1,120 @@
+"""`tfsync search` end to end on a real local cluster: interrupted, it resumes from the
+trials in the job store without training any of them again; `--show` prints the answer;
+`tfsync run` then switches at the stored point (and not when the job says
+switch.point = "job")."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfsync.config import load_job
+from tfsync.manager.store import Store
+from tfsync.switch.cli import stored_switch_point
+from tfsync.switch.trials import config_signature
+
+pytestmark = pytest.mark.cluster
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
+JOB = """
+[job]
+name = "recurring"
+run_dir = "{run_dir}"
+[model]
+name = "linear"
+[train]
+batch_size = 32
+learning_rate = 0.05
+epochs = 0.5
+eval_samples = 500
+{switch}
+"""
+
+
+def tfsync(*args, env, **kw):
+    return subprocess.run([sys.executable, "-m", "tfsync.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def stored_trials(db_path, signature):
+    if not os.path.exists(db_path):
+        return []
+    with Store(db_path) as store:
+        return [(r.config["search"], res) for r, res in store.runs_by_signature(signature)
+                if r.kind == "trial" and "converged_accuracy" in res]
+
+
+def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=tmp_path / "run", switch=""))
+    signature = config_signature(load_job(job).to_dict())
+    db = str(tmp_path / "home" / "jobs.db")
+    args = ["search", str(job), "--runs", "1", "--settings", "2", "--data", DATA]
+
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not stored_trials(db, signature):  # the BSP trial is in the store
+            assert proc.poll() is None and time.monotonic() < deadline, "no trial stored in time"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # while the second trial trains
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "resume" in err
+    time.sleep(1.0)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], "the interrupted trial left processes behind"
+    done_before = stored_trials(db, signature)
+    assert [s["fraction"] for s, _ in done_before] == [1.0]
+
+    out = tfsync(*args, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["trials_reused"] == 1 and result["trials_run"] == 2  # the BSP trial is not trained again
+    assert result["bsp"] == [done_before[0][1]["converged_accuracy"]]
+    assert [t["fraction"] for t in result["tried"]][0] == 0.5
+    fractions = sorted(s["fraction"] for s, _ in stored_trials(db, signature))
+    assert len(fractions) == 3 and fractions.count(1.0) == 1  # every trial stored once
+    f = result["fraction"]
+
+    show = tfsync("search", "--show", str(job), env=env)
+    assert show.returncode == 0 and f"signature {signature}" in show.stdout and "accept" in show.stdout
+
+    run = tfsync("run", str(job), "--json", "--no-manager", "--data", DATA, env=env)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    expected = [["bsp", f], ["asp", 1.0]] if 0 < f < 1 else [["bsp" if f else "asp", 1.0]]
+    assert summary["meta"]["protocols"] == expected
+    assert "found by `tfsync search`" in run.stderr
+    assert summary["evals"] == [] and summary["converged_accuracy"] == summary["test_accuracy"]
+
+    # switch.point = "job": the job file's own plan, whatever is stored
+    own = tmp_path / "own.toml"
+    own.write_text(JOB.format(run_dir=tmp_path / "own", switch='[switch]\npoint = "job"'))
+    os.environ["TFSYNC_HOME"], home = env["TFSYNC_HOME"], os.environ.get("TFSYNC_HOME")
+    try:
+        cfg, found = stored_switch_point(load_job(own))
+        assert found is None and [p.until for p in cfg.protocol] == [0.5, 1.0]
+        cfg, found = stored_switch_point(load_job(job))
+        assert found["fraction"] == f
+    finally:
+        os.environ.pop("TFSYNC_HOME") if home is None else os.environ.__setitem__("TFSYNC_HOME", home)
+
+
+def test_show_without_a_search_says_what_to_do(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=tmp_path / "run", switch=""))
+    out = tfsync("search", "--show", str(job), env=env)
+    assert out.returncode == 1 and "no switch point stored" in out.stderr and "tfsync search" in out.stderr
+    bad = tfsync("search", str(job), "--runs", "0", env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "runs" in bad.stderr
