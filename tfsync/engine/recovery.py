@@ -65,6 +65,14 @@ def recover_lost_workers(engine, policy) -> bool:
     if any(sum(e["task"] == f"worker:{w}" for e in engine.recovery_log) >= engine.max_recoveries
            for w in lost_workers):
         return False
+    engine._recovering = set(lost_workers)  # their closures' errors and deaths are expected now
+    try:
+        return _restart_without(engine, policy, dead, lost_workers)
+    finally:
+        engine._recovering = None
+
+
+def _restart_without(engine, policy, dead, lost_workers) -> bool:
     t0, s = time.time(), engine.state
     for _, w, code in dead:
         logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",

@@ -126,7 +126,7 @@ class Engine:
         self._final_weights = None
         self._dead_checked = 0.0
         self._records: dict | None = None
-        self.evaluator = None  # test accuracy every ``eval_every`` updates, in the background
+        self.evaluator = None  # test accuracy every ``eval_every`` steps, in the background
         if eval_every and setup.x_test is not None:
             self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
                                        samples=eval_samples or None)
@@ -303,13 +303,8 @@ class Engine:
 
     def _raise_if_dead(self, cause: BaseException | None = None) -> bool:
         """Recover from lost workers (True if it did); raise for any other dead task."""
-        if self._recovering is None:
-            self._recovering = set(w for job, w, _ in self._gen.cluster.dead_tasks() if job == "worker")
-            try:
-                if recover_lost_workers(self, self._policy):
-                    return True
-            finally:
-                self._recovering = None
+        if self._recovering is None and recover_lost_workers(self, self._policy):
+            return True
         dead = [d for d in self._gen.cluster.dead_tasks() if d[0] != "worker" or d[1] not in (self._recovering or ())]
         if dead:
             job, i, code = dead[0]
@@ -465,7 +460,7 @@ class Engine:
                                  "pushes": self.state.pushes,
                                  "why": why, "seconds": round(time.time() - t, 4)})
         self.event("checkpoint", path=path, updates=self.state.updates, why=why,
-                            samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
+                   samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
         return path
 
     def _switch(self, old: Policy, phase: Phase, index: int) -> None:
