@@ -149,3 +149,23 @@ def test_job_store_adapter_round_trips_through_the_manager_store(tmp_path):
         assert again.get(key) == TrialResult(0.91, 12.5)
         assert again.get(TrialKey(sig, 0.25, 0)) is None and again.get(TrialKey("other", 0.25, 1)) is None
         assert [r.kind for r in db.runs(job.id)] == ["trial"]
+
+
+def test_config_signature_ignores_what_a_search_varies():
+    """Same recurring job: other names, paths, seed, protocol list, switch point and
+    straggler options; another job: other model, data, cluster size or hyper-parameters."""
+    from tfsync.config import JobConfig
+    from tfsync.switch.trials import config_signature
+    base = JobConfig.from_dict({"cluster": {"workers": 3}})
+    sig = config_signature(base.to_dict())
+    same = JobConfig.from_dict({"job": {"name": "other", "seed": 7, "run_dir": "x"}, "cluster": {"workers": 3},
+                                "data": {"path": "/elsewhere.npz"}, "protocol": [{"name": "asp"}],
+                                "train": {"eval_every": 50, "checkpoint_every": 10},
+                                "switch": {"point": "job", "method": "restart"},
+                                "inject": [{"worker": 1}]})
+    assert config_signature(same.to_dict()) == sig
+    for other in ({"cluster": {"workers": 2}}, {"cluster": {"workers": 3}, "model": {"name": "mlp"}},
+                  {"cluster": {"workers": 3}, "data": {"name": "cifar10"}},
+                  {"cluster": {"workers": 3}, "train": {"learning_rate": 0.02}},
+                  {"cluster": {"workers": 3}, "switch": {"momentum": "zero"}}):
+        assert config_signature(JobConfig.from_dict(other).to_dict()) != sig, other
