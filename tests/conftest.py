@@ -30,3 +30,16 @@ def tiny_problem():
         return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
     return x, y, model_fn, optimizer_fn, loss_fn
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_tfsync_home(tmp_path_factory):
+    """Tests never read or write the user's job store (~/.tfsync): a stored switch point
+    there would change what `tfsync run` trains."""
+    old = os.environ.get("TFSYNC_HOME")
+    os.environ["TFSYNC_HOME"] = str(tmp_path_factory.mktemp("tfsync_home"))
+    yield
+    if old is None:
+        os.environ.pop("TFSYNC_HOME", None)
+    else:
+        os.environ["TFSYNC_HOME"] = old
