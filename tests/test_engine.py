@@ -98,19 +98,23 @@ def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path):
     assert (tmp_path / "summary.json").exists() and list((tmp_path / "checkpoints").glob("ckpt-*.index"))
 
 
-def test_a_killed_worker_stops_the_run_with_a_clear_error_and_no_orphans(tiny_problem, tmp_path):
+def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_and_no_orphans(tiny_problem,
+                                                                                          tmp_path):
     engine = _engine(tiny_problem, tmp_path)
+    engine.max_recoveries = 1  # per task: the second loss of worker 1 ends the run
     killed = []
 
     def progress(eng, policy, total):
-        if eng.state.pushes == 20 and not killed:
+        if eng.state.pushes >= 20 * (len(killed) + 1) and len(killed) < 2:
             eng._gen.cluster.kill_task("worker", 1)
             killed.append(eng._gen.cluster.procs[("worker", 1)].pid)
 
     engine.progress = progress
     with pytest.raises(EngineError, match=r"task worker:1 died"):
         engine.run([Phase(ASP())], total_samples=10**7)
-    assert killed
+    assert len(killed) == 2
+    assert [e["task"] for e in engine.recovery_log] == ["worker:1"]  # the first loss was recovered
+    assert engine.checkpoints[-1]["why"] == "worker_lost"
     for cluster in engine._clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
 
