@@ -48,10 +48,14 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def open_store(path: str | None = None):
+def default_store() -> str:
     from ..manager.embedded import home
+    return str(home() / "jobs.db")
+
+
+def open_store(path: str | None = None):
     from ..manager.store import Store
-    return Store(path or str(home() / "jobs.db"))
+    return Store(path or default_store())
 
 
 def stored_switch_point(cfg, store_path: str | None = None):
@@ -62,7 +66,7 @@ def stored_switch_point(cfg, store_path: str | None = None):
     from .trials import config_signature
     if cfg.switch.point != "auto" or [p.name for p in cfg.protocol] != ["bsp", "asp"]:
         return cfg, None
-    path = store_path or str(_default_store())
+    path = store_path or default_store()
     if not os.path.exists(path):
         return cfg, None
     with open_store(path) as store:
@@ -73,11 +77,6 @@ def stored_switch_point(cfg, store_path: str | None = None):
     if not 0.0 < fraction < 1.0 and cfg.switch.stragglers != "none":
         return cfg, None  # a straggler policy needs both phases; keep the job's own plan
     return with_switch_point(cfg, fraction), {"fraction": fraction, "stored": when, **detail}
-
-
-def _default_store():
-    from ..manager.embedded import home
-    return home() / "jobs.db"
 
 
 def trial_config(cfg, fraction: float, run: int, num_train: int | None = None):
