@@ -7,10 +7,10 @@ checkpoint: the steps since then are lost and trained again, so at most one chec
 interval of work is lost.
 
 A lost worker: the PS still holds every applied update, so nothing completed needs to
-be lost. The live workers finish the steps they were granted (their pushes count), the
-round's aggregate is applied, a checkpoint is taken, and the cluster restarts from it
-(new tasks for every worker, the PS restored): only the dead worker's granted steps
-are lost (``steps_lost``). Why not restart the dead worker alone and let the
+be lost. The round's aggregate is applied, a checkpoint is taken, and the cluster
+restarts from it (new tasks for every worker, the PS restored): the steps running at
+that moment, on any worker, are lost (``steps_lost`` of the dead worker,
+``in_flight_lost`` in all); every step whose push the engine counted is kept. Why not restart the dead worker alone and let the
 ClusterCoordinator reconnect to it (it does)? In TF 2.21 the recovered worker's step
 function then fails with NOT_FOUND for the BSP accumulator on the PS, while the gate
 queues still work (tried, with a marker token to reconcile lost tokens); a restart from
@@ -79,8 +79,11 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
                        w, code, s.clocks[w])
         engine.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
                      pushes=s.pushes)
-    engine._wait_for(policy, [w for w in range(engine.workers) if w not in lost_workers])
+    # Not waiting for the live workers' running steps: ParameterServerStrategy holds every
+    # closure while it waits for the lost worker to come back. What the PS has applied and
+    # the engine counted is saved; steps still running anywhere are lost with the cluster.
     lost = {w: s.granted[w] - s.clocks[w] for w in lost_workers}
+    in_flight = engine._outstanding()
     engine._apply(policy.finish(engine.view()))  # what the round aggregated is applied, not lost
     if s.pending_workers:
         engine._apply(Decision(barrier=True))
@@ -91,7 +94,7 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     s.granted = list(s.clocks)  # nothing runs in the new generation
     engine._gen.set_hyper(learning_rate=engine.base_lr * engine._lr_scale)
     for w in lost_workers:
-        event = {"task": f"worker:{w}", "steps_lost": lost[w], "checkpoint": path,
+        event = {"task": f"worker:{w}", "steps_lost": lost[w], "in_flight_lost": in_flight, "checkpoint": path,
                  "seconds": round(time.time() - t0, 3)}
         engine.recovery_log.append(event)
         engine.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
