@@ -31,6 +31,12 @@ name = "asp"
 """
 
 
+def default_sigint():
+    """Ctrl-C reaches the child even when the tests run in a background shell (which
+    starts its commands with SIGINT ignored, and Python keeps an ignored SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _job(tmp_path, epochs):
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
@@ -64,7 +70,8 @@ def test_run_trains_bsp_then_asp_and_writes_its_records(tmp_path):
 def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
     job, run_dir = _job(tmp_path, 50)
     proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:

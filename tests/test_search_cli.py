@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from test_run_job import default_sigint
 from tfsync.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.cli import stored_switch_point
@@ -58,7 +59,8 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     args = ["search", str(job), "--runs", "1", "--settings", "2", "--data", DATA]
 
     proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 240
         while not stored_trials(db, signature):  # the BSP trial is in the store
