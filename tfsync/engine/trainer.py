@@ -429,22 +429,17 @@ class Engine:
         if self._outstanding() == 0 and self._wake_at is None:
             raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
 
-    def _wait_for(self, policy: Policy, workers) -> None:
-        """Record results until ``workers`` have no granted step left."""
-        s = self.state
-        while any(s.granted[w] > s.clocks[w] for w in workers):
-            result = self._next_result()
-            if result is None:
-                self._wake_at = None
-                continue
-            self._schedule()
-            self._record(result, policy)
-
     def _drain(self, policy: Policy) -> None:
         """Wait for every granted step, then apply what the round aggregated."""
         self._policy, self._draining = policy, True
         try:
-            self._wait_for(policy, range(self.workers))
+            while self._outstanding() > 0:
+                result = self._next_result()
+                if result is None:
+                    self._wake_at = None
+                    continue
+                self._schedule()
+                self._record(result, policy)
         finally:
             self._draining = False
         self._apply(policy.finish(self.view()))
