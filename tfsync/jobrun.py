@@ -71,6 +71,13 @@ def with_switch_point(cfg: JobConfig, fraction: float) -> JobConfig:
     return dataclasses.replace(cfg, protocol=tuple(SwitchPlan.bsp_then_asp(fraction).to_phases()))
 
 
+def eval_cadence(cfg: JobConfig, num_train: int, evals: int) -> int:
+    """Steps between evaluations for about ``evals`` of them over the workload (0: none)."""
+    if not evals:
+        return 0
+    return max(1, int(cfg.train.epochs * num_train / cfg.train.batch_size / evals))
+
+
 def max_batch(phases, workers: int) -> int:
     sizes = [1]
     for ph in phases:
@@ -85,8 +92,10 @@ def max_batch(phases, workers: int) -> int:
 
 
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
-            resume: dict | None = None) -> dict:
-    """Train the job on a local cluster; returns the summary (also in run_dir/summary.json)."""
+            resume: dict | None = None, evals_per_run: int = 0) -> dict:
+    """Train the job on a local cluster; returns the summary (also in run_dir/summary.json).
+    ``evals_per_run``: where the job sets no ``train.eval_every``, evaluate about this
+    many times over the workload (the switch-point search needs a curve)."""
     import tensorflow as tf
     import tf_keras as keras
 
@@ -123,7 +132,8 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     run_dir=cfg.job.run_dir, base_lr=cfg.train.learning_rate,
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     progress=progress, epoch_samples=len(data.y_train), controller=controller,
-                    eval_every=cfg.train.eval_every, eval_samples=cfg.train.eval_samples,
+                    eval_every=cfg.train.eval_every or eval_cadence(cfg, len(data.y_train), evals_per_run),
+                    eval_samples=cfg.train.eval_samples,
                     on_start=injector.start if injector else None)
     total = int(round(cfg.train.epochs * len(data.y_train)))
     try:

@@ -79,24 +79,19 @@ def stored_switch_point(cfg, store_path: str | None = None):
     return with_switch_point(cfg, fraction), {"fraction": fraction, "stored": when, **detail}
 
 
-def trial_config(cfg, fraction: float, run: int, num_train: int | None = None):
-    """The job of trial ``run`` at ``fraction``: its own seed and run directory, and an
-    evaluation cadence (the converged accuracy needs a curve)."""
+def trial_config(cfg, fraction: float, run: int):
+    """The job of trial ``run`` at ``fraction``: its own seed and run directory."""
     from ..jobrun import with_switch_point
     t = with_switch_point(cfg, fraction)
-    train = t.train
-    if not train.eval_every:
-        steps = cfg.train.epochs * (num_train or 60000) / cfg.train.batch_size
-        train = dataclasses.replace(train, eval_every=max(1, int(steps // EVALS_PER_RUN)))
     run_dir = os.path.join(cfg.job.run_dir, "search", f"bsp{fraction:.6g}_run{run}")
     switch = dataclasses.replace(t.switch, stragglers="none", point="job")  # trials run the plan as given
     return dataclasses.replace(t, job=dataclasses.replace(t.job, seed=cfg.job.seed + run, run_dir=run_dir),
-                               train=train, switch=switch)
+                               switch=switch)
 
 
 def run_trial_process(cfg, data_path: str | None) -> dict:
     """Train ``cfg`` in a child process; its summary. Raises RuntimeError on failure."""
-    request = {"config": cfg.to_dict(), "data": data_path}
+    request = {"config": cfg.to_dict(), "data": data_path, "evals_per_run": EVALS_PER_RUN}
     out = os.path.join(cfg.job.run_dir + ".summary.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "tfsync.switch.trial", out], stdin=subprocess.PIPE,

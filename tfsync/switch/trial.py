@@ -27,7 +27,8 @@ def main(argv=None) -> int:
     from ..jobrun import run_job
     request = json.load(sys.stdin)
     try:
-        summary = run_job(JobConfig.from_dict(request["config"]), data_path=request.get("data"))
+        summary = run_job(JobConfig.from_dict(request["config"]), data_path=request.get("data"),
+                          evals_per_run=int(request.get("evals_per_run") or 0))
     except Exception as e:  # reported to the search in one line
         print(f"tfsync trial: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
