@@ -1,5 +1,6 @@
 """The manager `tfsync run` embeds: a gRPC server on loopback for one job, its job store
-entry, and the coordinator's link to it.
+entry, the coordinator's link to it, and a node hook on loopback (``nodes``, the
+engine's cluster factory) that runs the job's PS and worker tasks on this machine.
 
 The job's control files live in ``<run_dir>/control/``: ``token`` (0600, the per-job
 secret every control call must carry) and ``manager.json`` (address, job and run ids,
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfsync.api.v1 import manager_pb2_grpc
+from tfsync.hooks.node import serve as serve_hook
 from tfsync.manager import auth, transport
+from tfsync.manager.hook_cluster import HookNodes
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store
@@ -43,6 +46,8 @@ class EmbeddedManager:
     run_id: int
     link: ManagerLink
     control_dir: Path
+    hook: object           # the local node hook (tfsync.hooks.node.HookServer)
+    nodes: HookNodes       # the engine's cluster factory: tasks through that hook
 
     def finish(self, state: str, summary: dict | None = None) -> None:
         """Record the outcome, close the link and the server (idempotent enough to call in
@@ -55,6 +60,7 @@ class EmbeddedManager:
                         self.store.set_result(self.run_id, key, summary[key])
             self.store.set_job_state(self.job_id, state)
         finally:
+            self.hook.stop()
             self.server.stop(grace=1.0)
             (self.control_dir / "manager.json").unlink(missing_ok=True)
             self.store.close()
@@ -82,7 +88,10 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     server.start()
     address = f"{transport.DEFAULT_HOST}:{port}"
     link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
-    info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path}
+    hook, hook_port = serve_hook(f"{transport.DEFAULT_HOST}:0", token=token, log_dir=os.path.join(run_dir, "logs"))
+    nodes = HookNodes([(f"{transport.DEFAULT_HOST}:{hook_port}", token)], job_id=f"{job.id}-r{run.id}")
+    info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,
+            "hook": f"{transport.DEFAULT_HOST}:{hook_port}"}
     (control / "manager.json").write_text(json.dumps(info, indent=2))
     logger.info("manager for job %s at %s (control files in %s)", job.id, address, control)
-    return EmbeddedManager(server, address, service, store, job.id, run.id, link, control)
+    return EmbeddedManager(server, address, service, store, job.id, run.id, link, control, hook, nodes)

@@ -1,5 +1,6 @@
-"""Kill the parameter server mid-run: the engine restarts the tasks, restores the newest
-checkpoint and finishes the job; the work lost is at most one checkpoint interval."""
+"""Kill the parameter server mid-run: the engine restarts the tasks through the run's node
+hook, restores the newest checkpoint and finishes the job; the work lost is at most one
+checkpoint interval."""
 
 import json
 import os
@@ -42,3 +43,5 @@ def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     assert summary["samples"] >= summary["workload_samples"]
     assert summary["test_accuracy"] > 0.8
     assert any(r.get("event") == "task_restarted" for r in records(run_dir))
+    # both generations' tasks were started by the run's node hook (its task logs)
+    assert [p.parent.name[-3:] for p in sorted(run_dir.glob("logs/*/ps-0.log"))] == ["-g1", "-g2"]

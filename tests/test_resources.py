@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tfsync.engine.resources import ResourceMonitor, worker_pids
+from tfsync.engine.resources import ResourceMonitor
 from tfsync.policy.lbbsp import resource_reading
 
 pytestmark = pytest.mark.unit
@@ -124,14 +124,6 @@ def test_thread_samples_and_start_stop_are_idempotent():
         end(p)
 
 
-def test_worker_pids_of_a_cluster_and_bad_interval():
-    class P:
-        def __init__(self, pid):
-            self.pid = pid
-
-    class Cluster:
-        procs = {("ps", 0): P(10), ("worker", 0): P(11), ("worker", 1): P(12)}
-
-    assert worker_pids(Cluster()) == {0: 11, 1: 12}
+def test_bad_interval():
     with pytest.raises(ValueError, match="interval must be > 0"):
         ResourceMonitor({}, interval=0)

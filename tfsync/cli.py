@@ -87,6 +87,7 @@ def cmd_run(args) -> int:
     from .engine.cluster import ClusterError
     from .engine.trainer import EngineError
     from .jobrun import run_job
+    from .manager.auth import TokenFileError
     from .policy.base import PolicyError
 
     resume = None
@@ -112,9 +113,10 @@ def cmd_run(args) -> int:
             manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
                                      cfg.cluster.workers, cfg.protocol[0].name, resume=resume is not None)
         summary = run_job(cfg, progress=progress, data_path=args.data,
-                          controller=manager.link if manager else None, resume=resume)
+                          controller=manager.link if manager else None, resume=resume,
+                          cluster_factory=manager.nodes if manager else None)
         state = "stopped" if summary.get("stopped") else "done"
-    except (DataError, ConfigError) as e:
+    except (DataError, ConfigError, TokenFileError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     except (EngineError, ClusterError, PolicyError) as e:
         return _fail(str(e), EXIT_FAILED)

@@ -59,6 +59,11 @@ class ClusterSection:
     workers: int = 2
     ps: int = 1
     host: str = "127.0.0.1"
+    # Node hooks ("host:port", each node running `tfsync hook`) that run the PS and worker
+    # tasks, round-robin, PS first; empty: every task on this machine.
+    hooks: tuple[str, ...] = ()
+    token_file: str | None = None             # the token the hooks were started with (mode 0600)
+    task_ports: tuple[int, int] | None = None  # (first, last) port for tasks on remote nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +248,13 @@ _CHECKS: dict[str, Callable] = {
     "job.name": _text(r"[A-Za-z0-9_.-]+", "a non-empty name of letters, digits, '.', '_', '-'"),
     "job.run_dir": _text(), "job.seed": _int(0),
     "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(),
+    "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings', lambda v: type(v) is list,
+                           lambda v: all(type(a) is str and re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", a)
+                                         for a in v) and len(set(v)) == len(v), tuple),
+    "cluster.token_file": _text(),
+    "cluster.task_ports": _rule(lambda: "[first, last] with 1 <= first <= last <= 65535",
+                                lambda v: type(v) is list, lambda v: len(v) == 2 and all(type(p) is int for p in v)
+                                and 1 <= v[0] <= v[1] <= 65535, tuple),
     "data.name": _choice("DATASETS"), "data.path": _text(), "model.name": _choice("MODELS"),
     "train.batch_size": _int(1), "train.learning_rate": _number(0),
     "train.momentum": _number(0, 1, lo_open=False), "train.optimizer": _choice("OPTIMIZERS"),
@@ -300,6 +312,14 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}switch.stragglers = {_fmt(out['switch'].stragglers)}: needs the protocol "
                           "list bsp -> asp (the online policies act before the switch to ASP); got "
                           + " -> ".join(p.name for p in out["protocol"]), "switch.stragglers")
+    c = out["cluster"]
+    if c.hooks and not c.token_file:
+        raise ConfigError(f"{where}cluster.hooks: needs cluster.token_file, the token file the hooks were started "
+                          "with (tfsync hook --token-file)", "cluster.token_file")
+    remote = [a for a in c.hooks if a.rsplit(":", 1)[0].strip("[]") not in ("127.0.0.1", "::1", "localhost")]
+    if remote and c.task_ports is None:
+        raise ConfigError(f"{where}cluster.hooks: {', '.join(remote)} not on this machine: give the ports their "
+                          "tasks may listen on, cluster.task_ports = [first, last]", "cluster.task_ports")
     return out
 
 

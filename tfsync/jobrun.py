@@ -91,9 +91,20 @@ def max_batch(phases, workers: int) -> int:
     return max(sizes)
 
 
+def hook_nodes(cfg: JobConfig):
+    """The cluster factory for the job file's ``cluster.hooks`` (None when it lists none)."""
+    if not cfg.cluster.hooks:
+        return None
+    from .manager import auth
+    from .manager.hook_cluster import HookNodes
+    token = auth.read_token(os.path.expanduser(cfg.cluster.token_file))
+    return HookNodes([(a, token) for a in cfg.cluster.hooks], ports=cfg.cluster.task_ports)
+
+
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
-            resume: dict | None = None, evals_per_run: int = 0) -> dict:
-    """Train the job on a local cluster; returns the summary (also in run_dir/summary.json).
+            resume: dict | None = None, evals_per_run: int = 0, cluster_factory=None) -> dict:
+    """Train the job; returns the summary (also in run_dir/summary.json). The tasks run on
+    the job file's hooks, else through ``cluster_factory``, else as processes of this one.
     ``evals_per_run``: where the job sets no ``train.eval_every``, evaluate about this
     many times over the workload (the switch-point search needs a curve)."""
     import tensorflow as tf
@@ -134,7 +145,8 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     progress=progress, epoch_samples=len(data.y_train), controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, len(data.y_train), evals_per_run),
                     eval_samples=cfg.train.eval_samples,
-                    on_start=injector.start if injector else None)
+                    on_start=injector.start if injector else None,
+                    cluster_factory=hook_nodes(cfg) or cluster_factory)
     total = int(round(cfg.train.epochs * len(data.y_train)))
     try:
         summary = engine.run(phases, total, resume=resume)

@@ -72,11 +72,16 @@ class LocalCluster:
         }
 
     # -- lifecycle ----------------------------------------------------------------------
-    def start(self) -> "LocalCluster":
+    def launch(self) -> "LocalCluster":
+        """Start every task process; ``wait_ready`` waits for their ports."""
         atexit.register(self.stop)
         for job in ("ps", "worker"):
             for i in range(len(self.spec[job])):
                 self.start_task(job, i, wait=False)
+        return self
+
+    def start(self) -> "LocalCluster":
+        self.launch()
         self.wait_ready()
         return self
 
@@ -161,3 +166,12 @@ class LocalCluster:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        """The pid of a running task (None if it ended or never started)."""
+        proc = self.procs.get((job, index))
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def worker_pids(self) -> dict[int, int]:
+        """``{worker index: pid}`` of the worker task processes."""
+        return {i: p.pid for (job, i), p in self.procs.items() if job == "worker"}

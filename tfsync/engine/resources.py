@@ -38,11 +38,6 @@ import psutil
 logger = logging.getLogger(__name__)
 
 
-def worker_pids(cluster) -> dict[int, int]:
-    """``{worker index: pid}`` of a ``LocalCluster``'s worker task processes."""
-    return {i: p.pid for (job, i), p in cluster.procs.items() if job == "worker"}
-
-
 def _cpu_busy(times) -> tuple[float, float]:
     """(busy, total) seconds of one CPU's times (idle and iowait count as not busy; steal
     counts as busy: it is contention too). Linux counts guest time in user time already."""

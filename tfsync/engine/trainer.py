@@ -33,7 +33,7 @@ from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_r
 from .evaluator import Evaluation, Evaluator, accuracy
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
-from .resources import ResourceMonitor, worker_pids
+from .resources import ResourceMonitor
 from .recovery import recover_lost_ps, recover_lost_workers
 from .tfcompat import quiet_resource_deleters
 
@@ -89,10 +89,13 @@ class Engine:
                  checkpoint_every: int = 0, timeout_s: float = 600.0, tensorboard: bool = True,
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
-                 on_start: Callable | None = None):
+                 on_start: Callable | None = None, cluster_factory: Callable | None = None):
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
+        # makes each generation's cluster: LocalCluster (task processes of this one), or
+        # tfsync.manager.hook_cluster.HookNodes (tasks run by node hooks)
+        self.cluster_factory = cluster_factory or LocalCluster
         self.run_dir = run_dir
         self.checkpoint_every = int(checkpoint_every)
         self.timeout_s = float(timeout_s)
@@ -136,14 +139,11 @@ class Engine:
 
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
-        cluster = LocalCluster(self.workers, self.ps, self.host,
-                               log_dir=os.path.join(self.run_dir, "logs"),
-                               start_timeout=self.start_timeout)
+        """A new generation's tasks, starting (``_open_generation`` waits for them)."""
+        cluster = self.cluster_factory(self.workers, self.ps, self.host, log_dir=os.path.join(self.run_dir, "logs"),
+                                       start_timeout=self.start_timeout)
         self._clusters.append(cluster)
-        for job in ("ps", "worker"):
-            for i in range(len(cluster.spec[job])):
-                cluster.start_task(job, i, wait=False)
-        return cluster
+        return cluster.launch()
 
     def _open_generation(self, cluster: LocalCluster, restore: str | None = None) -> dict:
         """Connect to ``cluster``, build (and restore) the model there; returns timings."""
@@ -153,7 +153,7 @@ class Engine:
         if self._records is None:
             self._records = write_records(self.setup, os.path.join(self.run_dir, "data"))
         gen = Generation(cluster, self.setup, self._records)
-        self.monitor.set_pids(worker_pids(cluster))
+        self.monitor.set_pids(cluster.worker_pids())
         self.monitor.start()
         t2 = time.time()
         if restore:
@@ -221,8 +221,7 @@ class Engine:
     def task_pid(self, job: str, index: int) -> int | None:
         """The process id of a task of the cluster training now (None if there is none)."""
         cluster = self._gen.cluster if self._gen is not None else (self._clusters[-1] if self._clusters else None)
-        proc = cluster.procs.get((job, index)) if cluster is not None else None
-        return proc.pid if proc is not None and proc.poll() is None else None
+        return cluster.task_pid(job, index) if cluster is not None else None
 
     # -- the view a policy sees ----------------------------------------------------------
     def view(self) -> ClusterView:

@@ -1,0 +1,195 @@
+"""The engine's cluster, with its PS and worker tasks run by node hooks (``tfsync hook``).
+
+``HookCluster`` has the interface of ``tfsync.engine.cluster.LocalCluster`` (``spec``,
+``launch``, ``wait_ready``, ``dead_tasks``, ``task_pid``, ``stop``), so the engine starts,
+watches, replaces (a lost PS or worker: a new generation) and stops its tasks through
+hooks without knowing it. ``HookNodes`` makes one per generation:
+
+    nodes = HookNodes([("10.0.0.1:7070", token), ("10.0.0.2:7070", token)], ports=(20000, 20999))
+    engine = Engine(setup, workers=4, cluster_factory=nodes)
+
+Tasks go round-robin over the hooks (PS first) and listen on their hook's host. A hook on
+loopback gets ports the OS says are free here; a remote hook's tasks take ports from
+``ports`` in turn, a fresh block for every generation, so a new task never has to wait
+for the port of the one it replaces.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import uuid
+
+from tfsync.api.v1 import common_pb2, node_hook_pb2
+from tfsync.engine.cluster import ClusterError, free_ports
+from tfsync.manager.launcher import HookLauncher, LaunchError, round_robin
+
+logger = logging.getLogger(__name__)
+
+ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
+HEALTH_TIMEOUT_S = 5.0
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HookNodes:
+    """A cluster factory for the engine: ``nodes(workers, ps, host, log_dir=, start_timeout=)``
+    returns a new ``HookCluster`` on these hooks (``host`` and ``log_dir`` are the hooks':
+    ignored). ``ports``: the (first, last) port tasks may use on remote nodes."""
+
+    def __init__(self, hooks, ports: tuple[int, int] | None = None, *, tls=None, parallel: bool = True,
+                 job_id: str | None = None):
+        self.hooks = [tuple(h) for h in hooks]
+        if not self.hooks:
+            raise ValueError("HookNodes needs at least one hook, as (address, token)")
+        remote = [a for a, _ in self.hooks if not is_loopback(a.rsplit(":", 1)[0])]
+        if remote and ports is None:
+            raise ValueError(f"hooks {remote} are not on this machine: give the ports their tasks may use "
+                             "(cluster.task_ports = [first, last])")
+        if ports is not None and not 1 <= ports[0] <= ports[1] <= 65535:
+            raise ValueError(f"task ports must be (first, last) within 1..65535, got {ports!r}")
+        self.ports, self.tls, self.parallel = ports, tls, parallel
+        self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
+        self._next_port = ports[0] if ports else 0
+        self.generations = 0
+
+    def _remote_ports(self, count: int) -> list[int]:
+        first, last = self.ports
+        if count > last - first + 1:
+            raise ValueError(f"task ports {first}..{last} are fewer than the {count} tasks of one node")
+        if self._next_port + count - 1 > last:
+            self._next_port = first
+        out = list(range(self._next_port, self._next_port + count))
+        self._next_port += count
+        return out
+
+    def spec(self, workers: int, ps: int) -> tuple[dict, dict]:
+        """A cluster spec for a new generation and its ``{task: hook index}``."""
+        tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
+        assignment = round_robin(tasks, len(self.hooks))
+        addresses = {}
+        for h, (address, _) in enumerate(self.hooks):
+            host = address.rsplit(":", 1)[0]
+            mine = [t for t in tasks if assignment[t] == h]
+            ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) else self._remote_ports(len(mine))
+            addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
+        # the coordinator (chief) has no server of its own; its entry only completes the spec
+        chief_host = "127.0.0.1" if all(is_loopback(a.rsplit(":", 1)[0]) for a, _ in self.hooks) \
+            else socket.getfqdn()
+        spec = {"chief": [f"{chief_host}:{free_ports(1)[0]}"],
+                "ps": [addresses[("ps", i)] for i in range(ps)],
+                "worker": [addresses[("worker", i)] for i in range(workers)]}
+        return spec, assignment
+
+    def __call__(self, workers: int, ps: int, host: str | None = None, log_dir: str | None = None,
+                 start_timeout: float = 120.0) -> "HookCluster":
+        if workers < 1 or ps < 1:
+            raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
+        spec, assignment = self.spec(workers, ps)
+        self.generations += 1
+        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout)
+
+
+class HookCluster:
+    """One generation's tasks on node hooks (see the module docstring)."""
+
+    def __init__(self, nodes: HookNodes, spec: dict, assignment: dict, job_id: str, start_timeout: float):
+        self.spec, self.nodes = spec, nodes
+        self.launcher = HookLauncher(nodes.hooks, parallel=nodes.parallel, timeout=start_timeout, job_id=job_id,
+                                     tls=nodes.tls)
+        self._mapping = assignment
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._dead: list[tuple[str, int, int]] = []
+
+    @property
+    def job_id(self) -> str:
+        return self.launcher.job_id
+
+    def launch(self) -> "HookCluster":
+        """Ask every hook to start its tasks (in the background: ``wait_ready`` waits)."""
+        def start():
+            try:
+                self.launcher.start(self.spec, self._mapping)
+            except BaseException as e:  # noqa: BLE001 - raised by wait_ready
+                self._error = e
+        self._thread = threading.Thread(target=start, name="tfsync-hook-launch", daemon=True)
+        self._thread.start()
+        return self
+
+    def start(self) -> "HookCluster":
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, tasks=None) -> None:
+        if self._thread is None:
+            self.launch()
+        self._thread.join()
+        if self._error is not None:
+            err = self._error
+            raise ClusterError(str(err)) if isinstance(err, LaunchError) else err
+
+    def dead_tasks(self) -> list[tuple[str, int, int]]:
+        """Tasks of this generation that ended, asking every hook that runs one (Health)."""
+        if self._thread is None or self._thread.is_alive() or self._error is not None:
+            return list(self._dead)
+        for h, stub in enumerate(self.launcher._stubs):
+            if not self.launcher.tasks_of(h):
+                continue
+            try:
+                health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
+                logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
+                for job, i in self.launcher.tasks_of(h):
+                    if not any(d[:2] == (job, i) for d in self._dead):
+                        self._dead.append((job, i, -1))
+                continue
+            for t in health.tasks:
+                key = (t.task.job, t.task.index)
+                if t.job_id == self.job_id and t.state in ENDED and not any(d[:2] == key for d in self._dead):
+                    self.launcher.status[key] = t
+                    self._dead.append((*key, t.exit_code))
+        return list(self._dead)
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        """The pid of a task whose hook is on this machine (None for remote or ended ones)."""
+        s = self.launcher.status.get((job, index))
+        h = self._mapping.get((job, index))
+        if s is None or h is None or s.state in ENDED or any(d[:2] == (job, index) for d in self._dead):
+            return None
+        return s.pid if is_loopback(self.launcher.addresses[h].rsplit(":", 1)[0]) else None
+
+    def worker_pids(self) -> dict[int, int]:
+        pids = {i: self.task_pid("worker", i) for i in range(len(self.spec["worker"]))}
+        return {i: p for i, p in pids.items() if p is not None}
+
+    def kill_task(self, job: str, index: int, sig=None) -> None:
+        """Stop one task through its hook (a test's way to lose it)."""
+        h = self._mapping[(job, index)]
+        self.launcher._stubs[h].StopTasks(node_hook_pb2.StopTasksRequest(
+            job_id=self.job_id, tasks=[common_pb2.TaskRef(job=job, index=index)]), timeout=30.0)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self.launcher.stop()
+        except LaunchError as e:
+            logger.warning("stopping the tasks of %s: %s", self.job_id, e)
+
+    def __enter__(self) -> "HookCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,115 @@
+"""A job file that lists node hooks: `tfsync run` starts, replaces and stops its tasks
+through those hooks (two `tfsync hook` processes on loopback stand for two nodes)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_resume import DATA, JOB, PER_UPDATE, records, wait_for_checkpoints
+from tfsync.engine.cluster import free_ports
+from tfsync.manager import auth
+
+pytestmark = pytest.mark.cluster
+
+
+def start_hook(tmp_path, name, token_file, port):
+    log = open(tmp_path / f"{name}.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "hook", "--listen", f"127.0.0.1:{port}",
+                             "--token-file", str(token_file), "--log-dir", str(tmp_path / name)],
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()
+    deadline = time.monotonic() + 60
+    while "listening" not in (tmp_path / f"{name}.out").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}.out").read_text()
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.fixture
+def two_hooks(tmp_path):
+    token_file = tmp_path / "hooks.token"
+    auth.write_token(token_file)
+    ports = free_ports(2)
+    hooks = []
+    try:
+        for i, port in enumerate(ports):
+            hooks.append(start_hook(tmp_path, f"node{i}", token_file, port))
+        yield [f"127.0.0.1:{p}" for p in ports], token_file, hooks
+    finally:
+        for h in hooks:
+            h.send_signal(signal.SIGINT)
+        for h in hooks:
+            try:
+                h.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                h.kill()
+
+
+def job_file(tmp_path, hooks, token_file):
+    run_dir = tmp_path / "run"
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=run_dir).replace(
+        "[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]"))
+    return job, run_dir
+
+
+def task_children(hook):
+    return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children() if "tfsync.engine.server" in " ".join(p.cmdline())}
+
+
+def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(tmp_path, two_hooks):
+    addresses, token_file, hooks = two_hooks
+    job, run_dir = job_file(tmp_path, addresses, token_file)
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoints(run_dir)
+        # round-robin, PS first: node0 runs ps:0 and worker:1, node1 runs worker:0
+        first = [task_children(h) for h in hooks]
+        assert sorted("--job ps" in c for c in first[0].values()) == [False, True]
+        assert ["--job worker --index 0" in c for c in first[1].values()] == [True]
+        assert not [p for p in psutil.Process(run.pid).children(recursive=True)
+                    if "tfsync.engine.server" in " ".join(p.cmdline())]  # no task of its own
+        (ps,) = [pid for pid, c in first[0].items() if "--job ps" in c]
+        os.kill(ps, signal.SIGKILL)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, err[-2000:]
+    summary = json.loads(out)
+    (rec,) = summary["recoveries"]
+    assert rec["task"] == "ps:0" and rec["exit_code"] == -signal.SIGKILL
+    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+    assert any(r.get("event") == "task_restarted" for r in records(run_dir))
+    # the second generation was started by the same hooks (their logs), and the job's end
+    # stopped every task while the hooks themselves go on
+    for node, names in (("node0", {"ps-0.log", "worker-1.log"}), ("node1", {"worker-0.log"})):
+        generations = sorted(os.listdir(tmp_path / node))
+        assert len(generations) == 2 and generations[1].endswith("-g2"), generations
+        assert set(os.listdir(tmp_path / node / generations[1])) == names
+    assert all(h.poll() is None for h in hooks)
+    time.sleep(0.5)
+    assert [task_children(h) for h in hooks] == [{}, {}]
+
+
+def test_a_wrong_hook_token_is_one_line_and_starts_nothing(tmp_path, two_hooks):
+    addresses, _, hooks = two_hooks
+    wrong = tmp_path / "wrong.token"
+    auth.write_token(wrong)
+    job, _ = job_file(tmp_path, addresses, wrong)
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA, "-q"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("tfsync: error:")]
+    assert "UNAUTHENTICATED" in line and addresses[0] in line
+    assert [task_children(h) for h in hooks] == [{}, {}]
+    assert "wrong token" in (tmp_path / "node0.out").read_text()  # refused and logged by the hook
