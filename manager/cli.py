@@ -1,4 +1,4 @@
-"""`tfsync status | switch | stop | checkpoint | batch-sizes | hook`: talk to a running job's
+"""`tfsync status | metrics | switch | stop | checkpoint | batch-sizes | hook`: talk to a running job's
 manager, or run a node hook. A job is named by its job file or its run directory; its
 control files (``control/manager.json``, ``control/token``) are read from there."""
 
@@ -106,6 +106,37 @@ def cmd_batch_sizes(args):
         request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=10))
 
 
+def cmd_metrics(args):
+    """Print step records as the job's manager receives them, until the run ends."""
+    from google.protobuf.json_format import MessageToDict
+
+    from tfsync.api.v1 import manager_pb2
+
+    try:
+        stub, info, grpc = _stub(args.target)
+        for rec in stub.StreamMetrics(manager_pb2.StreamMetricsRequest(job_id=info["job_id"],
+                                                                       from_step=args.from_step)):
+            if args.json:
+                print(json.dumps(MessageToDict(rec, preserving_proto_field_name=True,
+                                               always_print_fields_with_no_presence=True,
+                                               unquote_int64_if_possible=True)), flush=True)
+            else:
+                speed = rec.batch_size / max(rec.end - rec.start, 1e-9)
+                print(f"step {rec.step:>7}  worker {rec.worker}  batch {rec.batch_size:>4}  {speed:>9,.0f} samples/s  "
+                      f"loss {rec.loss:.4f}  {rec.protocol}  samples {rec.samples}", flush=True)
+    except ControlError as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # grpc.RpcError: the manager's own message
+        if hasattr(e, "code"):
+            if e.code().name == "UNAVAILABLE":
+                return 0  # the run ended and its manager with it
+            return _fail(f"{e.code().name}: {e.details()}", EXIT_FAILED)
+        raise
+    return 0
+
+
 def add_commands(sub) -> None:
     def job_command(name, help_, func):
         p = sub.add_parser(name, help=help_, description=help_ + ". The job is named by its job file "
@@ -126,6 +157,10 @@ def add_commands(sub) -> None:
     st = job_command("stop", "stop a running job at its next step boundary (checkpoint first)", cmd_stop)
     st.add_argument("--no-checkpoint", action="store_true", help="stop without saving a checkpoint")
     job_command("checkpoint", "checkpoint a running job now", cmd_checkpoint)
+    m = job_command("metrics", "print a running job's step records as they arrive, until it ends "
+                    "(--json: one JSON object per line)", cmd_metrics)
+    m.add_argument("--from-step", type=int, default=0,
+                   help="first replay the records the manager still holds from this step on (default: all held)")
     bs = job_command("batch-sizes", "set a running job's per-worker batch sizes", cmd_batch_sizes)
     bs.add_argument("sizes", type=int, nargs="+", help="one batch size per worker")
     # `tfsync hook ...` is handed to tfsync.hooks.node.main whole (tfsync.cli.main); listed here for --help.

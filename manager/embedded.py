@@ -54,6 +54,7 @@ class EmbeddedManager:
         a ``finally``)."""
         try:
             self.link.close()
+            self.service.end(self.job_id)
             if summary is not None:
                 for key in ("wall_s", "pushes", "samples", "test_accuracy", "stopped"):
                     if key in summary:

@@ -12,6 +12,7 @@ Step records are summarised into the job store in batches (``flush_every`` recor
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import queue
@@ -29,6 +30,9 @@ from tfsync.manager.store import StepSummary, Store
 from tfsync.manager.store_types import EVENT_KINDS
 
 logger = logging.getLogger(__name__)
+
+RECENT_STEPS = 10_000  # step records a StreamMetrics call can replay
+
 
 @dataclass
 class JobRuntime:
@@ -49,6 +53,10 @@ class JobRuntime:
     attached: bool = False
     pending: list = field(default_factory=list)  # step summaries not yet in the store
     flushed: float = 0.0
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_STEPS))
+    received: int = 0          # step records so far (StreamMetrics readers wait on it)
+    ended: bool = False        # the run is over: metric streams end
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
 
 class ManagerService(ResourceReports):
@@ -80,6 +88,33 @@ class ManagerService(ResourceReports):
         return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=manager_pb2.JobState.Value(f"JOB_STATE_{state.upper()}"),
                                      protocol=job.protocol, step=job.step, samples=job.samples,
                                      loss=job.loss, run_id=job.run_id, batch_sizes=sizes)
+
+    def end(self, job_id: str) -> None:
+        """The job's run is over: its metric streams end once they have sent every record."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            with job.changed:
+                job.ended = True
+                job.changed.notify_all()
+
+    def StreamMetrics(self, request, context):
+        if request.from_step < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"from_step {request.from_step} is negative; expected 0 (all held) or a step")
+        job = self._job(request.job_id, context)
+        with job.changed:  # the records still held from from_step on, then each new one
+            held = [r for r in job.recent if r.step >= request.from_step]
+            seen = job.received
+        yield from held
+        while context.is_active():
+            with job.changed:
+                job.changed.wait_for(lambda: job.received > seen or job.ended, timeout=0.5)
+                new = min(job.received - seen, len(job.recent))
+                batch = list(job.recent)[len(job.recent) - new:] if new else []
+                seen, ended = job.received, job.ended
+            yield from batch
+            if ended and not batch:
+                return
 
     # -- commands -------------------------------------------------------------------------
     def _issue(self, request, context, kind: str, **fields) -> manager_pb2.CommandAck:
@@ -162,6 +197,10 @@ class ManagerService(ResourceReports):
             pass  # the coordinator went away; its status stays as last reported
 
     def _step(self, job: JobRuntime, rec) -> None:
+        with job.changed:
+            job.recent.append(rec)
+            job.received += 1
+            job.changed.notify_all()
         job.step, job.samples, job.loss, job.protocol = rec.step, rec.samples, rec.loss, rec.protocol
         job.batch_sizes[rec.worker] = rec.batch_size
         job.pending.append(StepSummary(job.run_id, rec.step, rec.end, rec.batch_size, rec.loss, rec.protocol,

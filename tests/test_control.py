@@ -1,5 +1,5 @@
 """Controlling a running job as a user does: `tfsync run` in one process, `tfsync status |
-switch | batch-sizes | stop` from others, over the job's embedded manager (real gRPC on
+metrics | switch | batch-sizes | stop` from others, over the job's embedded manager (real gRPC on
 loopback, real TF tasks, the real job store)."""
 
 import json
@@ -70,6 +70,9 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         bad = tfsync("status", str(job), env=env)
         token.write_text(real)
         assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
+        # the step records from the first on (held ones replayed), until the run ends
+        metrics = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "metrics", str(job), "--json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
         bad = tfsync("batch-sizes", str(run_dir), "8", "8", "8", env=env)
         assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "expected 2 integers" in bad.stderr
@@ -86,12 +89,18 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
 
         assert tfsync("stop", str(job), env=env).returncode == 0
         out, err = run.communicate(timeout=120)
+        streamed, metrics_err = metrics.communicate(timeout=30)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
+        for p in (run, locals().get("metrics")):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
     assert run.returncode == 0, err[-2000:]
     summary = json.loads(out)
+    assert metrics.returncode == 0, metrics_err
+    streamed = [json.loads(line) for line in streamed.splitlines()]
+    assert [r["step"] for r in streamed] == list(range(1, summary["pushes"] + 1))  # each once, none lost
+    assert {r["protocol"] for r in streamed} == {"bsp", "ssp"} and {r["worker"] for r in streamed} == {0, 1}
     assert summary["stopped"] and summary["stop_checkpoint"]
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "ssp"]
     assert summary["samples"] < summary["workload_samples"]  # it really stopped early
