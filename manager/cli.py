@@ -137,6 +137,76 @@ def cmd_metrics(args):
     return 0
 
 
+def cmd_manager(args):
+    """Serve a standalone manager until interrupted; submitted jobs' coordinators are its children."""
+    import signal
+    import threading
+
+    from tfsync.manager import auth, daemon, transport
+    from tfsync.manager.embedded import home
+
+    token_file = Path(args.token_file or home() / "manager.token").expanduser()
+    try:
+        token = auth.read_token(token_file) if token_file.exists() else auth.write_token(token_file)
+        tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+        store = args.store or str(home() / "jobs.db")
+        Path(store).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
+                                             home=home(), tls=tls, allow_remote=args.allow_remote)
+    except (auth.TokenFileError, transport.TransportError, ValueError) as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    print(f"tfsync manager listening on {args.listen.rsplit(':', 1)[0]}:{port} (token in {token_file}, "
+          f"job store {store})", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    service.coordinators.stop_all()  # each job stops at a step boundary with its tasks, resumable
+    server.stop(grace=2.0)
+    service.store.close()
+    return 0
+
+
+def cmd_submit(args):
+    """Send a job file to a standalone manager, which trains it."""
+    import dataclasses
+    import os
+
+    import grpc
+
+    from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
+    from tfsync.config import ConfigError, load_job
+    from tfsync.manager import auth, transport
+
+    try:
+        cfg = load_job(args.job)
+        paths = {"run_dir": os.path.abspath(cfg.job.run_dir)}
+        data = dataclasses.replace(cfg.data, path=os.path.abspath(args.data or cfg.data.path)) \
+            if (args.data or cfg.data.path) else cfg.data
+        cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, **paths), data=data)
+        from tfsync.manager.embedded import home
+        token = auth.read_token(os.path.expanduser(args.token_file or home() / "manager.token"))
+        channel = transport.make_channel(args.manager, token=token)
+        transport.wait_ready(channel, 10.0, f"the manager at {args.manager}")
+    except (ConfigError, auth.TokenFileError) as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except transport.TransportError as e:
+        return _fail(str(e), EXIT_FAILED)
+    try:
+        status = manager_pb2_grpc.ManagerStub(channel).SubmitJob(manager_pb2.SubmitJobRequest(
+            request_id=uuid.uuid4().hex, name=cfg.job.name, config_json=json.dumps(cfg.to_dict())), timeout=30)
+    except grpc.RpcError as e:
+        return _fail(f"{e.code().name}: {e.details()}",
+                     EXIT_BAD_INPUT if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED)
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+        print(json.dumps(MessageToDict(status, preserving_proto_field_name=True), indent=2))
+    else:
+        print(f"submitted job {status.job_id} ({status.name}); follow it with `tfsync status {args.job}` or "
+              f"`tfsync metrics {args.job}`; outputs in {status.run_dir}")
+    return 0
+
+
 def add_commands(sub) -> None:
     def job_command(name, help_, func):
         p = sub.add_parser(name, help=help_, description=help_ + ". The job is named by its job file "
@@ -163,6 +233,30 @@ def add_commands(sub) -> None:
                    help="first replay the records the manager still holds from this step on (default: all held)")
     bs = job_command("batch-sizes", "set a running job's per-worker batch sizes", cmd_batch_sizes)
     bs.add_argument("sizes", type=int, nargs="+", help="one batch size per worker")
+    mg = sub.add_parser("manager", help="run a standalone manager that trains submitted jobs",
+                        description="Serve the tfsync Manager API: `tfsync submit` sends it jobs, which it "
+                                    "trains (one coordinator process each, tasks on the job's hooks or on this "
+                                    "machine) and records in the job store. Every call needs the manager's "
+                                    "token. Ctrl-C stops every job at a step boundary, with a checkpoint.")
+    mg.add_argument("--listen", default="127.0.0.1:7000", help="host:port (default 127.0.0.1:7000; port 0: any)")
+    mg.add_argument("--token-file", help="the manager's token (created, mode 0600, if missing; "
+                                         "default $TFSYNC_HOME/manager.token)")
+    mg.add_argument("--store", help="job store (default $TFSYNC_HOME/jobs.db)")
+    mg.add_argument("--tls-cert", help="serve TLS with this certificate (PEM) ...")
+    mg.add_argument("--tls-key", help="... and this key")
+    mg.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen address")
+    mg.set_defaults(func=cmd_manager)
+    sb = sub.add_parser("submit", help="send a job file to a standalone manager (tfsync manager)",
+                        description="Send a job file to a running `tfsync manager`, which trains it. Paths "
+                                    "in the job (run_dir, data.path) are made absolute first. Then `tfsync "
+                                    "status|metrics|switch|stop JOB` reach it as for `tfsync run`.")
+    sb.add_argument("job", help="path to the job file (TOML)")
+    sb.add_argument("--manager", default="127.0.0.1:7000", help="the manager's host:port (default 127.0.0.1:7000)")
+    sb.add_argument("--token-file", help="the manager's token file (default $TFSYNC_HOME/manager.token, "
+                                         "where `tfsync manager` puts it)")
+    sb.add_argument("--data", help="data path (overrides data.path)")
+    sb.add_argument("--json", action="store_true", help="print the job's status as JSON")
+    sb.set_defaults(func=cmd_submit)
     # `tfsync hook ...` is handed to tfsync.hooks.node.main whole (tfsync.cli.main); listed here for --help.
     sub.add_parser("hook", help="run this node's hook agent (starts its TF tasks for a manager); "
                                 "`tfsync hook --help` for its options", add_help=False)

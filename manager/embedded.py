@@ -67,6 +67,55 @@ class EmbeddedManager:
             self.store.close()
 
 
+def local_hook(run_dir: str, token: str, job_id: str) -> tuple[object, HookNodes]:
+    """A node hook on loopback in this process (task logs in run_dir/logs) and the engine's
+    cluster factory that runs the tasks through it."""
+    hook, port = serve_hook(f"{transport.DEFAULT_HOST}:0", token=token, log_dir=os.path.join(run_dir, "logs"))
+    return hook, HookNodes([(f"{transport.DEFAULT_HOST}:{port}", token)], job_id=job_id)
+
+
+@dataclass
+class AttachedCoordinator:
+    """A coordinator started by a standalone manager (`tfsync manager`): its link to that
+    manager and, when the job file lists no hooks, a hook of its own for the tasks."""
+
+    link: ManagerLink
+    hook: object | None
+    nodes: HookNodes | None
+    control_dir: Path
+
+    def finish(self, state: str, summary: dict | None = None) -> None:
+        """The manager records the outcome when this process exits."""
+        try:
+            self.link.close()
+        finally:
+            if self.hook is not None:
+                self.hook.stop()
+            (self.control_dir / "manager.json").unlink(missing_ok=True)
+
+
+def attach(address: str, token_file: str, job_id: str, run_id: int, run_dir: str, workers: int, protocol: str,
+           local_tasks: bool) -> AttachedCoordinator:
+    token = auth.read_token(token_file)
+    channel = transport.make_channel(address, token=token)
+    transport.wait_ready(channel, 10.0, f"the manager at {address}")
+    link = ManagerLink(channel, job_id, run_id, workers, protocol)
+    hook, nodes = local_hook(run_dir, token, f"{job_id}-r{run_id}") if local_tasks else (None, None)
+    control = write_control(run_dir, token, {"address": address, "job_id": job_id, "run_id": run_id,
+                                             "pid": os.getpid(), "standalone": True})
+    return AttachedCoordinator(link, hook, nodes, control)
+
+
+def write_control(run_dir: str, token: str, info: dict) -> Path:
+    """``run_dir/control/``: the token (0600) and manager.json, which `tfsync status | switch
+    | stop ...` read to reach the job's manager."""
+    control = Path(run_dir) / "control"
+    control.mkdir(parents=True, exist_ok=True)
+    auth.write_token(control / "token", token)
+    (control / "manager.json").write_text(json.dumps(info, indent=2))
+    return control
+
+
 def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
           store_path: str | None = None, resume: bool = False) -> EmbeddedManager:
     """``resume``: a new run of the newest stored job with this run directory (if any)."""
@@ -89,10 +138,9 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     server.start()
     address = f"{transport.DEFAULT_HOST}:{port}"
     link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
-    hook, hook_port = serve_hook(f"{transport.DEFAULT_HOST}:0", token=token, log_dir=os.path.join(run_dir, "logs"))
-    nodes = HookNodes([(f"{transport.DEFAULT_HOST}:{hook_port}", token)], job_id=f"{job.id}-r{run.id}")
+    hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
     info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,
-            "hook": f"{transport.DEFAULT_HOST}:{hook_port}"}
+            "hook": nodes.hooks[0][0]}
     (control / "manager.json").write_text(json.dumps(info, indent=2))
     logger.info("manager for job %s at %s (control files in %s)", job.id, address, control)
     return EmbeddedManager(server, address, service, store, job.id, run.id, link, control, hook, nodes)

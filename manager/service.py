@@ -168,6 +168,11 @@ class ManagerService(ResourceReports):
         job = self._job(hello.job_id, context)
         job.run_id, job.workers, job.protocol, job.step = hello.run_id, hello.workers, hello.protocol, hello.step
         job.attached = True
+        try:
+            if self.store.job(job.job_id).state == "submitted":  # a submitted job's coordinator is up
+                self.store.set_job_state(job.job_id, "running")
+        except KeyError:
+            pass
         reader = threading.Thread(target=self._read, args=(job, request_iterator), daemon=True,
                                   name=f"attach-{job.job_id}")
         reader.start()

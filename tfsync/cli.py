@@ -88,6 +88,7 @@ def cmd_run(args) -> int:
     from .engine.trainer import EngineError
     from .jobrun import run_job
     from .manager.auth import TokenFileError
+    from .manager.transport import TransportError
     from .policy.base import PolicyError
 
     resume = None
@@ -106,7 +107,11 @@ def cmd_run(args) -> int:
     progress = None if (args.json or args.quiet) else Progress()
     manager, state, summary = None, "failed", None
     try:
-        if not args.no_manager:  # embedded: status/switch/stop reach this run through it
+        if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome
+            from .manager import embedded
+            manager = embedded.attach(args.attach, args.token_file, args.job_id, args.run_id, cfg.job.run_dir,
+                                      cfg.cluster.workers, cfg.protocol[0].name, local_tasks=not cfg.cluster.hooks)
+        elif not args.no_manager:  # embedded: status/switch/stop reach this run through it
             import dataclasses
 
             from .manager import embedded
@@ -118,7 +123,7 @@ def cmd_run(args) -> int:
         state = "stopped" if summary.get("stopped") else "done"
     except (DataError, ConfigError, TokenFileError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
-    except (EngineError, ClusterError, PolicyError) as e:
+    except (EngineError, ClusterError, PolicyError, TransportError) as e:
         return _fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:
         state = "stopped"
@@ -168,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
         q.add_argument("--no-manager", action="store_true",
                        help="no embedded manager: the run cannot be reached by status/switch/stop")
+        q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "
+                       "embedding one (set by `tfsync manager` for submitted jobs, with the three options below)")
+        q.add_argument("--token-file", help=argparse.SUPPRESS)
+        q.add_argument("--job-id", help=argparse.SUPPRESS)
+        q.add_argument("--run-id", type=int, default=0, help=argparse.SUPPRESS)
     r.set_defaults(func=cmd_run)
     rs.set_defaults(func=cmd_run, resume=True)
     from .switch.cli import add_commands as add_search_commands

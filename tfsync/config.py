@@ -177,10 +177,10 @@ class JobConfig:
 
 
 def load_job(path: str | os.PathLike) -> JobConfig:
-    """Read and validate a TOML job file."""
+    """Read and validate a TOML job file (or its JSON form, ``JobConfig.to_dict``, for a .json path)."""
     try:
         with open(path, "rb") as f:
-            d = tomllib.load(f)
+            d = json.load(f) if os.fspath(path).endswith(".json") else tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such job file; pass the path of a TOML job file "
                           f"(example: jobs/mnist.toml)") from None
@@ -188,6 +188,8 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         raise ConfigError(f"{path}: cannot read job file: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: JSON syntax error: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file; a job file is TOML text") from None
     return JobConfig.from_dict(d, source=os.fspath(path))
