@@ -96,7 +96,9 @@ def manager_process(token, db_path, kind, workers, port_q, cmd_q, res_q):
     store.close()
 
 
-def hooks_process(mode, port, token, first, count, rate, start_at, measure_from, end_at, channels, out_q):
+def hooks_process(mode, port, token, first, count, rate, start_at, measure_from, end_at, channels, out_q, nice=0):
+    if nice:
+        os.nice(nice)  # --client-nice: the manager first, as when the hooks run on other machines
     out_q.put(asyncio.run(_hooks(mode, port, token, first, count, rate, start_at, measure_from, end_at, channels)))
 
 
@@ -172,7 +174,8 @@ def run_level(ctx, port, token, n, args, server_pid, cmd_q, res_q):
     procs, first = [], 0
     for count in share:
         procs.append(ctx.Process(target=hooks_process, args=(args.mode, port, token, first, count, args.rate, start_at,
-                                                             measure_from, end_at, args.channels, out_q)))
+                                                             measure_from, end_at, args.channels, out_q,
+                                                             args.client_nice)))
         first += count
     for p in procs:
         p.start()
@@ -196,7 +199,8 @@ def run_level(ctx, port, token, n, args, server_pid, cmd_q, res_q):
             "p50_ms": round(float(np.percentile(lat, 50)), 3), "p90_ms": round(float(np.percentile(lat, 90)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
             "server_cpu_percent": round(server_cpu, 1), "seconds": args.seconds, "rate_hz": args.rate,
-            "mode": args.mode, "server": args.server, "workers": args.workers, "client_procs": procs_n}
+            "mode": args.mode, "server": args.server, "workers": args.workers, "client_procs": procs_n,
+            "client_nice": args.client_nice}
 
 
 def plot(rows, path):
@@ -273,6 +277,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=16, help="threaded server's pool size")
     p.add_argument("--client-procs", type=int, default=2)
     p.add_argument("--channels", type=int, default=4, help="connections per client process")
+    p.add_argument("--client-nice", type=int, default=0,
+                   help="run the simulated hooks at this niceness (19: the manager gets the cores first, as "
+                        "when hooks run on their own machines; 0: hooks and manager share them alike)")
     p.add_argument("--quick", action="store_true", help="N = 100, 250, 500, 1000 for 2 s each")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_manager_fanin"))
     args = p.parse_args(argv)

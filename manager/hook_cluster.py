@@ -60,18 +60,18 @@ class HookNodes:
             raise ValueError(f"task ports must be (first, last) within 1..65535, got {ports!r}")
         self.ports, self.tls, self.parallel = ports, tls, parallel
         self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
-        self._next_port = ports[0] if ports else 0
+        self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
         self.generations = 0
 
-    def _remote_ports(self, count: int) -> list[int]:
+    def _remote_ports(self, host: str, count: int) -> list[int]:
         first, last = self.ports
         if count > last - first + 1:
             raise ValueError(f"task ports {first}..{last} are fewer than the {count} tasks of one node")
-        if self._next_port + count - 1 > last:
-            self._next_port = first
-        out = list(range(self._next_port, self._next_port + count))
-        self._next_port += count
-        return out
+        start = self._next_port.get(host, first)
+        if start + count - 1 > last:
+            start = first
+        self._next_port[host] = start + count
+        return list(range(start, start + count))
 
     def spec(self, workers: int, ps: int) -> tuple[dict, dict]:
         """A cluster spec for a new generation and its ``{task: hook index}``."""
@@ -81,7 +81,7 @@ class HookNodes:
         for h, (address, _) in enumerate(self.hooks):
             host = address.rsplit(":", 1)[0]
             mine = [t for t in tasks if assignment[t] == h]
-            ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) else self._remote_ports(len(mine))
+            ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) else self._remote_ports(host, len(mine))
             addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
         # the coordinator (chief) has no server of its own; its entry only completes the spec
         chief_host = "127.0.0.1" if all(is_loopback(a.rsplit(":", 1)[0]) for a, _ in self.hooks) \

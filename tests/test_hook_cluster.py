@@ -1,0 +1,51 @@
+"""Where a job's tasks go on node hooks: the job file's cluster.hooks checks, and the
+specs HookNodes makes (round-robin over hooks, PS first; fresh ports every generation)."""
+
+import pytest
+
+from tfsync.config import ConfigError, JobConfig
+from tfsync.manager.hook_cluster import HookNodes, is_loopback
+
+pytestmark = pytest.mark.unit
+
+
+def _error(cluster) -> str:
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict({"cluster": cluster}, source="job.toml")
+    return str(e.value)
+
+
+def test_job_file_hooks_need_a_token_and_remote_ones_ports():
+    assert "cluster.token_file" in _error({"hooks": ["127.0.0.1:7070"]})
+    assert "cluster.task_ports" in _error({"hooks": ["10.0.0.2:7070"], "token_file": "t"})
+    assert "host:port" in _error({"hooks": ["10.0.0.2"], "token_file": "t"})
+    assert "distinct" in _error({"hooks": ["a:1", "a:1"], "token_file": "t"})
+    assert "first <= last" in _error({"hooks": ["a:1"], "token_file": "t", "task_ports": [200, 100]})
+    cfg = JobConfig.from_dict({"cluster": {"hooks": ["10.0.0.2:7070", "10.0.0.3:7070"], "token_file": "t",
+                                           "task_ports": [20000, 20009]}})
+    assert cfg.cluster.hooks == ("10.0.0.2:7070", "10.0.0.3:7070") and cfg.cluster.task_ports == (20000, 20009)
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg  # what `tfsync submit` sends
+
+
+def test_tasks_round_robin_on_the_hooks_hosts_with_fresh_ports_per_generation():
+    nodes = HookNodes([("10.0.0.2:7070", "t"), ("10.0.0.3:7070", "t")], ports=(20000, 20005))
+    spec, assignment = nodes.spec(workers=3, ps=1)
+    assert spec["ps"] == ["10.0.0.2:20000"]
+    assert spec["worker"] == ["10.0.0.3:20000", "10.0.0.2:20001", "10.0.0.3:20001"]
+    assert assignment == {("ps", 0): 0, ("worker", 0): 1, ("worker", 1): 0, ("worker", 2): 1}
+    again, _ = nodes.spec(workers=3, ps=1)  # the next generation never reuses a port at once
+    assert set(again["ps"] + again["worker"]).isdisjoint(spec["ps"] + spec["worker"])
+    third, _ = nodes.spec(workers=3, ps=1)  # the range wraps around
+    assert third["ps"] == ["10.0.0.2:20004"] and nodes.spec(workers=3, ps=1)[0]["ps"] == ["10.0.0.2:20000"]
+    with pytest.raises(ValueError, match="not on this machine"):
+        HookNodes([("10.0.0.2:7070", "t")])
+    with pytest.raises(ValueError, match="fewer than"):
+        HookNodes([("10.0.0.2:7070", "t")], ports=(1, 2)).spec(workers=2, ps=1)
+
+
+def test_loopback_hooks_get_free_ports_here():
+    nodes = HookNodes([("127.0.0.1:7070", "t")])
+    spec, _ = nodes.spec(workers=2, ps=1)
+    ports = [int(a.rsplit(":", 1)[1]) for a in spec["ps"] + spec["worker"]]
+    assert len(set(ports)) == 3 and all(a.startswith("127.0.0.1:") for a in spec["ps"] + spec["worker"])
+    assert is_loopback("localhost") and is_loopback("[::1]") and not is_loopback("10.0.0.2")
