@@ -22,6 +22,7 @@ repeat so load drifts hit them alike; medians over --repeats. Compare ratios, no
 absolute times (the machine is shared). Writes <out>/bench_lbbsp.csv and .png.
 
     python experiments/bench_lbbsp.py --samples 60000 --repeats 3
+    python experiments/bench_lbbsp.py --slow-by pause --levels homo,hetero-l3 --repeats 2
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ def run_one(args, level: str, label: str, rep: int) -> tuple[dict, list[dict]]:
     cfg = job_config(f"lbbsp-{level}-{label}", run_dir, protocol_spec(label, args.predictor),
                      model=args.model, batch_size=args.batch_size, samples=args.samples, lr=args.lr,
                      workers=args.workers, seed=args.seed)
+    if args.slow_by == "pause":  # the level's speed share, exactly: slowdown 1 / share
+        import dataclasses
+
+        from tfsync.config import Inject
+        from tfsync.inject import level_plan
+        cfg = dataclasses.replace(cfg, inject=tuple(
+            Inject(worker=w, slowdown=1.0 / spec.share, start_s=0.0, duration_s=1e6)
+            for w, spec in enumerate(level_plan(level, args.workers)) if spec.share < 1.0))
     pinner = WorkerPinner().start()
     try:
         summary = run_job(cfg, progress=progress_printer(20.0), data_path=args.data)
@@ -218,6 +227,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None, help="MNIST .npz (default: ../shared/data)")
     p.add_argument("--out", default="results", help="results folder")
+    p.add_argument("--slow-by", choices=("burner", "pause"), default="burner",
+                   help="burner: competing processes pinned to the slowed worker's CPU (paper 002 §5.2); "
+                        "pause: the worker's task stopped for part of every 100 ms (tfsync.inject.pause), "
+                        "which slows it by the level's factor exactly even where the PS and coordinator "
+                        "share its CPU")
     args = p.parse_args(argv)
     levels = [lv.strip().lower() for lv in args.levels.split(",")]
     labels = [x.strip() for x in args.protocols.split(",")]
@@ -231,7 +245,7 @@ def main(argv=None) -> int:
           f"{args.repeats} repeat(s)", flush=True)
     rows, runs = [], {}
     for level in levels:
-        burners = start_burners(level, args.workers)
+        burners = start_burners(level, args.workers) if args.slow_by == "burner" else []
         try:
             print(f"{LABELS[level]}: burners {[b.describe() for b in burners]}", flush=True)
             for rep in range(args.repeats):
@@ -243,7 +257,8 @@ def main(argv=None) -> int:
             for b in burners:
                 b.stop()
     summary = medians(rows)
-    path = os.path.join(args.out, "bench_lbbsp.csv")
+    name = "bench_lbbsp" + ("_pause" if args.slow_by == "pause" else "")
+    path = os.path.join(args.out, name + ".csv")
     fields = list(dict.fromkeys(k for r in summary + rows for k in r))
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -261,7 +276,7 @@ def main(argv=None) -> int:
             print(f"{LABELS[level]}: LB-BSP / ideal = {lb['per_update_s'] / lb['ideal_s']:.3f} (target <= 1.10)"
                   + (f", BSP / LB-BSP = {bsp['per_update_s'] / lb['per_update_s']:.2f}"
                      + (" (target >= 1.8)" if level == "hetero-l3" else "") if bsp else ""))
-    plot(os.path.join(args.out, "bench_lbbsp.png"), summary, runs, levels[-1])
+    plot(os.path.join(args.out, name + ".png"), summary, runs, levels[-1])
     print(f"wrote {path}")
     return 0
 

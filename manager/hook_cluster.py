@@ -16,7 +16,6 @@ for the port of the one it replaces.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import threading
@@ -25,21 +24,12 @@ import uuid
 from tfsync.api.v1 import common_pb2, node_hook_pb2
 from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.manager.launcher import HookLauncher, LaunchError, round_robin
+from tfsync.manager.transport import is_loopback
 
 logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class HookNodes:

@@ -64,6 +64,8 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    host = host.strip("[]")
     if host == "localhost":
         return True
     try:

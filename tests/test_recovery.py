@@ -34,14 +34,19 @@ def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
         if run.poll() is None:
             run.kill()
             run.communicate()
+    rec = check_ps_recovered(run, out, err, run_dir)
+    assert killed_at - rec["samples_lost"] >= 0
+    # both generations' tasks were started by the run's node hook (its task logs)
+    assert [p.parent.name[-3:] for p in sorted(run_dir.glob("logs/*/ps-0.log"))] == ["-g1", "-g2"]
+
+
+def check_ps_recovered(run, out, err, run_dir) -> dict:
+    """The run finished after one PS recovery that lost at most a checkpoint interval; returns it."""
     assert run.returncode == 0, err[-2000:]
     summary = json.loads(out)
     (rec,) = summary["recoveries"]
     assert rec["task"] == "ps:0" and rec["exit_code"] == -signal.SIGKILL
-    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE
-    assert killed_at - rec["samples_lost"] >= 0
-    assert summary["samples"] >= summary["workload_samples"]
-    assert summary["test_accuracy"] > 0.8
+    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE  # checkpoint_every = 10 updates
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
     assert any(r.get("event") == "task_restarted" for r in records(run_dir))
-    # both generations' tasks were started by the run's node hook (its task logs)
-    assert [p.parent.name[-3:] for p in sorted(run_dir.glob("logs/*/ps-0.log"))] == ["-g1", "-g2"]
+    return rec
