@@ -101,29 +101,26 @@ class StandaloneService(ManagerService):
         self.coordinators: Coordinators | None = None
 
     def SubmitJob(self, request, context):
-        from tfsync.config import ConfigError, JobConfig
+        from tfsync.config import JobConfig
         from tfsync.switch.trials import config_signature
 
         try:
             cfg = JobConfig.from_dict(json.loads(request.config_json), source="config_json")
-        except ValueError as e:  # ConfigError is a ValueError; so is bad JSON
+        except ValueError as e:  # a ConfigError, or bad JSON
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if not os.path.isabs(cfg.job.run_dir):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job.run_dir {cfg.job.run_dir!r} must be absolute "
                           "(the manager runs elsewhere than the client; `tfsync submit` makes it so)")
         config = cfg.to_dict()
         with self._lock:
-            if request.request_id and request.request_id in self.submitted:
-                return self._status(self.submitted[request.request_id])
-            try:
-                job = self.store.create_job(request.name or cfg.job.name, request.signature or config_signature(config),
-                                            config, run_dir=cfg.job.run_dir)
-            except ConfigError as e:  # pragma: no cover - validated above
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            if request.request_id in self.submitted:  # a retried call: the job it submitted
+                return self._status(self.submitted[request.request_id], context)
+            job = self.store.create_job(request.name or cfg.job.name, request.signature or config_signature(config),
+                                        config, run_dir=cfg.job.run_dir)
             if request.request_id:
                 self.submitted[request.request_id] = job.id
         self._launch(job, resume=False, context=context)
-        return self._status(job.id)
+        return self._status(job.id, context)
 
     def Resume(self, request, context):
         try:
@@ -139,7 +136,7 @@ class StandaloneService(ManagerService):
         with self._lock:
             self.jobs.pop(job.id, None)
         self._launch(job, resume=True, context=context)
-        return self._status(job.id)
+        return self._status(job.id, context)
 
     def _launch(self, job, resume: bool, context) -> None:
         run = self.store.start_run(job.id, kind="resume" if resume else "train")
@@ -152,11 +149,8 @@ class StandaloneService(ManagerService):
             self.store.set_job_state(job.id, "failed")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"could not start job {job.id}: {e}")
 
-    def _status(self, job_id: str) -> manager_pb2.JobStatus:
-        job = self.store.job(job_id)
-        return manager_pb2.JobStatus(job_id=job.id, name=job.name, state=manager_pb2.JobState.Value(
-            f"JOB_STATE_{job.state.upper()}"), created=job.created, updated=job.updated, run_dir=job.run_dir,
-            run_id=self.jobs[job.id].run_id if job.id in self.jobs else 0)
+    def _status(self, job_id: str, context) -> manager_pb2.JobStatus:
+        return self.GetStatus(manager_pb2.GetStatusRequest(job_id=job_id), context)
 
 
 def serve(listen: str, *, token: str, token_file: str, store_path: str, home: Path,

@@ -119,9 +119,8 @@ def write_control(run_dir: str, token: str, info: dict) -> Path:
 def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
           store_path: str | None = None, resume: bool = False) -> EmbeddedManager:
     """``resume``: a new run of the newest stored job with this run directory (if any)."""
+    token = auth.new_token()
     control = Path(run_dir) / "control"
-    control.mkdir(parents=True, exist_ok=True)
-    token = auth.write_token(control / "token")
     store_path = store_path or str(home() / "jobs.db")
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(store_path)
@@ -141,6 +140,6 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
     info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,
             "hook": nodes.hooks[0][0]}
-    (control / "manager.json").write_text(json.dumps(info, indent=2))
+    write_control(run_dir, token, info)
     logger.info("manager for job %s at %s (control files in %s)", job.id, address, control)
     return EmbeddedManager(server, address, service, store, job.id, run.id, link, control, hook, nodes)

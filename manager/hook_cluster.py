@@ -100,7 +100,7 @@ class HookCluster:
         self._mapping = assignment
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._dead: list[tuple[str, int, int]] = []
+        self._dead: dict[tuple[str, int], int] = {}  # ended tasks -> exit code (-1: hook unreachable)
 
     @property
     def job_id(self) -> str:
@@ -117,12 +117,7 @@ class HookCluster:
         self._thread.start()
         return self
 
-    def start(self) -> "HookCluster":
-        self.launch()
-        self.wait_ready()
-        return self
-
-    def wait_ready(self, tasks=None) -> None:
+    def wait_ready(self) -> None:
         if self._thread is None:
             self.launch()
         self._thread.join()
@@ -132,43 +127,36 @@ class HookCluster:
 
     def dead_tasks(self) -> list[tuple[str, int, int]]:
         """Tasks of this generation that ended, asking every hook that runs one (Health)."""
-        if self._thread is None or self._thread.is_alive() or self._error is not None:
-            return list(self._dead)
-        for h, stub in enumerate(self.launcher._stubs):
-            if not self.launcher.tasks_of(h):
-                continue
-            try:
-                health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
-            except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
-                logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
-                for job, i in self.launcher.tasks_of(h):
-                    if not any(d[:2] == (job, i) for d in self._dead):
-                        self._dead.append((job, i, -1))
-                continue
-            for t in health.tasks:
-                key = (t.task.job, t.task.index)
-                if t.job_id == self.job_id and t.state in ENDED and not any(d[:2] == key for d in self._dead):
-                    self.launcher.status[key] = t
-                    self._dead.append((*key, t.exit_code))
-        return list(self._dead)
+        if self._thread is not None and not self._thread.is_alive() and self._error is None:
+            for h, stub in enumerate(self.launcher._stubs):
+                mine = self.launcher.tasks_of(h)
+                if not mine:
+                    continue
+                try:
+                    health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+                except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
+                    logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
+                    for task in mine:
+                        self._dead.setdefault(task, -1)
+                    continue
+                for t in health.tasks:
+                    key = (t.task.job, t.task.index)
+                    if t.job_id == self.job_id and t.state in ENDED and key not in self._dead:
+                        self.launcher.status[key] = t
+                        self._dead[key] = t.exit_code
+        return [(job, i, code) for (job, i), code in self._dead.items()]
 
     def task_pid(self, job: str, index: int) -> int | None:
         """The pid of a task whose hook is on this machine (None for remote or ended ones)."""
         s = self.launcher.status.get((job, index))
         h = self._mapping.get((job, index))
-        if s is None or h is None or s.state in ENDED or any(d[:2] == (job, index) for d in self._dead):
+        if s is None or h is None or s.state in ENDED or (job, index) in self._dead:
             return None
         return s.pid if is_loopback(self.launcher.addresses[h].rsplit(":", 1)[0]) else None
 
     def worker_pids(self) -> dict[int, int]:
         pids = {i: self.task_pid("worker", i) for i in range(len(self.spec["worker"]))}
         return {i: p for i, p in pids.items() if p is not None}
-
-    def kill_task(self, job: str, index: int, sig=None) -> None:
-        """Stop one task through its hook (a test's way to lose it)."""
-        h = self._mapping[(job, index)]
-        self.launcher._stubs[h].StopTasks(node_hook_pb2.StopTasksRequest(
-            job_id=self.job_id, tasks=[common_pb2.TaskRef(job=job, index=index)]), timeout=30.0)
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -177,9 +165,3 @@ class HookCluster:
             self.launcher.stop()
         except LaunchError as e:
             logger.warning("stopping the tasks of %s: %s", self.job_id, e)
-
-    def __enter__(self) -> "HookCluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -81,13 +81,15 @@ class ManagerService(ResourceReports):
     def GetStatus(self, request, context):
         job = self._job(request.job_id, context)
         try:
-            state = self.store.job(job.job_id).state
+            stored = self.store.job(job.job_id)
+            state, stored_fields = stored.state, {"created": stored.created, "updated": stored.updated,
+                                                  "run_dir": stored.run_dir}
         except KeyError:
-            state = "running" if job.attached else "submitted"
+            state, stored_fields = ("running" if job.attached else "submitted"), {}
         sizes = [job.batch_sizes.get(w, 0) for w in range(job.workers)]
         return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=manager_pb2.JobState.Value(f"JOB_STATE_{state.upper()}"),
                                      protocol=job.protocol, step=job.step, samples=job.samples,
-                                     loss=job.loss, run_id=job.run_id, batch_sizes=sizes)
+                                     loss=job.loss, run_id=job.run_id, batch_sizes=sizes, **stored_fields)
 
     def end(self, job_id: str) -> None:
         """The job's run is over: its metric streams end once they have sent every record."""

@@ -2,6 +2,7 @@
 metrics | switch | batch-sizes | stop` from others, over the job's embedded manager (real gRPC on
 loopback, real TF tasks, the real job store)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -36,6 +37,27 @@ def tfsync(*args, env=None, timeout=60):
                           timeout=timeout, env=env)
 
 
+@contextlib.contextmanager
+def tfsync_run(tmp_path, job_text: str, env=None, output=subprocess.PIPE):
+    """`tfsync run JOB --json` in its own process, JOB written to tmp_path/job.toml from
+    ``job_text`` with ``{run_dir}`` = tmp_path/run; yields (process, run_dir, job). The
+    process is killed on the way out if it still runs, also when the test failed."""
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(job_text.format(run_dir=run_dir))
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           stdout=output, stderr=output, text=True, env=env)
+    try:
+        yield run, run_dir, job
+    finally:
+        kill_if_running(run)
+
+
+def kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def wait_for(what, check, timeout=90.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -48,12 +70,7 @@ def wait_for(what, check, timeout=90.0):
 
 def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, job), contextlib.ExitStack() as cleanup:
         info = wait_for("the manager", lambda: (run_dir / "control" / "manager.json").is_file())
         assert info and oct((run_dir / "control" / "token").stat().st_mode & 0o777) == "0o600"
 
@@ -73,6 +90,7 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         # the step records from the first on (held ones replayed), until the run ends
         metrics = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "metrics", str(job), "--json"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        cleanup.callback(kill_if_running, metrics)
 
         bad = tfsync("batch-sizes", str(run_dir), "8", "8", "8", env=env)
         assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "expected 2 integers" in bad.stderr
@@ -90,11 +108,6 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         assert tfsync("stop", str(job), env=env).returncode == 0
         out, err = run.communicate(timeout=120)
         streamed, metrics_err = metrics.communicate(timeout=30)
-    finally:
-        for p in (run, locals().get("metrics")):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
     assert run.returncode == 0, err[-2000:]
     summary = json.loads(out)
     assert metrics.returncode == 0, metrics_err

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from test_control import tfsync_run
 from test_recovery import check_ps_recovered
 from test_resume import DATA, JOB, wait_for_checkpoints
 from tfsync.engine.cluster import free_ports
@@ -52,12 +53,9 @@ def two_hooks(tmp_path):
                 h.kill()
 
 
-def job_file(tmp_path, hooks, token_file):
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir).replace(
-        "[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]"))
-    return job, run_dir
+def on_hooks(hooks, token_file) -> str:
+    """The test job (its {run_dir} left to fill) with its tasks on ``hooks``."""
+    return JOB.replace("[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]")
 
 
 def task_children(hook):
@@ -66,10 +64,7 @@ def task_children(hook):
 
 def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(tmp_path, two_hooks):
     addresses, token_file, hooks = two_hooks
-    job, run_dir = job_file(tmp_path, addresses, token_file)
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with tfsync_run(tmp_path, on_hooks(addresses, token_file)) as (run, run_dir, _):
         wait_for_checkpoints(run_dir)
         # round-robin, PS first: node0 runs ps:0 and worker:1, node1 runs worker:0
         first = [task_children(h) for h in hooks]
@@ -80,10 +75,6 @@ def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(
         (ps,) = [pid for pid, c in first[0].items() if "--job ps" in c]
         os.kill(ps, signal.SIGKILL)
         out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
     check_ps_recovered(run, out, err, run_dir)
     # the second generation was started by the same hooks (their logs), and the job's end
     # stopped every task while the hooks themselves go on
@@ -100,7 +91,8 @@ def test_a_wrong_hook_token_is_one_line_and_starts_nothing(tmp_path, two_hooks):
     addresses, _, hooks = two_hooks
     wrong = tmp_path / "wrong.token"
     auth.write_token(wrong)
-    job, _ = job_file(tmp_path, addresses, wrong)
+    job = tmp_path / "job.toml"
+    job.write_text(on_hooks(addresses, wrong).format(run_dir=tmp_path / "run"))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA, "-q"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 1

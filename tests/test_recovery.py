@@ -5,35 +5,25 @@ checkpoint interval."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import psutil
 import pytest
 
-from test_resume import DATA, JOB, PER_UPDATE, records, wait_for_checkpoints
+from test_control import tfsync_run
+from test_resume import JOB, PER_UPDATE, records, wait_for_checkpoints
 
 pytestmark = pytest.mark.cluster
 
 
 def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, _):
         wait_for_checkpoints(run_dir)
         (ps,) = [p for p in psutil.Process(run.pid).children(recursive=True)
                  if "--job ps" in " ".join(p.cmdline())]
         ps.send_signal(signal.SIGKILL)
         killed_at = max(r["samples"] for r in records(run_dir) if "worker" in r)
         out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
     rec = check_ps_recovered(run, out, err, run_dir)
     assert killed_at - rec["samples_lost"] >= 0
     # both generations' tasks were started by the run's node hook (its task logs)

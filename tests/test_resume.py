@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from test_control import tfsync_run
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
@@ -62,19 +63,11 @@ def wait_for_checkpoints(run_dir, count: int = 2, timeout: float = 120.0) -> Non
 
 def test_resume_after_the_manager_is_killed(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
+    with tfsync_run(tmp_path, JOB, env=env, output=subprocess.DEVNULL) as (run, run_dir, job):
         wait_for_checkpoints(run_dir)  # two checkpoints, still in the BSP phase
         tasks = psutil.Process(run.pid).children(recursive=True)
         run.send_signal(signal.SIGKILL)
         run.wait(timeout=30)
-    finally:
-        if run.poll() is None:
-            run.kill()
     gone, alive = psutil.wait_procs(tasks, timeout=15)  # tasks exit when their parent dies
     assert not alive
     done_before = max(r["samples"] for r in records(run_dir) if "worker" in r)

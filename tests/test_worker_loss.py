@@ -6,14 +6,12 @@ and the job store records each loss and rejoin."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import psutil
 import pytest
 
-from test_control import wait_for
-from test_resume import DATA, records
+from test_control import tfsync_run, wait_for
+from test_resume import records
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
@@ -49,12 +47,7 @@ def kill_worker(run_pid, index):
 
 def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, _):
         pushes = lambda: [r for r in records(run_dir) if "worker" in r and "event" not in r]  # noqa: E731
         wait_for("60 BSP steps", lambda: len(pushes()) >= 60, 180)
         kill_worker(run.pid, 1)
@@ -62,9 +55,6 @@ def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
         wait_for("ASP steps", lambda: any(r.get("protocol") == "asp" for r in pushes()) and len(pushes()) >= 500, 180)
         kill_worker(run.pid, 0)
         out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode == 0, err[-2000:]
     s = json.loads(out)
     assert s["samples"] >= s["workload_samples"] == WORKLOAD and s["test_accuracy"] > 0.8
