@@ -38,13 +38,11 @@ def native_fit(data, model_name, workers, batch, steps, lr):
     import tensorflow as tf
     import tf_keras as keras
 
-    from tfsync.engine.cluster import LocalCluster
+    from tfsync.engine.cluster import LocalCluster, connect_strategy
     from tfsync.engine.models import build_model
 
     with LocalCluster(workers=workers, ps=1) as cluster:
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        strategy = connect_strategy(cluster)
         x = np.round(data.x_train * 255).astype(np.uint8)
         y = data.y_train
 

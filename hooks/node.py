@@ -21,6 +21,7 @@ import time
 
 import grpc
 
+from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.tasks import ENV_ALLOWLIST, TASK_COMMAND, Task, TaskConflictError, TaskRequestError, TaskSupervisor
@@ -63,7 +64,7 @@ def _guard(method):
             return method(self, request, context)
         except TaskRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except TaskConflictError as e:
+        except (TaskConflictError, safefile.UnsafePathError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except KeyError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, e.args[0] if e.args else str(e))
@@ -82,7 +83,7 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
     @_guard
     def StartTasks(self, request, context):
         tasks, notes = self.supervisor.start(request.job_id, request.cluster_spec_json, _refs(request.tasks),
-                                             dict(request.env))
+                                             dict(request.env), request.netns)
         if request.wait_ready_s > 0:
             self.supervisor.wait_ready(tasks, min(request.wait_ready_s, 600.0))
         return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)

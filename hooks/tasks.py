@@ -19,6 +19,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tfsync import netns as netns_
+from tfsync import safefile
+
 logger = logging.getLogger(__name__)
 
 TASK_JOBS = ("ps", "worker")  # what tfsync.engine.server runs; "chief" is the coordinator
@@ -106,6 +109,7 @@ class Task:
     address: str
     log_path: str
     proc: subprocess.Popen
+    netns: str = ""           # the network namespace it runs in ("": the hook's)
     started: float = field(default_factory=time.time)
     restarts: int = 0
     stopped: bool = False     # killed by the hook (not exited by itself)
@@ -143,9 +147,15 @@ class TaskSupervisor:
             return [t for t in self._tasks.values() if not job_id or t.job_id == job_id]
 
     def start(self, job_id: str, spec_text: str, refs: list[tuple[str, int]],
-              env: dict) -> tuple[list[Task], list[str]]:
-        """Start the tasks ``refs`` of the spec; running ones with the same spec are returned."""
+              env: dict, netns: str = "") -> tuple[list[Task], list[str]]:
+        """Start the tasks ``refs`` of the spec (in network namespace ``netns``, a tfsync
+        private network, when given); running ones with the same spec are returned."""
         check_job_id(job_id)
+        if netns:
+            try:
+                netns_.check_name(netns)
+            except ValueError as e:
+                raise TaskRequestError(str(e)) from None
         spec = parse_spec(spec_text)
         if not refs:
             raise TaskRequestError("StartTasks names no tasks; expected at least one (job, index) of the spec")
@@ -162,27 +172,29 @@ class TaskSupervisor:
                     notes.append(f"{job}:{index} already running (pid {old.proc.pid})")
                     out.append(old)
                     continue
-                task = self._launch(job_id, job, index, canonical, env, address)
+                task = self._launch(job_id, job, index, canonical, env, address, netns)
                 task.restarts = old.restarts if old else 0
                 self._tasks[task.key] = task
                 out.append(task)
         return out, notes
 
-    def _launch(self, job_id, job, index, spec_json, env, address) -> Task:
+    def _launch(self, job_id, job, index, spec_json, env, address, netns="") -> Task:
         cmd = [*self.task_command, "--cluster", spec_json, "--job", job, "--index", str(index),
                "--parent-pid", str(os.getpid())]
+        if netns:
+            cmd = netns_.command_in(netns, cmd)
         full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
         full_env.pop("TF_CONFIG", None)
         full_env.update(env)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, full_env.get("PYTHONPATH")]))
         log_dir = os.path.join(self.log_dir, job_id)
-        os.makedirs(log_dir, exist_ok=True)
+        safefile.make_dir(log_dir)
         log_path = os.path.join(log_dir, f"{job}-{index}.log")
-        with open(log_path, "ab") as out:
+        with safefile.open_append(log_path, binary=True) as out:
             proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         logger.info("started %s %s:%d at %s, pid %d", job_id, job, index, address, proc.pid)
-        return Task(job_id, job, index, spec_json, env, address, log_path, proc)
+        return Task(job_id, job, index, spec_json, env, address, log_path, proc, netns)
 
     def _kill(self, task: Task) -> None:
         if task.proc.poll() is None:
@@ -221,7 +233,7 @@ class TaskSupervisor:
             if expected_pid and old.proc.pid != expected_pid and old.proc.poll() is None:
                 return old  # a retried restart: it happened already
             self._kill(old)
-            task = self._launch(job_id, job, index, old.spec_json, old.env, old.address)
+            task = self._launch(job_id, job, index, old.spec_json, old.env, old.address, old.netns)
             task.restarts = old.restarts + 1
             self._tasks[task.key] = task
             return task

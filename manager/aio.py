@@ -15,9 +15,9 @@ from tfsync.manager import auth, transport
 logger = logging.getLogger(__name__)
 
 
-def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
+def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str, log: auth.RefusalLog):
     async def deny(_request_or_iterator, context):
-        logger.warning("refused %s from %s: %s", method, context.peer(), reason)
+        log.refused(method, context.peer(), reason)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                             f"{reason}; send the job's token as '{auth.METADATA_KEY}: {auth.SCHEME}<token>' metadata")
 
@@ -31,15 +31,16 @@ def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
 class AioTokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """The asyncio twin of ``auth.TokenAuthInterceptor``."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, log_interval: float = 10.0):
         self._check = auth.TokenCheck(token)
+        self.refusals = auth.RefusalLog(log_interval)
 
     async def intercept_service(self, continuation, handler_call_details):
         reason = self._check.problem(handler_call_details.invocation_metadata)
         handler = await continuation(handler_call_details)
         if reason is None or handler is None:
             return handler
-        return _denial_handler(handler, handler_call_details.method, reason)
+        return _denial_handler(handler, handler_call_details.method, reason, self.refusals)
 
 
 def make_aio_server(listen: str = f"{transport.DEFAULT_HOST}:0", *, token: str,

@@ -15,8 +15,12 @@ import logging
 import os
 import secrets
 import stat
+import threading
+import time
 
 import grpc
+
+from tfsync import safefile
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +40,9 @@ def new_token() -> str:
 def write_token(path: str | os.PathLike, token: str | None = None) -> str:
     """Write ``token`` (a new one if None) to ``path`` with mode 0600; return the token.
 
-    The file is created 0600 (never briefly world-readable); an existing file is
-    truncated and its mode reset to 0600. A missing parent directory is made 0700.
+    The file is created 0600 (never briefly world-readable) and renamed over ``path``: an
+    existing file, or a link planted there, is replaced, never written through. A missing
+    parent directory is made 0700.
     """
     token = new_token() if token is None else token
     if not token or any(c.isspace() for c in token):
@@ -46,12 +51,7 @@ def write_token(path: str | os.PathLike, token: str | None = None) -> str:
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode("ascii"))
-    finally:
-        os.close(fd)
+    safefile.write(path, token + "\n", mode=0o600)
     return token
 
 
@@ -82,11 +82,32 @@ def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 # -- server side --------------------------------------------------------------------------
-def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str):
+class RefusalLog:
+    """Warn of refused calls at most once every ``interval`` seconds: a client that
+    retries, or someone trying tokens, must not flood the run's output. A warning says
+    how many refusals were held back since the one before."""
+
+    def __init__(self, interval: float = 10.0, clock=time.monotonic):
+        self.interval, self._clock = interval, clock
+        self._last, self._held = None, 0
+        self._lock = threading.Lock()
+
+    def refused(self, method: str, peer: str, reason: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last < self.interval:
+                self._held += 1
+                return
+            held, self._last, self._held = self._held, now, 0
+        logger.warning("refused %s from %s: %s%s", method, peer, reason,
+                       f" ({held} more refused calls not shown since the last warning)" if held else "")
+
+
+def _denial_handler(handler: grpc.RpcMethodHandler, method: str, reason: str, log: RefusalLog):
     """A handler of the same kind as ``handler`` that refuses the call."""
 
     def deny(_request_or_iterator, context):
-        logger.warning("refused %s from %s: %s", method, context.peer(), reason)
+        log.refused(method, context.peer(), reason)
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       f"{reason}; send the job's token as '{METADATA_KEY}: {SCHEME}<token>' metadata")
 
@@ -129,17 +150,19 @@ class TokenCheck:
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Refuse every call that does not carry ``token`` (UNAUTHENTICATED, logged)."""
+    """Refuse every call that does not carry ``token`` (UNAUTHENTICATED, logged at most
+    once every ``log_interval`` seconds)."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, log_interval: float = 10.0):
         self._check = TokenCheck(token)
+        self.refusals = RefusalLog(log_interval)
 
     def intercept_service(self, continuation, handler_call_details):
         reason = self._check.problem(handler_call_details.invocation_metadata)
         handler = continuation(handler_call_details)
         if reason is None or handler is None:  # None: unknown method, gRPC answers UNIMPLEMENTED
             return handler
-        return _denial_handler(handler, handler_call_details.method, reason)
+        return _denial_handler(handler, handler_call_details.method, reason, self.refusals)
 
 
 # -- client side --------------------------------------------------------------------------

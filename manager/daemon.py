@@ -25,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from tfsync import safefile
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.manager import transport
 from tfsync.manager.service import ManagerService
@@ -46,14 +47,14 @@ class Coordinators:
     def start(self, job, run, resume: bool = False) -> None:
         folder = self.home / "jobs" / job.id
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (folder / "job.json").write_text(json.dumps(job.config, indent=2))
+        safefile.write(folder / "job.json", json.dumps(job.config, indent=2), mode=0o600)
         cmd = [sys.executable, "-m", "tfsync.cli", "resume" if resume else "run", str(folder / "job.json"), "--json",
                "--attach", self.address, "--token-file", self.token_file, "--job-id", job.id,
                "--run-id", str(run.id)]
         with self._lock:
             if job.id in self.procs and self.procs[job.id].poll() is None:
                 raise RuntimeError(f"job {job.id} is running already (coordinator pid {self.procs[job.id].pid})")
-            with open(folder / "coordinator.log", "ab") as log:
+            with safefile.open_append(folder / "coordinator.log", binary=True) as log:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                         start_new_session=True)
             self.procs[job.id] = proc

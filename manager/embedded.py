@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfsync import safefile
 from tfsync.api.v1 import manager_pb2_grpc
 from tfsync.hooks.node import serve as serve_hook
 from tfsync.manager import auth, transport
@@ -109,10 +110,9 @@ def attach(address: str, token_file: str, job_id: str, run_id: int, run_dir: str
 def write_control(run_dir: str, token: str, info: dict) -> Path:
     """``run_dir/control/``: the token (0600) and manager.json, which `tfsync status | switch
     | stop ...` read to reach the job's manager."""
-    control = Path(run_dir) / "control"
-    control.mkdir(parents=True, exist_ok=True)
+    control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
     auth.write_token(control / "token", token)
-    (control / "manager.json").write_text(json.dumps(info, indent=2))
+    safefile.write(control / "manager.json", json.dumps(info, indent=2), mode=0o600)
     return control
 
 

@@ -8,10 +8,12 @@ hooks without knowing it. ``HookNodes`` makes one per generation:
     nodes = HookNodes([("10.0.0.1:7070", token), ("10.0.0.2:7070", token)], ports=(20000, 20999))
     engine = Engine(setup, workers=4, cluster_factory=nodes)
 
-Tasks go round-robin over the hooks (PS first) and listen on their hook's host. A hook on
-loopback gets ports the OS says are free here; a remote hook's tasks take ports from
-``ports`` in turn, a fresh block for every generation, so a new task never has to wait
-for the port of the one it replaces.
+Tasks go round-robin over the hooks (PS first) and listen on their hook's host. When
+every hook is on this machine the tasks (and the coordinator's TF server) run in this
+process's private network namespace instead, reachable from this machine only
+(``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
+in turn, a fresh block for every generation, so a new task never has to wait for the
+port of the one it replaces.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import socket
 import threading
 import uuid
 
+from tfsync import netns
 from tfsync.api.v1 import common_pb2, node_hook_pb2
 from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.manager.launcher import HookLauncher, LaunchError, round_robin
-from tfsync.manager.transport import is_loopback
+from tfsync.netns import is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -63,40 +66,54 @@ class HookNodes:
         self._next_port[host] = start + count
         return list(range(start, start + count))
 
-    def spec(self, workers: int, ps: int) -> tuple[dict, dict]:
-        """A cluster spec for a new generation and its ``{task: hook index}``."""
+    def spec(self, workers: int, ps: int,
+             network: netns.PrivateNetwork | None = None) -> tuple[dict, dict]:
+        """A cluster spec for a new generation and its ``{task: hook index}``; with
+        ``network`` (hooks on this machine only) every task and the chief listen in it."""
         tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
         assignment = round_robin(tasks, len(self.hooks))
-        addresses = {}
-        for h, (address, _) in enumerate(self.hooks):
-            host = address.rsplit(":", 1)[0]
-            mine = [t for t in tasks if assignment[t] == h]
-            ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) else self._remote_ports(host, len(mine))
-            addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
-        # the coordinator (chief) has no server of its own; its entry only completes the spec
-        chief_host = "127.0.0.1" if all(is_loopback(a.rsplit(":", 1)[0]) for a, _ in self.hooks) \
-            else socket.getfqdn()
-        spec = {"chief": [f"{chief_host}:{free_ports(1)[0]}"],
+        # the coordinator (chief): ParameterServerStrategy starts its TF server in this process
+        if network is not None:   # one call: ports are distinct across hooks and the chief
+            chief, *ports = network.free_ports(len(tasks) + 1)
+            addresses = {t: f"{network.address}:{p}" for t, p in zip(tasks, ports)}
+            chief = f"{network.address}:{chief}"
+        else:
+            addresses = {}
+            for h, (address, _) in enumerate(self.hooks):
+                host = address.rsplit(":", 1)[0]
+                mine = [t for t in tasks if assignment[t] == h]
+                ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) \
+                    else self._remote_ports(host, len(mine))
+                addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
+            chief = f"{'127.0.0.1' if self.local else socket.getfqdn()}:{free_ports(1)[0]}"
+        spec = {"chief": [chief],
                 "ps": [addresses[("ps", i)] for i in range(ps)],
                 "worker": [addresses[("worker", i)] for i in range(workers)]}
         return spec, assignment
+
+    @property
+    def local(self) -> bool:
+        """Whether every hook is on this machine."""
+        return all(is_loopback(a.rsplit(":", 1)[0]) for a, _ in self.hooks)
 
     def __call__(self, workers: int, ps: int, host: str | None = None, log_dir: str | None = None,
                  start_timeout: float = 120.0) -> "HookCluster":
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
-        spec, assignment = self.spec(workers, ps)
+        network = netns.shared() if self.local else None
+        spec, assignment = self.spec(workers, ps, network)
         self.generations += 1
-        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout)
+        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network)
 
 
 class HookCluster:
     """One generation's tasks on node hooks (see the module docstring)."""
 
-    def __init__(self, nodes: HookNodes, spec: dict, assignment: dict, job_id: str, start_timeout: float):
-        self.spec, self.nodes = spec, nodes
+    def __init__(self, nodes: HookNodes, spec: dict, assignment: dict, job_id: str, start_timeout: float,
+                 network: netns.PrivateNetwork | None = None):
+        self.spec, self.nodes, self.network = spec, nodes, network
         self.launcher = HookLauncher(nodes.hooks, parallel=nodes.parallel, timeout=start_timeout, job_id=job_id,
-                                     tls=nodes.tls)
+                                     tls=nodes.tls, netns=network.name if network is not None else "")
         self._mapping = assignment
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

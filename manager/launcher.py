@@ -74,11 +74,13 @@ class HookLauncher:
     ``hooks``: ``[(address, token), ...]``, one per node. ``timeout``: how long a task may
     take to open its port (each call's deadline adds ``RPC_MARGIN_S``). ``tls``: the
     client TLS config for every hook (None: plaintext, loopback only by convention).
-    ``env``: extra task environment (only the hook's allowlist is accepted).
+    ``env``: extra task environment (only the hook's allowlist is accepted). ``netns``:
+    the network namespace, on every node, the tasks run in (tfsync.netns; "": the hooks').
     """
 
     def __init__(self, hooks, parallel: bool = True, timeout: float = 120.0, *, job_id: str | None = None,
-                 tls: transport.TlsConfig | None = None, env: dict | None = None, poll_s: float = 0.05):
+                 tls: transport.TlsConfig | None = None, env: dict | None = None, poll_s: float = 0.05,
+                 netns: str = ""):
         hooks = [tuple(h) for h in hooks]
         if not hooks:
             raise ValueError("HookLauncher needs at least one hook, as (address, token)")
@@ -95,6 +97,7 @@ class HookLauncher:
         self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
         self.env = dict(env or {})
         self.poll_s = poll_s
+        self.netns = netns   # the nodes' network namespace the tasks run in ("": the hooks')
         self._channels = [transport.make_channel(a, token=t, tls=tls) for a, t in hooks]
         self._stubs = [node_hook_pb2_grpc.NodeHookStub(c) for c in self._channels]
         self.spec: dict | None = None
@@ -227,7 +230,7 @@ class HookLauncher:
             self._touched.add(hook)
             request = node_hook_pb2.StartTasksRequest(
                 job_id=self.job_id, cluster_spec_json=spec_json, env=self.env, wait_ready_s=self.timeout,
-                tasks=[common_pb2.TaskRef(job=j, index=i) for j, i in mine])
+                netns=self.netns, tasks=[common_pb2.TaskRef(job=j, index=i) for j, i in mine])
             try:
                 reply = self._stubs[hook].StartTasks(request, timeout=self.timeout + RPC_MARGIN_S)
             except grpc.RpcError as e:

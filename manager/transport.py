@@ -7,7 +7,6 @@ and without TLS that logs a warning: the token would cross the network in plaint
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from concurrent import futures
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from tfsync.manager import auth
+from tfsync.netns import is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +61,6 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"address {address!r} is not HOST:PORT with a port in 0..65535; e.g. 127.0.0.1:0")
     return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None) -> None:

@@ -71,14 +71,29 @@ def test_wrong_token_is_refused_and_logged_without_the_token(server, caplog):
             caplog.at_level(logging.WARNING, "tfsync.manager.auth"):
         with pytest.raises(grpc.RpcError) as e:
             _status(ch)
-        with pytest.raises(grpc.RpcError) as e_stream:
-            list(manager_pb2_grpc.ManagerStub(ch).StreamMetrics(manager_pb2.StreamMetricsRequest(), timeout=5))
+        for _ in range(20):  # a flood of refused calls
+            with pytest.raises(grpc.RpcError) as e_stream:
+                list(manager_pb2_grpc.ManagerStub(ch).StreamMetrics(manager_pb2.StreamMetricsRequest(), timeout=5))
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert e_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refusals) == 2 and "wrong token" in refusals[0] and "127.0.0.1" in refusals[0]
-    assert "/tfsync.api.v1.Manager/StreamMetrics" in refusals[1]
+    assert len(refusals) == 1, refusals  # one warning for the first; the rest held back (RefusalLog)
+    assert "wrong token" in refusals[0] and "127.0.0.1" in refusals[0] and "GetStatus" in refusals[0]
     assert all(token not in m and wrong not in m for m in refusals)
+
+
+def test_refusal_warnings_are_rate_limited_and_count_what_they_held_back(caplog):
+    now = [100.0]
+    log = auth.RefusalLog(interval=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, "tfsync.manager.auth"):
+        for k in range(30):   # 3 s of refusals, one every 0.1 s
+            log.refused("/m/Call", "ipv4:127.0.0.1:1", "wrong token")
+            now[0] += 0.1
+        now[0] += 10.0
+        log.refused("/m/Call", "ipv4:127.0.0.1:1", "no token")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "29 more refused calls" in lines[1] and "no token" in lines[1]
 
 
 def test_token_file_is_0600_and_round_trips(tmp_path):

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tfsync.engine import tfcompat
-from tfsync.engine.cluster import LocalCluster
+from tfsync.engine.cluster import LocalCluster, connect_strategy
 from tfsync.keras import SyncSwitch
 from tfsync.keras.sync_switch import ASP
 
@@ -31,9 +31,7 @@ def strategy():
     cluster = LocalCluster(workers=N, ps=1).start()
     coordinator = None
     try:
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        strategy = connect_strategy(cluster)
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         yield strategy
     finally:

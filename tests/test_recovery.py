@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from test_control import tfsync_run
-from test_resume import JOB, PER_UPDATE, records, wait_for_checkpoints
+from test_resume import JOB, PER_UPDATE, check_counted_once, records, wait_for_checkpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -39,4 +39,5 @@ def check_ps_recovered(run, out, err, run_dir) -> dict:
     assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE  # checkpoint_every = 10 updates
     assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
     assert any(r.get("event") == "task_restarted" for r in records(run_dir))
+    check_counted_once(run_dir, summary, "ps_lost")
     return rec

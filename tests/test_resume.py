@@ -51,6 +51,18 @@ def records(run_dir):
     return out
 
 
+def check_counted_once(run_dir, summary, why: str) -> None:
+    """metrics.jsonl holds each counted push once, numbered 1..pushes as summary.json says;
+    what was trained again after going back to a checkpoint is in metrics.discarded.jsonl."""
+    recs = records(run_dir)
+    assert [r["pushes"] for r in recs if "worker" in r] == list(range(1, summary["pushes"] + 1))
+    (rewind,) = [r for r in recs if r.get("event") == "rewind"]
+    path = run_dir / "metrics.discarded.jsonl"  # none when nothing ran after the checkpoint
+    discarded = [json.loads(line) for line in open(path)] if path.exists() else []
+    assert rewind["why"] == why and rewind["discarded"] == len(discarded)
+    assert all(d["discarded"] == why and d["pushes"] > rewind["pushes"] for d in discarded)
+
+
 def wait_for_checkpoints(run_dir, count: int = 2, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -91,6 +103,7 @@ def test_resume_after_the_manager_is_killed(tmp_path):
     assert first["loss"] < 1.0
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
     assert summary["test_accuracy"] > 0.8
+    check_counted_once(run_dir, summary, "resume")
 
     with Store(str(tmp_path / "home" / "jobs.db")) as store:
         (stored,) = store.jobs()  # the same job, a second run

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Iterable
 
+from . import safefile
 from .policy.base import Push
 
 
@@ -26,7 +27,7 @@ def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: 
 
 def write_jsonl(path: str, records: Iterable[dict]) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    with safefile.replacing(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     return path

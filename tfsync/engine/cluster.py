@@ -1,4 +1,7 @@
-"""A local cluster: one OS process per TF task (PS and workers), on free loopback ports.
+"""A local cluster: one OS process per TF task (PS and workers), on free ports of this
+machine only: in the process's private network namespace where one can be made
+(``tfsync.netns``: TF's servers listen on every interface), else on loopback addresses
+with the ports open on every interface, as the warning at start and ``summary.json`` say.
 
 Processes are always torn down: on ``stop()``, on leaving the ``with`` block, at
 interpreter exit, and (from the child's side) when the parent dies.
@@ -16,6 +19,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+from .. import netns
+from .. import safefile
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +44,25 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def connect_strategy(cluster):
+    """A ParameterServerStrategy coordinated by this process on ``cluster`` (a LocalCluster,
+    or anything with a ``spec`` and a ``network``). The strategy starts this process's TF
+    server (the chief's): inside the cluster's private network, it listens there only.
+
+        with LocalCluster(workers=2) as cluster:
+            strategy = connect_strategy(cluster)
+    """
+    import contextlib
+
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    network = getattr(cluster, "network", None)
+    with network.entered() if network is not None else contextlib.nullcontext():
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
 def _port_open(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
@@ -48,8 +73,11 @@ def _port_open(host: str, port: int) -> bool:
 class LocalCluster:
     """PS and worker task processes on this machine.
 
-    ``spec`` is the TF cluster spec (with a ``chief`` entry for the coordinator, which is
-    this process and has no server of its own).
+    ``spec`` is the TF cluster spec (with a ``chief`` entry for the coordinator: this
+    process, whose TF server ParameterServerStrategy starts). ``network``: the private
+    network namespace the tasks and the coordinator's server run in (None: ``host``, a
+    loopback address, with the ports open on every interface). A ``host`` that is not
+    loopback is used as given, without a namespace.
     """
 
     workers: int = 2
@@ -59,12 +87,18 @@ class LocalCluster:
     start_timeout: float = 60.0
     spec: dict = field(default_factory=dict, init=False)
     procs: dict = field(default_factory=dict, init=False)
+    network: netns.PrivateNetwork | None = field(default=None, init=False)
 
     def __post_init__(self):
         if self.workers < 1 or self.ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={self.workers}, ps={self.ps}")
-        ports = free_ports(self.workers + self.ps + 1, self.host)
-        addr = [f"{self.host}:{p}" for p in ports]
+        count = self.workers + self.ps + 1
+        self.network = netns.shared() if netns.is_loopback(self.host) else None
+        if self.network is not None:
+            host, ports = self.network.address, self.network.free_ports(count)
+        else:
+            host, ports = self.host, free_ports(count, self.host)
+        addr = [f"{host}:{p}" for p in ports]
         self.spec = {
             "chief": [addr[0]],
             "ps": addr[1 : 1 + self.ps],
@@ -91,14 +125,16 @@ class LocalCluster:
             "--cluster", json.dumps(self.spec), "--job", job, "--index", str(index),
             "--parent-pid", str(os.getpid()),
         ]
+        if self.network is not None:
+            cmd = self.network.command(cmd)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
         env.pop("TF_CONFIG", None)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         out = subprocess.DEVNULL
         if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
-            out = open(os.path.join(self.log_dir, f"{job}-{index}.log"), "ab")
+            safefile.make_dir(self.log_dir)
+            out = safefile.open_append(os.path.join(self.log_dir, f"{job}-{index}.log"), binary=True)
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if out is not subprocess.DEVNULL:
             out.close()

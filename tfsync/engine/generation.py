@@ -16,8 +16,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from .. import safefile
 from . import tfcompat
-from .cluster import LocalCluster
+from .cluster import LocalCluster, connect_strategy
 from .control import PSControl
 from .step import make_step_fn
 
@@ -59,10 +60,11 @@ def write_records(setup: TrainSetup, data_dir: str) -> dict:
     the same path on every worker host (true for a local cluster)."""
     x, scale = _transport(np.ascontiguousarray(setup.x_train))
     y = np.ascontiguousarray(setup.y_train.astype(np.int64))
-    os.makedirs(data_dir, exist_ok=True)
+    safefile.make_dir(data_dir)
     paths = {"x": os.path.join(data_dir, "train_x.bin"), "y": os.path.join(data_dir, "train_y.bin")}
-    x.tofile(paths["x"])
-    y.tofile(paths["y"])
+    for key, array in (("x", x), ("y", y)):
+        with safefile.replacing(paths[key], binary=True) as f:
+            array.tofile(f)
     return {**paths, "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y)}
 
 
@@ -92,9 +94,7 @@ class Generation:
     def __init__(self, cluster: LocalCluster, setup: TrainSetup, records: dict):
         self.cluster = cluster
         self.num_workers = len(cluster.spec["worker"])
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        self.strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        self.strategy = connect_strategy(cluster)
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.model = setup.model_fn()

@@ -1,6 +1,11 @@
 """What a run writes to its directory: ``metrics.jsonl`` (one line per push),
 TensorBoard scalars (``tb/``) and ``summary.json`` at the end.
 
+``metrics.jsonl`` holds what counted: when training goes back to a checkpoint (a lost PS,
+`tfsync resume`), the push records after it are moved to ``metrics.discarded.jsonl``
+(each marked ``"discarded": why``) and a ``rewind`` event says how many, so the push
+numbers in ``metrics.jsonl`` never repeat and end at ``summary.json``'s ``pushes``.
+
 TensorBoard events are written as Event protos through ``tf.io.TFRecordWriter`` (a plain
 file writer), not ``tf.summary``: a summary writer is an eager resource, and every
 restart switch reconnects the coordinator's eager context to a new cluster, which
@@ -18,14 +23,18 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 from tensorflow.core.util import event_pb2
 
+from .. import safefile
+
 
 class EventWriter:
     """Scalar events in TensorBoard's file format."""
 
     def __init__(self, log_dir: str):
-        os.makedirs(log_dir, exist_ok=True)
+        safefile.make_dir(log_dir)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
-        self._writer = tf.io.TFRecordWriter(os.path.join(log_dir, name))
+        # made here first (O_EXCL, no link followed); the writer then opens that file
+        path = safefile.create_new(os.path.join(log_dir, name))
+        self._writer = tf.io.TFRecordWriter(path)
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event) -> None:
@@ -45,7 +54,8 @@ class RunRecorder:
     def __init__(self, run_dir: str, tensorboard: bool = True):
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
-        self._metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1 << 16)
+        self._path = os.path.join(run_dir, "metrics.jsonl")
+        self._metrics = self._open()
         self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
 
     def push(self, record: dict) -> None:
@@ -62,13 +72,35 @@ class RunRecorder:
         self._metrics.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
         self._metrics.flush()
 
+    def _open(self):
+        return safefile.open_append(self._path, buffering=1 << 16)
+
+    def rewind(self, pushes: int, why: str) -> int:
+        """Training goes on from the checkpoint taken after push ``pushes``: move the push
+        records after it (and lines a crash cut short) out to ``metrics.discarded.jsonl``;
+        returns how many records went."""
+        self._metrics.close()
+        kept, gone = [], []
+        with open(self._path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line cut short by a crash
+                    continue
+                if "worker" in rec and rec.get("pushes", 0) > pushes:
+                    gone.append({**rec, "discarded": why})
+                else:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        if gone:
+            with safefile.open_append(os.path.join(self.run_dir, "metrics.discarded.jsonl")) as f:
+                f.writelines(json.dumps(r) + "\n" for r in gone)
+        safefile.write(self._path, "".join(kept))
+        self._metrics = self._open()
+        self.event("rewind", pushes=pushes, discarded=len(gone), why=why)
+        return len(gone)
+
     def summary(self, data: dict) -> str:
-        path = os.path.join(self.run_dir, "summary.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-        os.replace(tmp, path)
-        return path
+        return safefile.write(os.path.join(self.run_dir, "summary.json"), json.dumps(data, indent=2))
 
     def close(self) -> None:
         if not self._metrics.closed:
@@ -98,7 +130,7 @@ def last_checkpoint(run_dir: str) -> dict | None:
     return found
 
 
-PREVIOUS_OUTPUTS = ("metrics.jsonl", "summary.json", "tb", "checkpoints", "logs")
+PREVIOUS_OUTPUTS = ("metrics.jsonl", "metrics.discarded.jsonl", "summary.json", "tb", "checkpoints", "logs")
 
 
 def set_aside_previous_run(run_dir: str) -> str | None:

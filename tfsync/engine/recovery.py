@@ -42,6 +42,7 @@ def recover_lost_ps(engine, phase) -> bool:
     s = engine.state
     lost = s.samples - last["samples"]
     s.samples, s.updates, s.pushes = last["samples"], last["updates"], last["pushes"]
+    engine.recorder.rewind(s.pushes, "ps_lost")
     s.granted = list(s.clocks)  # nothing runs in the new generation
     s.pending_workers, s.pending_samples = [], 0
     engine._last_ckpt_updates = s.updates

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from .. import netns
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from ..pushlog import push_record
@@ -508,6 +509,7 @@ class Engine:
             s.samples, s.updates, s.pushes, s.round = (int(resume.get(k, 0)) for k in
                                                        ("samples", "updates", "pushes", "round"))
             self._last_ckpt_updates = s.updates
+            self.recorder.rewind(s.pushes, "resume")
             self.recorder.event("resume", **resume)
         try:
             self._open_generation(self._launch(), restore=restore)
@@ -599,6 +601,7 @@ class Engine:
             "evals": [e.to_dict() for e in self.evals],
             "converged_accuracy": converged_accuracy(curve) if curve else acc,
             "evals_skipped": self.evaluator.skipped if self.evaluator is not None else 0,
+            "task_ports": netns.describe(getattr(self._gen.cluster, "network", None)),
         }
 
     def close(self, graceful: bool = True) -> None:

@@ -10,6 +10,8 @@ import statistics
 import sys
 import time
 
+from .. import safefile
+
 EXIT_BAD_INPUT = 2
 
 
@@ -55,7 +57,7 @@ def write_csv(path: str, rows: list[dict]) -> None:
     if not rows:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with safefile.replacing(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)

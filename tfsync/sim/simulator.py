@@ -22,6 +22,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
+from .. import safefile
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from ..pushlog import push_record, write_jsonl
@@ -99,8 +100,7 @@ class SimResult:
         """``metrics.jsonl`` and ``summary.json`` in ``run_dir``, as the engine writes them."""
         os.makedirs(run_dir, exist_ok=True)
         write_jsonl(os.path.join(run_dir, "metrics.jsonl"), self.records())
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(self.summary(), f, indent=2)
+        safefile.write(os.path.join(run_dir, "summary.json"), json.dumps(self.summary(), indent=2))
         return run_dir
 
 

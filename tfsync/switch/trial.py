@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 
+from .. import safefile
+
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -32,10 +34,7 @@ def main(argv=None) -> int:
     except Exception as e:  # reported to the search in one line
         print(f"tfsync trial: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
-    tmp = argv[0] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f)
-    os.replace(tmp, argv[0])
+    safefile.write(argv[0], json.dumps(summary))
     return 0
 
 

@@ -16,8 +16,9 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
+
+from .. import safefile
 
 logger = logging.getLogger(__name__)
 
@@ -120,10 +121,8 @@ class JsonTrials:
         self.data[key.text()] = result.to_dict()
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)  # a crash leaves the old file or the new one, never half
+        # a crash leaves the old file or the new one, never half
+        safefile.write(self.path, json.dumps(self.data, indent=1, sort_keys=True))
 
 
 class JobStoreTrials:

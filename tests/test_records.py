@@ -1,0 +1,33 @@
+"""metrics.jsonl after going back to a checkpoint: each counted push once."""
+
+import json
+import os
+
+import pytest
+
+from tfsync.engine.records import RunRecorder, set_aside_previous_run
+
+pytestmark = pytest.mark.unit
+
+
+def test_rewind_moves_the_pushes_after_the_checkpoint_out(tmp_path):
+    rec = RunRecorder(str(tmp_path), tensorboard=False)
+    for k in range(1, 11):
+        rec.push({"worker": k % 2, "pushes": k, "loss": 1.0})
+        if k == 6:
+            rec.event("checkpoint", pushes=6)
+    rec.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"worker": 1, "pushes": 11, "lo')  # the line a crash cut short
+    rec = RunRecorder(str(tmp_path), tensorboard=False)
+    assert rec.rewind(6, "resume") == 4
+    rec.push({"worker": 0, "pushes": 7, "loss": 0.5})
+    rec.close()
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert [r["pushes"] for r in lines if "worker" in r] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r["event"] for r in lines if "event" in r] == ["checkpoint", "rewind"]
+    assert lines[-2]["discarded"] == 4 and lines[-2]["why"] == "resume"
+    gone = [json.loads(x) for x in open(tmp_path / "metrics.discarded.jsonl")]
+    assert [(r["pushes"], r["discarded"]) for r in gone] == [(7, "resume"), (8, "resume"), (9, "resume"),
+                                                             (10, "resume")]
+    assert "metrics.discarded.jsonl" in os.listdir(set_aside_previous_run(str(tmp_path)))  # a new run starts clean

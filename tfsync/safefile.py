@@ -1,0 +1,84 @@
+"""Files tfsync writes in run and home directories, never through a symbolic link.
+
+A run directory may sit in shared space: a link planted at ``run_dir/control/token`` must
+not make the job overwrite the file it points to. So a file tfsync appends to is opened
+with ``O_NOFOLLOW`` (a link there is refused with :class:`UnsafePathError`), and a whole
+file is written to a new temporary file (``O_EXCL``) in the same directory and renamed
+over the target, which replaces a link instead of following it; both with the mode the
+file needs. Directories tfsync makes inside those directories must not be links either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+
+
+class UnsafePathError(OSError):
+    """A path tfsync would write through is a symbolic link."""
+
+
+def _refuse(path: str) -> UnsafePathError:
+    return UnsafePathError(f"{path} is a symbolic link; tfsync does not write through links "
+                           "(remove it, or choose another run directory)")
+
+
+def make_dir(path: str | os.PathLike, mode: int = 0o755) -> str:
+    """``os.makedirs(path)``, refusing a ``path`` that is a link."""
+    path = os.fspath(path)
+    if os.path.islink(path):
+        raise _refuse(path)
+    os.makedirs(path, mode=mode, exist_ok=True)
+    return path
+
+
+def open_append(path: str | os.PathLike, mode: int = 0o644, binary: bool = False, **kw):
+    """``path`` opened for appending (created with ``mode``); a link there is refused."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(path) from None
+        raise
+    return os.fdopen(fd, "ab" if binary else "a", **kw)
+
+
+def create_new(path: str | os.PathLike, mode: int = 0o644) -> str:
+    """Create the empty file ``path``, which must not exist yet (a link there is refused):
+    for writers that only take a path, such as ``tf.io.TFRecordWriter``."""
+    path = os.fspath(path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
+    except FileExistsError:
+        if os.path.islink(path):
+            raise _refuse(path) from None
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, mode: int = 0o644, binary: bool = False, **kw):
+    """A file object whose content replaces ``path`` (a link there is replaced, never
+    followed) when the block ends without an error; an error leaves ``path`` as it was."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb" if binary else "w", **kw) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> str:
+    """Replace ``path`` with ``data`` (see :func:`replacing`)."""
+    with replacing(path, mode, binary=isinstance(data, bytes)) as f:
+        f.write(data)
+    return os.fspath(path)
