@@ -4,6 +4,7 @@ control files (``control/manager.json``, ``control/token``) are read from there.
 
 from __future__ import annotations
 
+import argparse
 import json
 import uuid
 from pathlib import Path
@@ -80,10 +81,42 @@ def cmd_status(args):
     return _call(args, lambda s, j: s.GetStatus(manager_pb2.GetStatusRequest(job_id=j), timeout=10))
 
 
+def _protocol(name: str) -> str:
+    """``--to``: a protocol of the catalogue that may be named."""
+    from tfsync.policy import catalogue
+    try:
+        return catalogue.spec(name).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _option(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` with VALUE read as a TOML value (``3``, ``0.5``, ``true``)."""
+    import tomllib
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--option {text!r}: expected NAME=VALUE, e.g. depth=3")
+    try:
+        return name.strip(), tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return name.strip(), value  # a bare word: text, which to_numbers refuses by name
+
+
 def cmd_switch(args):
     from tfsync.api.v1 import manager_pb2
+    from tfsync.policy import catalogue
+
     method = manager_pb2.SWITCH_METHOD_RESTART if args.method == "restart" else manager_pb2.SWITCH_METHOD_HOT
-    options = {k: float(v) for k, v in (("staleness", args.staleness), ("lr_scale", args.lr_scale)) if v is not None}
+    try:
+        given = dict(_option(text) for text in args.option)
+        if args.staleness is not None:
+            given["staleness"] = args.staleness
+        options = catalogue.spec(args.to).to_numbers(given)
+    except ValueError as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    if args.lr_scale is not None:
+        options["lr_scale"] = float(args.lr_scale)
     return _call(args, lambda s, j: s.Switch(manager_pb2.SwitchRequest(
         request_id=uuid.uuid4().hex, job_id=j, protocol=args.to, method=method, options=options), timeout=10))
 
@@ -217,12 +250,19 @@ def add_commands(sub) -> None:
         p.set_defaults(func=func)
         return p
 
+    from tfsync.policy import catalogue
+
     job_command("status", "show a running job's protocol, step, loss and batch sizes", cmd_status)
     sw = job_command("switch", "switch a running job to another protocol at its next step boundary", cmd_switch)
-    sw.add_argument("--to", required=True, help="protocol name (bsp, asp, ssp, pssp, elastic_bsp, lbbsp)")
+    protocols = catalogue.names()
+    sw.add_argument("--to", required=True, type=_protocol, choices=protocols, metavar="PROTOCOL",
+                    help="the protocol: " + ", ".join(protocols))
     sw.add_argument("--method", choices=("hot", "restart"), default="hot",
                     help="hot: swap the policy in place (default); restart: checkpoint and restart the tasks")
-    sw.add_argument("--staleness", type=int, help="for ssp / pssp")
+    sw.add_argument("--staleness", type=int, help="for " + ", ".join(catalogue.taking("staleness")))
+    sw.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="another numeric or true/false option of the protocol, as a job file's "
+                         "[[protocol]] sets it (e.g. -o depth=3); repeat for more")
     sw.add_argument("--lr-scale", type=float, help="learning rate multiplier from the switch on (default: keep)")
     st = job_command("stop", "stop a running job at its next step boundary (checkpoint first)", cmd_stop)
     st.add_argument("--no-checkpoint", action="store_true", help="stop without saving a checkpoint")

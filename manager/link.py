@@ -19,6 +19,7 @@ import grpc
 
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.commands import Command, CommandResult, Controller
+from tfsync.policy.catalogue import from_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -26,16 +27,17 @@ _METHODS = {manager_pb2.SWITCH_METHOD_RESTART: "restart"}
 _DONE = object()
 
 
-def policy_options(options) -> dict:
-    """A SwitchRequest's numeric options as policy arguments (whole numbers as int)."""
-    return {k: (int(v) if float(v).is_integer() else v) for k, v in options.items()}
+def policy_options(request: manager_pb2.SwitchRequest) -> dict:
+    """A SwitchRequest's numbers in the types the target protocol declares (catalogue);
+    undeclared ones (``lr_scale``, the engine's) whole as int."""
+    return from_numbers(request.protocol, request.options)
 
 
 def to_command(msg: manager_pb2.Command) -> Command:
     kind = msg.WhichOneof("kind")
     if kind == "switch":
         sw = msg.switch
-        options = policy_options(sw.options)
+        options = policy_options(sw)
         lr_scale = options.pop("lr_scale", None)
         return Command(msg.command_id, "switch", protocol=sw.protocol, options=options,
                        method=_METHODS.get(sw.method, "hot"), lr_scale=lr_scale)

@@ -139,7 +139,7 @@ class ManagerService(ResourceReports):
 
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
-        options = policy_options(request.options)
+        options = policy_options(request)
         options.pop("lr_scale", None)  # the engine's, not the policy's
         try:
             policies.get(request.protocol, **options)

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from tfsync import config
+from tfsync import policy
 from tfsync.config import ConfigError, JobConfig, Phase, load_job
+from tfsync.policy import catalogue
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +53,7 @@ def test_round_trip_with_every_option():
          "switch": {"method": "restart", "lr": "constant", "batch": "global", "momentum": "ramp_exp"}}
     c = JobConfig.from_dict(d)
     assert c.train.learning_rate == 1.0 and isinstance(c.train.epochs, float)
-    assert [p.staleness for p in c.protocol] == [3, None, 0]
+    assert [p.options().get("staleness") for p in c.protocol] == [3, None, 0]
     assert c.protocol[1].batch_sizes == (8, 16, 32) and c.protocol[2].until == 1.0
     assert JobConfig.from_dict(c.to_dict()) == c
     assert c.to_dict()["protocol"][1]["batch_sizes"] == [8, 16, 32]
@@ -104,22 +105,30 @@ def test_bad_protocol_name():
     e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
     assert e.field == "protocol[0].name"
     assert str(e) == ('job.toml: protocol[0].name = "bspx": must be one of '
-                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp"')
+                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp", "fluentps"')
 
 
-def test_protocol_registry_is_extensible(monkeypatch):
-    monkeypatch.setattr(config, "PROTOCOLS", config.PROTOCOLS + ("dsps",))
-    monkeypatch.setitem(config.PHASE_OPTIONS, "staleness", config.PHASE_OPTIONS["staleness"] + ("dsps",))
-    c = JobConfig.from_dict({"protocol": [{"name": "dsps", "staleness": 5}]})
-    assert c.protocol == (Phase("dsps", until=1.0, staleness=5),)
+def test_protocol_registry_is_extensible():
+    class DSPS(policy.SSP):
+        name = "dsps"
+
+    policy.register(DSPS)
+    try:
+        c = JobConfig.from_dict({"protocol": [{"name": "dsps", "staleness": 5}]})
+        assert c.protocol == (Phase("dsps", until=1.0, staleness=5),)
+    finally:
+        catalogue.unregister("dsps")
+    assert _error({"protocol": [{"name": "dsps"}]}).field == "protocol[0].name"
 
 
 def test_fluentps_and_elastic_bsp_options():
     c = JobConfig.from_dict({"protocol": [
         {"name": "pssp", "until": 0.3, "probability": "dynamic", "execution": "soft"},
         {"name": "elastic_bsp", "lookahead": 30}]})
-    assert c.protocol[0].options() == {"staleness": 3, "probability": "dynamic", "execution": "soft"}
-    assert c.protocol[1].options() == {"lookahead": 30}
+    assert c.protocol[0].options() == {**catalogue.spec("pssp").defaults(), "probability": "dynamic",
+                                       "execution": "soft"}
+    assert c.protocol[0].options()["staleness"] == 3
+    assert c.protocol[1].options() == {**catalogue.spec("elastic_bsp").defaults(), "lookahead": 30}
     assert _error({"protocol": [{"name": "pssp", "probability": 1.5}]}).field == "protocol[0].probability"
     assert _error({"protocol": [{"name": "pssp", "probability": "often"}]}).field == "protocol[0].probability"
     assert _error({"protocol": [{"name": "pssp", "execution": "eager"}]}).field == "protocol[0].execution"
@@ -129,7 +138,8 @@ def test_fluentps_and_elastic_bsp_options():
 
 def test_lbbsp_options():
     c = JobConfig.from_dict({"protocol": [{"name": "lbbsp", "predictor": "arima", "blocking": False}]})
-    assert c.protocol[0].options() == {"predictor": "arima", "blocking": False}
+    assert c.protocol[0].options() == {**catalogue.spec("lbbsp").defaults(), "predictor": "arima",
+                                       "blocking": False}
     e = _error({"protocol": [{"name": "lbbsp", "predictor": "oracle"}]})
     assert e.field == "protocol[0].predictor" and '"narx"' in str(e)
     assert _error({"protocol": [{"name": "lbbsp", "blocking": "yes"}]}).field == "protocol[0].blocking"

@@ -74,7 +74,7 @@ def test_beats_bsp_on_uneven_workers():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="lookahead"):
         P.get("elastic_bsp", lookahead=0)
-    with pytest.raises(ValueError, match="valid: brute_force"):
+    with pytest.raises(ValueError, match="search = 'gridscan': must be one of .*\"brute_force\""):
         P.get("elastic_bsp", search="gridscan")
 
 

@@ -1,7 +1,9 @@
 """The job file (TOML) and `JobConfig`, the one configuration object of CLI and API.
 
 Every bad value raises `ConfigError` with one line naming the dotted field, e.g.
-``job.toml: train.batch_size = -3: must be an integer >= 1``.
+``job.toml: train.batch_size = -3: must be an integer >= 1``. Protocols, their options
+(types, bounds, defaults) and what they allow come from the protocol catalogue
+(`tfsync.policy.catalogue`).
 """
 from __future__ import annotations
 
@@ -14,15 +16,11 @@ import re
 import tomllib
 from typing import Any, Callable
 
-# Registries: other modules may extend these tuples (e.g. PROTOCOLS += ("pssp",)).
-PROTOCOLS: tuple[str, ...] = ("bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp")
-# Which protocols take each phase option (the policy's constructor argument of that name).
-PHASE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "staleness": ("ssp", "pssp"), "probability": ("pssp",), "execution": ("pssp",),
-    "lookahead": ("elastic_bsp",), "model": ("rlp",), "predictor": ("lbbsp",), "blocking": ("lbbsp",),
-}
-PREDICTORS: tuple[str, ...] = ("last", "ema", "arima", "narx", "rnn", "lstm")  # tfsync.predict
-EXECUTIONS: tuple[str, ...] = ("lazy", "soft")
+from .policy import catalogue
+from .policy.options import OptionError
+
+# Registries: other modules may extend these tuples (e.g. DATASETS += ("svhn",)); protocols
+# are added to the catalogue (tfsync.policy.register).
 DATASETS: tuple[str, ...] = ("mnist", "cifar10")
 MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
 OPTIMIZERS: tuple[str, ...] = ("sgd",)
@@ -32,7 +30,6 @@ SWITCH_BATCH: tuple[str, ...] = ("local", "global")
 SWITCH_MOMENTUM: tuple[str, ...] = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
 SWITCH_POINT: tuple[str, ...] = ("auto", "job")
 STRAGGLER_POLICIES: tuple[str, ...] = ("none", "greedy", "elastic")  # tfsync.switch.online
-DEFAULT_STALENESS = 3
 
 
 class ConfigError(ValueError):
@@ -90,26 +87,33 @@ class TrainSection:
     timeout_s: float = 600.0  # a step taking longer fails the job
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Phase:
-    name: str  # one of PROTOCOLS
-    until: float = 1.0  # fraction of the total workload at which this phase ends
-    staleness: int | None = None  # ssp, pssp; default DEFAULT_STALENESS
-    probability: float | str | None = None  # pssp: pause probability c, or "dynamic"
-    execution: str | None = None  # pssp: "lazy" or "soft" answer of delayed pulls
-    lookahead: int | None = None  # elastic_bsp: predicted iterations R per worker
-    model: str | None = None  # rlp: policy file from `tfsync policy train`
-    predictor: str | None = None  # lbbsp: worker-speed predictor (default ema)
-    blocking: bool | None = None  # lbbsp: sizes from this round (true) or the previous one
-    batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
+    """One [[protocol]] entry: ``Phase("ssp", until=0.5, staleness=2)``. Options left out
+    take the catalogue's defaults; ``options()`` gives them all."""
 
-    def __post_init__(self):
-        if self.staleness is None and self.name in PHASE_OPTIONS["staleness"]:
-            object.__setattr__(self, "staleness", DEFAULT_STALENESS)
+    name: str  # a protocol of the catalogue
+    until: float = 1.0  # fraction of the total workload at which this phase ends
+    batch_sizes: tuple[int, ...] | None = None  # per worker; None = train.batch_size
+    settings: dict = dataclasses.field(default_factory=dict, hash=False)  # the protocol's options
+
+    def __init__(self, name: str, until: float = 1.0, batch_sizes: tuple[int, ...] | None = None,
+                 settings: dict | None = None, **options):
+        spec = catalogue.find(name)
+        given = {k: v for k, v in {**(settings or {}), **options}.items() if v is not None}
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "until", until)
+        object.__setattr__(self, "batch_sizes", batch_sizes)
+        object.__setattr__(self, "settings", {**(spec.defaults() if spec else {}), **given})
 
     def options(self) -> dict:
         """The policy's keyword arguments this phase sets."""
-        return {k: getattr(self, k) for k in PHASE_OPTIONS if getattr(self, k) is not None}
+        return dict(self.settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The phase as a job file's [[protocol]] table."""
+        sizes = {} if self.batch_sizes is None else {"batch_sizes": list(self.batch_sizes)}
+        return {"name": self.name, "until": self.until, **self.settings, **sizes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +174,7 @@ class JobConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict shaped like the job file (None values left out)."""
         out: dict[str, Any] = {s: _plain(getattr(self, s)) for s in _SECTIONS}
-        out["protocol"] = [_plain(p) for p in self.protocol]
+        out["protocol"] = [p.to_dict() for p in self.protocol]
         if self.inject:
             out["inject"] = [_plain(x) for x in self.inject]
         return out
@@ -236,8 +240,10 @@ def _number(lo: float, hi: float = math.inf, lo_open: bool = True) -> Callable:
                  float)
 
 
-def _choice(registry: str) -> Callable:
-    names = lambda: globals()[registry]  # noqa: E731 -- read at call time: extensions count
+def _choice(registry: str | Callable) -> Callable:
+    """One of a registry's names, read at call time (extensions count): the name of a
+    tuple in this module, or a function returning the names."""
+    names = registry if callable(registry) else lambda: globals()[registry]
     return _rule(lambda: "one of " + ", ".join(_fmt(n) for n in names()),
                  lambda v: type(v) is str, lambda v: v in names())
 
@@ -268,14 +274,7 @@ _CHECKS: dict[str, Callable] = {
     "switch.straggler_k": _int(1), "switch.readmit_after_s": _number(0),
     "inject.worker": _int(0), "inject.slowdown": _number(1, lo_open=False), "inject.start_s": _number(0, lo_open=False),
     "inject.duration_s": _number(0),
-    "protocol.name": _choice("PROTOCOLS"), "protocol.until": _number(0),
-    "protocol.staleness": _int(0), "protocol.lookahead": _int(1), "protocol.model": _text(),
-    "protocol.predictor": _choice("PREDICTORS"),
-    "protocol.blocking": _rule(lambda: "true or false", lambda v: type(v) is bool, lambda v: True),
-    "protocol.execution": _choice("EXECUTIONS"),
-    "protocol.probability": _rule(lambda: 'a number in [0, 1] or "dynamic"',
-                                  lambda v: type(v) in (int, float, str),
-                                  lambda v: v == "dynamic" if type(v) is str else 0 <= v <= 1),
+    "protocol.name": _choice(catalogue.names), "protocol.until": _number(0),
 }
 
 
@@ -289,15 +288,19 @@ def _known(where: str, field: str, key: str, allowed: list[str], section: bool =
         raise ConfigError(f"{where}{what}{hint}; allowed: {', '.join(allowed)}", field)
 
 
-def _table(where: str, field: str, v: Any, cls) -> dict[str, Any]:
-    """Check that `v` is a table whose keys are fields of `cls`; return the clean values."""
+def _keys(where: str, field: str, v: Any, allowed: list[str]) -> None:
+    """Check that `v` is a table whose keys are in `allowed`."""
     if not isinstance(v, dict):
         _bad(where, field, v, "a table", False)
     for key in v:
-        _known(where, f"{field}.{key}", key, [f.name for f in dataclasses.fields(cls)])
+        _known(where, f"{field}.{key}", key, allowed)
+
+
+def _table(where: str, field: str, v: Any, cls) -> dict[str, Any]:
+    """Check that `v` is a table whose keys are fields of `cls`; return the clean values."""
+    _keys(where, field, v, [f.name for f in dataclasses.fields(cls)])
     group = field.split("[")[0]
-    return {k: _CHECKS[f"{group}.{k}"](where, f"{field}.{k}", val)
-            for k, val in v.items() if k != "batch_sizes"}
+    return {k: _CHECKS[f"{group}.{k}"](where, f"{field}.{k}", val) for k, val in v.items()}
 
 
 def _parse(d: Any, where: str) -> dict[str, Any]:
@@ -350,11 +353,14 @@ def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
     out, prev = [], 0.0
     for i, raw in enumerate(phases):
         f, last = f"protocol[{i}]", i == len(phases) - 1
-        v = _table(where, f, raw, Phase)
-        if "name" not in v:
+        _keys(where, f, raw, [*catalogue.RESERVED, *catalogue.option_names()])
+        if "name" not in raw:
             raise ConfigError(f"{where}{f}.name: missing; every phase needs a name, one of "
-                              f"{', '.join(PROTOCOLS)}", f"{f}.name")
-        until = v.get("until", 1.0 if last else None)
+                              f"{', '.join(catalogue.names())}", f"{f}.name")
+        name = _CHECKS["protocol.name"](where, f"{f}.name", raw["name"])
+        spec = catalogue.spec(name)
+        until = _CHECKS["protocol.until"](where, f"{f}.until", raw["until"]) if "until" in raw \
+            else 1.0 if last else None
         if until is None:
             raise ConfigError(f"{where}{f}.until: missing; every phase but the last needs "
                               f"until, a fraction of the workload in (0, 1)", f"{f}.until")
@@ -364,20 +370,34 @@ def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
         if until <= prev:
             _bad(where, f"{f}.until", raw["until"], f"greater than protocol[{i - 1}].until = "
                  f"{prev} (fractions strictly increase)")
-        for opt, takers in PHASE_OPTIONS.items():
-            if opt in v and v["name"] not in takers:
-                _bad(where, f"{f}.{opt}", v[opt], f"left out: {opt} applies only to "
-                     + ", ".join(_fmt(n) for n in takers))
-        if v["name"] == "rlp" and "model" not in v:
-            raise ConfigError(f"{where}{f}.model: missing; protocol rlp needs the policy file "
-                              "written by `tfsync policy train`", f"{f}.model")
         sizes = raw.get("batch_sizes")
         if sizes is not None:
+            if spec.self_sizing:
+                _bad(where, f"{f}.batch_sizes", sizes, f"left out: {name} sizes its own batches")
             if not isinstance(sizes, (list, tuple)) or len(sizes) != workers or \
                     any(type(b) is not int or b < 1 for b in sizes):
                 _bad(where, f"{f}.batch_sizes", sizes, f"a list of {workers} integers >= 1, "
                      f"one per worker (cluster.workers = {workers})")
-            v["batch_sizes"] = tuple(sizes)
-        v["until"], prev = until, until
-        out.append(Phase(**v))
+            sizes = tuple(sizes)
+        prev = until
+        out.append(Phase(name, until, sizes, settings=_options(where, f, spec, raw)))
     return tuple(out)
+
+
+def _options(where: str, f: str, spec: catalogue.Spec, raw: dict) -> dict[str, Any]:
+    """Phase `f`'s protocol options, checked against the catalogue's `spec`."""
+    out = {}
+    for key, v in raw.items():
+        if key in catalogue.RESERVED:
+            continue
+        if key not in spec.options:
+            _bad(where, f"{f}.{key}", v, f"left out: {key} applies only to "
+                 + ", ".join(_fmt(n) for n in catalogue.taking(key)))
+        try:
+            out[key] = spec.options[key].clean(v)
+        except OptionError as e:
+            _bad(where, f"{f}.{key}", v, e.allowed, e.type_ok)
+    for key, opt in spec.options.items():
+        if opt.required and key not in out:
+            raise ConfigError(f"{where}{f}.{key}: missing; protocol {spec.name} needs {opt.help}", f"{f}.{key}")
+    return out

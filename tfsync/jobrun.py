@@ -7,10 +7,11 @@ import functools
 import logging
 import os
 
-from . import policy as policies
 from .config import JobConfig
+from .policy import catalogue
+from .policy.base import BatchSizer
 from .policy.sizing import FixedSizer
-from .switch.configuration import AGGREGATING, ConfigPolicy
+from .switch.configuration import ConfigPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -23,16 +24,13 @@ def build_phases(cfg: JobConfig, num_train: int):
     conf = ConfigPolicy(lr=cfg.switch.lr, batch=cfg.switch.batch, momentum=cfg.switch.momentum)
     phases, prev = [], None
     for p in cfg.protocol:
-        after_switch = prev in AGGREGATING and p.name not in AGGREGATING
+        after_switch = catalogue.aggregating(prev) and not catalogue.aggregating(p.name)
         hyper = conf.hyper(p.name, n, B, cfg.train.momentum, after_switch=after_switch)
         momentum = hyper.momentum
         if after_switch and conf.momentum.startswith("ramp"):  # per epoch after the switch (Fig. 8b)
             momentum = functools.partial(conf.momentum_after, cfg.train.momentum, n)
-        if p.name == "lbbsp":  # sizes its own batches: X = n * B split by predicted speed
-            policy = policies.get(p.name, batch_size=hyper.batch_size, **p.options())
-        else:
-            sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else policies.BatchSizer(hyper.batch_size)
-            policy = policies.get(p.name, sizer=sizer, **p.options())
+        sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else BatchSizer(hyper.batch_size)
+        policy = catalogue.make(p.name, sizer, **p.options())
         phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name
@@ -79,16 +77,8 @@ def eval_cadence(cfg: JobConfig, num_train: int, evals: int) -> int:
 
 
 def max_batch(phases, workers: int) -> int:
-    sizes = [1]
-    for ph in phases:
-        s = ph.policy.sizer
-        if isinstance(s, FixedSizer):
-            sizes += list(s.per_worker)
-        elif isinstance(ph.policy, policies.LBBSP):  # one worker may get X = n * B less 1 per other
-            sizes.append(s.hi if isinstance(s.hi, int) else s.batch_size * workers - (workers - 1))
-        else:
-            sizes.append(s.batch_size)
-    return max(sizes)
+    """The largest batch any phase's policy may grant (the input pipeline's batch)."""
+    return max([1] + [ph.policy.max_batch(workers) for ph in phases])
 
 
 def hook_nodes(cfg: JobConfig):

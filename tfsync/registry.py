@@ -6,6 +6,23 @@ from __future__ import annotations
 import inspect
 
 
+def split(spec, options: dict) -> tuple:
+    """(name, options) of a name or of a dict with ``name`` and options (``options`` win)."""
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        return spec.pop("name", None), {**spec, **options}
+    return spec, options
+
+
+def params(cls) -> set[str]:
+    """The keyword arguments ``cls`` takes (subclasses may pass **options up to their base)."""
+    out = set()
+    for klass in cls.__mro__:
+        if "__init__" in klass.__dict__ and klass is not object:
+            out |= set(inspect.signature(klass.__init__).parameters)
+    return out - {"self", "options", "args", "kwargs"}
+
+
 def build(registry: dict, spec, base: type, what: str, **options):
     """``spec``: a name (``"ssp"``), a dict with ``name`` and options, or a ready ``base``
     instance (returned as is, with no options allowed)."""
@@ -13,21 +30,12 @@ def build(registry: dict, spec, base: type, what: str, **options):
         if options:
             raise ValueError(f"options {sorted(options)} given with a ready {what} instance")
         return spec
-    if isinstance(spec, dict):
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        options = {**spec, **options}
-    else:
-        name = spec
+    name, options = split(spec, options)
     cls = registry.get(str(name).lower()) if name is not None else None
     if cls is None:
         raise ValueError(f"unknown {what} {name!r}; valid: {', '.join(sorted(registry))}")
-    params = set()
-    for klass in cls.__mro__:  # subclasses may pass **options up to their base
-        if "__init__" in klass.__dict__ and klass is not object:
-            params |= set(inspect.signature(klass.__init__).parameters)
-    params -= {"self", "options", "args", "kwargs"}
-    unknown = sorted(set(options) - params)
+    takes = params(cls)
+    unknown = sorted(set(options) - takes)
     if unknown:
-        raise ValueError(f"{what} {name!r} takes no option {unknown[0]!r}; valid: {', '.join(sorted(params))}")
+        raise ValueError(f"{what} {name!r} takes no option {unknown[0]!r}; valid: {', '.join(sorted(takes))}")
     return cls(**options)

@@ -102,7 +102,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     if cmd.kind == "stop":
         engine._drain(old)
         raise StopRequested(engine._save("stop") if cmd.save else "")
-    new = policies.get(cmd.protocol, sizer=old.sizer, **cmd.options)
+    new = policies.make(cmd.protocol, old.sizer, **cmd.options)  # a self-sizing one: its own sizer
     target = type(phase)(new, until=phase.until, switch=cmd.method,
                          lr_scale=phase.lr_scale if cmd.lr_scale is None else cmd.lr_scale,
                          momentum=phase.momentum)

@@ -1,40 +1,32 @@
-"""Synchronization policies: one interface (``base``), one file per protocol.
+"""Synchronization policies: one interface (``base``), one file per protocol, and the
+catalogue that names them (``catalogue``: options, traits, look-up).
 
 ``get(name_or_policy, **options)`` builds a policy by name; unknown names or options
-raise ValueError listing what is valid.
+raise ValueError listing what is valid. ``register(cls)`` adds a protocol.
 """
 
 from __future__ import annotations
-
-from ..registry import build
 
 from .asp import ASP
 from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, PolicyError,
                    Push, PushMode)
 from .bsp import BSP
+from .catalogue import CLASSES as REGISTRY
+from .catalogue import get, make, names, register, spec
 from .elastic_bsp import ElasticBSP
 from .fluentps import PSSP, FluentPS
 from .lbbsp import LBBSP
+from .options import Option
 from .rlp import RLP
 from .sizing import FixedSizer
 from .ssp import SSP
 
-REGISTRY: dict[str, type[Policy]] = {"bsp": BSP, "asp": ASP, "ssp": SSP, "fluentps": FluentPS, "pssp": PSSP,
-                                   "elastic_bsp": ElasticBSP, "rlp": RLP,
-                                   "lbbsp": LBBSP}
-
-
-def register(name: str, cls: type[Policy]) -> None:
-    REGISTRY[name] = cls
-
-
-def get(spec, **options) -> Policy:
-    """A policy from a name (``"ssp"``), a dict (``{"name": "ssp", "staleness": 2}``) or an instance."""
-    return build(REGISTRY, spec, Policy, "protocol", **options)
-
+# fluentps last: it became nameable in job files after the others, whose order messages keep
+for _cls in (BSP, ASP, SSP, PSSP, ElasticBSP, RLP, LBBSP, FluentPS):
+    register(_cls)
 
 __all__ = [
     "ASP", "BSP", "ElasticBSP", "FluentPS", "LBBSP", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
-    "Decision", "FixedSizer", "Grant", "NOTHING", "Policy", "PolicyError", "Push", "PushMode",
-    "REGISTRY", "get", "register",
+    "Decision", "FixedSizer", "Grant", "NOTHING", "Option", "Policy", "PolicyError", "Push", "PushMode",
+    "REGISTRY", "get", "make", "names", "register", "spec",
 ]

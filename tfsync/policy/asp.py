@@ -7,11 +7,19 @@ PS), so a worker never waits for the coordinator's answer between its steps.
 
 from __future__ import annotations
 
+from .actions import SUBMITTER
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
+from .options import Option
+
+
+def asp_teacher(push: Push, view: ClusterView) -> int:
+    """ASP in the three-action space (paper 004 §3.1): A = {W_s}."""
+    return SUBMITTER
 
 
 class ASP(Policy):
     name = "asp"
+    options = (Option("depth", int, lo=1, help="steps granted ahead per worker"),)
 
     def __init__(self, sizer: BatchSizer | None = None, depth: int = 2, seed: int | None = None):
         super().__init__(sizer, seed)
@@ -32,3 +40,7 @@ class ASP(Policy):
 
     def describe(self) -> dict:
         return {**super().describe(), "depth": self.depth}
+
+    @staticmethod
+    def three_action():
+        return asp_teacher

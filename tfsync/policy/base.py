@@ -201,6 +201,11 @@ class BatchSizer:
     def sizes(self, view: ClusterView) -> dict[int, int]:
         return {w: self.size(w, view) for w in sorted(view.members)}
 
+    def max_batch(self, workers: int) -> int:
+        """The largest batch size this sizer may grant to one of ``workers`` workers (the
+        engine's input pipeline holds that many examples per step)."""
+        return self.batch_size
+
     def describe(self) -> dict:
         return {"name": type(self).__name__, "batch_size": self.batch_size}
 
@@ -211,9 +216,17 @@ class Policy:
     ``name`` is what logs and metrics call the protocol. A policy keeps its own state
     between calls; ``start`` is called once before the first step (and again after a
     switch to it) and must grant the first steps.
+
+    The class attributes after ``name`` are what the protocol catalogue
+    (``tfsync.policy.catalogue``) reads once the class is registered.
     """
 
     name = "policy"
+    options: tuple = ()  # Options (tfsync.policy.options) a job file may set
+    aggregating = False  # an update averages the members' gradients (BSP): lr x n at a switch
+    self_sizing = False  # makes its own sizer from a batch_size argument (no sizer argument)
+    nameable = True  # job files and `tfsync switch --to` may name it
+    three_action = None  # its form in RLP's three-action space, if any (tfsync.policy.actions)
 
     def __init__(self, sizer: BatchSizer | None = None, seed: int | None = None):
         self.sizer = sizer if sizer is not None else BatchSizer()
@@ -253,6 +266,10 @@ class Policy:
             return tuple(Grant(w, self.sizer.batch_size, self.mode) for w in workers)
         sizes = self.sizer.sizes(view)
         return tuple(Grant(w, sizes[w], self.mode) for w in workers)
+
+    def max_batch(self, workers: int) -> int:
+        """The largest batch size this policy may grant (its sizer's)."""
+        return self.sizer.max_batch(workers)
 
     def stats(self) -> dict:
         """Counters the policy keeps (e.g. FluentPS's delayed pull requests), for summaries."""

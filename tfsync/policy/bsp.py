@@ -6,12 +6,24 @@ In the unified framework (paper 004, §3.1): A = {} while |I| < k, A = I once |I
 
 from __future__ import annotations
 
+from .actions import ALL, NONE
 from .base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
+
+
+def bsp_teacher(push: Push, view: ClusterView) -> int:
+    """BSP in the three-action space (paper 004 §3.1): A = {} while |I| < k, A = I once
+    every worker is idle."""
+    return ALL if len(view.idle) == len(view.members) else NONE
 
 
 class BSP(Policy):
     name = "bsp"
     mode = PushMode.AGGREGATE
+    aggregating = True
+
+    @staticmethod
+    def three_action():
+        return bsp_teacher
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
         if view.in_flight:

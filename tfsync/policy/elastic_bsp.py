@@ -22,6 +22,7 @@ import numpy as np
 
 from .barrier_search import SEARCHES
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
+from .options import Option
 
 
 def predict(now: float, intervals, lookahead: int) -> np.ndarray:
@@ -31,6 +32,13 @@ def predict(now: float, intervals, lookahead: int) -> np.ndarray:
 
 class ElasticBSP(Policy):
     name = "elastic_bsp"
+    options = (Option("lookahead", int, lo=1, help="predicted iterations R per worker"),
+               Option("window", int, lo=1, help="recent iteration intervals a prediction uses"),
+               Option("search", str, choices=lambda: tuple(SEARCHES), help="the barrier search"),
+               Option("estimator", str, choices=("mean", "median"), help="of the recent intervals"),
+               Option("objective", str, choices=("spread", "share"),
+                      help="the smallest wait, or wait per unit of superstep"),
+               Option("depth", int, lo=1, help="steps granted ahead per worker"))
 
     def __init__(self, lookahead: int = 15, window: int = 5, search: str = "zipline_fast",
                  estimator: str = "mean", objective: str = "spread", depth: int = 2,

@@ -33,10 +33,23 @@ import collections
 import math
 
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push
+from .options import Option
+
+_OPTIONS = (
+    Option("staleness", int, lo=0, help="s of the pull condition (None in Python: ASP)"),
+    Option("probability", (float, str), lo=0, hi=1, choices=("dynamic",),
+           help="pause probability c once a worker is s ahead, or the dynamic P(k)"),
+    Option("alpha", float, lo=0, hi=1, lo_open=True, help="the dynamic P(k)'s scale"),
+    Option("execution", str, choices=("lazy", "soft"), help="how delayed pulls are answered"),
+    Option("quorum", int, lo=1, help="pushes that advance V_train (default: every member)"),
+    Option("depth", int, lo=1, help="steps granted ahead per worker"),
+    Option("average", bool, help="learning rate / N"),
+)
 
 
 class FluentPS(Policy):
     name = "fluentps"
+    options = _OPTIONS
 
     def __init__(self, staleness: int | None = 3, probability: float | str = 1.0, alpha: float = 1.0,
                  execution: str = "lazy", quorum: int | None = None, depth: int = 2,
@@ -192,6 +205,7 @@ class PSSP(FluentPS):
     once a worker is s iterations ahead of V_train; lazy execution by default."""
 
     name = "pssp"
+    options = tuple(o for o in _OPTIONS if o.name != "quorum")
 
     def __init__(self, staleness: int = 3, probability: float | str = 0.5, alpha: float = 1.0,
                  execution: str = "lazy", depth: int = 2, average: bool = False,

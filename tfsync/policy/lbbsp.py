@@ -36,9 +36,10 @@ import time
 from typing import Mapping, Sequence
 
 from ..batching import GpuProfile, Hysteresis, cpu_rule, gpu_rule, predicted_times
-from ..predict import EMA, factory
+from ..predict import EMA, REGISTRY as PREDICTORS, factory
 from .base import BatchSizer, ClusterView, Push
 from .bsp import BSP
+from .options import Option
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,12 @@ class LBBSPSizer(BatchSizer):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    def max_batch(self, workers: int) -> int:
+        """``hi`` where given, else X = n * batch_size less 1 for each other worker."""
+        if isinstance(self.hi, int):
+            return self.hi
+        return max(self.hi) if self.hi else self.batch_size * workers - (workers - 1)
+
     def describe(self) -> dict:
         return {"name": "LBBSPSizer", "batch_size": self.batch_size, "predictor": self.predictor_spec,
                 "rule": "gpu" if self.profiles is not None else "cpu", "blocking": self.blocking,
@@ -232,6 +239,17 @@ class LBBSP(BSP):
     """BSP with LB-BSP's batch sizes; options as :class:`LBBSPSizer`'s."""
 
     name = "lbbsp"
+    self_sizing = True
+    three_action = None  # per-worker batch sizes have no form in RLP's action space
+    options = (Option("predictor", str, choices=lambda: tuple(PREDICTORS), help="worker-speed predictor"),
+               Option("blocking", bool, help="sizes from this round (true) or the previous one"),
+               Option("background", bool, help="the sizing rule in a background thread"),
+               Option("lo", int, lo=1, help="smallest batch size"),
+               Option("hi", int, lo=1, help="largest batch size"),
+               Option("min_gain", float, lo=0, help="predicted gain below which sizes are kept"),
+               Option("max_change", float, lo=0, help="relative change above which sizes always move"),
+               Option("comm_alpha", float, lo=0, hi=1, lo_open=True,
+                      help="EMA weight of the communication time"))
 
     def __init__(self, batch_size: int = 32, predictor="ema", profiles=None, blocking: bool = True,
                  background: bool = False, lo=1, hi=None, min_gain: float = 0.05,

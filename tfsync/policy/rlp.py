@@ -30,14 +30,19 @@ from __future__ import annotations
 import collections
 import json
 import math
+import re
 from typing import Callable, Protocol
 
 import numpy as np
 
+from . import catalogue
+from .actions import ACTIONS, ALL, NONE, SUBMITTER, Teacher
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
+from .options import Option
 
-NONE, SUBMITTER, ALL = 0, 1, 2
-ACTIONS = ("none", "submitter", "all")
+__all__ = ["ACTIONS", "ALL", "FEATURES", "HISTORY", "NONE", "RLP", "SUBMITTER", "Agent", "QNetwork",
+           "StateTracker", "Teacher", "static_names", "teacher"]
+
 HISTORY = 10  # H
 FEATURES = 4  # (n, L, dL, l_n)
 
@@ -109,38 +114,27 @@ class StateTracker:
         return np.concatenate(self.rows)
 
 
-Teacher = Callable[[Push, ClusterView], int]
-
-
-def bsp_teacher(push: Push, view: ClusterView) -> int:
-    """BSP (§3.1): A = {} while |I| < k, A = I once every worker is idle."""
-    return ALL if len(view.idle) == len(view.members) else NONE
-
-
-def asp_teacher(push: Push, view: ClusterView) -> int:
-    """ASP (§3.1): A = {W_s}."""
-    return SUBMITTER
-
-
-def ssp_teacher(s: int) -> Teacher:
-    """SSP with threshold s as §3.1 writes it: p_s = min p -> A = I; 0 < p_s - min < s
-    -> {W_s}; p_s - min = s -> {}."""
-    def teach(push: Push, view: ClusterView) -> int:
-        gap = view.clocks[push.worker] - view.min_clock
-        return ALL if gap <= 0 else SUBMITTER if gap < s else NONE
-    teach.__name__ = f"ssp{s}"
-    return teach
+def static_names(staleness=("<s>",)) -> tuple[str, ...]:
+    """The names ``teacher`` takes: every catalogue protocol with a three-action form
+    (``three_action``), once per ``staleness`` value appended where it takes one."""
+    out = []
+    for name in catalogue.names():
+        spec = catalogue.find(name)
+        if spec.cls.three_action is not None:
+            out += [f"{name}{s}" for s in staleness] if "staleness" in spec.options else [name]
+    return tuple(out)
 
 
 def teacher(name: str) -> Teacher:
-    """``"bsp"``, ``"asp"`` or ``"ssp<s>"`` (e.g. ``"ssp2"``)."""
-    if name == "bsp":
-        return bsp_teacher
-    if name == "asp":
-        return asp_teacher
-    if name.startswith("ssp") and name[3:].isdigit():
-        return ssp_teacher(int(name[3:]))
-    raise ValueError(f"unknown static policy {name!r}; expected bsp, asp or ssp<s> such as ssp2")
+    """A static protocol's three-action form (§3.1) by name: ``"bsp"``, ``"asp"``, or a
+    protocol that takes a staleness with it appended (``"ssp2"``)."""
+    base, digits = re.fullmatch(r"(.*?)(\d*)", name).groups()
+    spec = catalogue.find(base)
+    form = spec.cls.three_action if spec is not None else None
+    if form is None or bool(digits) != ("staleness" in spec.options):
+        raise ValueError(f"unknown static policy {name!r}; expected one of {', '.join(static_names())} "
+                         "(<s>: a staleness, such as 2)")
+    return form(staleness=int(digits)) if digits else form()
 
 
 class RLP(Policy):
@@ -149,6 +143,7 @@ class RLP(Policy):
     every transition; ``record`` keeps (state, action, arrival) per push."""
 
     name = "rlp"
+    options = (Option("model", str, required=True, help="the policy file written by `tfsync policy train`"),)
 
     def __init__(self, agent: Agent | None = None, sizer: BatchSizer | None = None, *,
                  model: str | None = None, teacher: Teacher | None = None,

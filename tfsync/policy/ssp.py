@@ -7,11 +7,25 @@ its own clock, so fast workers keep a step queued while they are within the boun
 
 from __future__ import annotations
 
+from .actions import ALL, NONE, SUBMITTER, Teacher
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
+from .options import Option
+
+
+def ssp_teacher(s: int) -> Teacher:
+    """SSP with threshold s in the three-action space, as paper 004 §3.1 writes it:
+    p_s = min p -> A = I; 0 < p_s - min < s -> {W_s}; p_s - min = s -> {}."""
+    def teach(push: Push, view: ClusterView) -> int:
+        gap = view.clocks[push.worker] - view.min_clock
+        return ALL if gap <= 0 else SUBMITTER if gap < s else NONE
+    teach.__name__ = f"ssp{s}"
+    return teach
 
 
 class SSP(Policy):
     name = "ssp"
+    options = (Option("staleness", int, lo=0, help="the bound s (0: lock-step)"),
+               Option("depth", int, lo=1, help="steps granted ahead per worker"))
 
     def __init__(self, staleness: int = 3, sizer: BatchSizer | None = None, depth: int = 2,
                  seed: int | None = None):
@@ -49,3 +63,7 @@ class SSP(Policy):
 
     def describe(self) -> dict:
         return {**super().describe(), "staleness": self.staleness, "depth": self.depth}
+
+    @staticmethod
+    def three_action(staleness: int):
+        return ssp_teacher(staleness)

@@ -9,10 +9,12 @@ import time as _time
 from dataclasses import asdict, dataclass
 
 from ..policy.base import BatchSizer
-from ..policy.rlp import RLP, QNetwork, teacher
+from ..policy.rlp import RLP, QNetwork, static_names, teacher
 from .instances import InstanceSpec, make_instance
 
-STATIC = ("bsp", "asp", "ssp2", "ssp5", "ssp8")  # the paper's baselines and pre-training teachers
+# The paper's baselines and pre-training teachers: the catalogue's protocols with a
+# three-action form (BSP, ASP, SSP), SSP with s = 2, 5 and 8 (paper 004 §4).
+STATIC = static_names(staleness=(2, 5, 8))
 
 
 @dataclass

@@ -6,16 +6,20 @@ n*eta (linear scaling rule); ASP runs B per worker with eta; momentum is kept.
 Alternatives (Fig. 8): no LR scaling; ASP keeping the global batch n*B on each worker
 (Fig. 8a); momentum after the switch set to 0, 1/n, or ramped up per epoch as 2^i/n or
 i/n until it reaches the BSP value (Fig. 8b).
+
+"BSP" here is every protocol the catalogue marks ``aggregating`` (its update averages n
+workers' gradients: BSP, LB-BSP); "ASP" every other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..policy.catalogue import aggregating
+
 LR_RULES = ("linear", "constant")
 BATCH_RULES = ("local", "global")
 MOMENTUM_RULES = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
-AGGREGATING = frozenset({"bsp", "lbbsp"})  # protocols whose update averages n workers' gradients
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class ConfigPolicy:
         """Hyper-parameters for ``protocol``; ``after_switch``: a non-aggregating protocol
         entered from an aggregating one (where the momentum rules apply)."""
         n = int(workers)
-        if protocol in AGGREGATING:
+        if aggregating(protocol):
             return Hyper(batch_size, float(n) if self.lr == "linear" else 1.0, momentum)
         b = batch_size * n if self.batch == "global" else batch_size
         return Hyper(b, 1.0, self.momentum_after(momentum, n, epochs_since_switch) if after_switch else momentum)

@@ -30,12 +30,19 @@ import logging
 from ..policy.asp import ASP
 from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
 from ..policy.bsp import BSP
+from ..policy.catalogue import register
 from .stragglers import StragglerDetector
 
 logger = logging.getLogger(__name__)
 
 
 class _StragglerAware(Policy):
+    # In the catalogue, but not nameable in a [[protocol]] entry or `tfsync switch --to`:
+    # they need a StragglerDetector and inner BSP / ASP policies, objects a job file cannot
+    # give; its [switch] section (stragglers = greedy | elastic) selects them instead
+    # (tfsync.jobrun.straggler_phase).
+    nameable = False
+
     def __init__(self, detector: StragglerDetector, bsp_samples: int | None = None, *,
                  bsp: Policy | None = None, asp: Policy | None = None, lr_scales: dict | None = None):
         self.bsp = bsp if bsp is not None else BSP()
@@ -99,6 +106,9 @@ class _StragglerAware(Policy):
             d = self.bsp.start(view)
             return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
         return self.asp.start(view)
+
+    def max_batch(self, workers: int) -> int:
+        return max(self.bsp.max_batch(workers), self.asp.max_batch(workers))
 
     def stats(self) -> dict:
         """Counts and, with times as given in the view (the engine's: epoch seconds), the
@@ -205,3 +215,7 @@ class ElasticStragglerPolicy(_StragglerAware):
 
     def describe(self) -> dict:
         return {**super().describe(), "readmit_after_s": self.readmit_after_s, "max_removed": self.max_removed}
+
+
+register(GreedyStragglerPolicy)
+register(ElasticStragglerPolicy)
