@@ -10,6 +10,8 @@ import tf_keras as keras
 
 from tfsync.engine.evaluator import Evaluator, accuracy
 
+pytestmark = pytest.mark.unit
+
 
 def model_fn():
     m = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(3)])

@@ -1,5 +1,6 @@
-"""Straggler injection: real burner processes (no TF). Loose CPU tolerances: this
-machine has 2 cores shared with other work."""
+"""Straggler injection: real burner processes (no TF). CPU shares are loose: on a loaded
+machine a busy burner gets less than its duty; an idle one uses next to nothing whatever
+the load, so idle and busy are told apart by a wide margin."""
 
 import os
 import time
@@ -23,16 +24,16 @@ def cpu_share(pid, seconds=1.0):
     return p.cpu_percent(None)
 
 
+@pytest.mark.timing
 def test_burner_burns_about_its_duty_pinned_and_is_gone_after_stop():
     with CpuBurner(0.5, cpus={CPU}, mem_mb=16) as b:
         pid = b.pids[0]
-        time.sleep(0.3)  # past the memory touch
         assert psutil.Process(pid).cpu_affinity() == [CPU]
-        assert 25 <= cpu_share(pid) <= 75
+        assert 5 <= cpu_share(pid) <= 70  # start() returns once it burns: no start-up in it
         assert psutil.Process(pid).memory_info().rss >= 16 << 20
         b.set_duty(0.0)
         time.sleep(0.2)
-        assert cpu_share(pid, 0.5) < 15
+        assert cpu_share(pid, 0.5) < 8
     assert not psutil.pid_exists(pid)
 
 
@@ -74,23 +75,23 @@ def test_levels_map_to_burners():
         level_plan("hetero-l9", 2)
 
 
+@pytest.mark.timing
 def test_trace_drives_the_duty_over_time(tmp_path):
     path = tmp_path / "trace.csv"
     path.write_text("time,util\n0,0\n10,90\n20,0\n")
     trace = load_trace_csv(str(path))
     assert isinstance(trace, CpuTrace) and trace.at(15) == 90
     burner = CpuBurner(0.0, cpus={CPU})
-    # 2 s idle, then 2 s busy: each window is measured well clear of the change (on a loaded
-    # machine a 1 s phase let the idle window run into the busy one)
+    # 2 s idle, then 2 s busy: each window is measured well clear of the change
     with TraceDriver(burner, trace, time_scale=5.0, interval=0.05) as driver:
         pid = burner.pids[0]
-        time.sleep(0.2)
-        idle = cpu_share(pid, 0.6)
-        time.sleep(1.6)  # into the busy phase
-        busy = cpu_share(pid, 0.6)
+        time.sleep(0.3)
+        idle = cpu_share(pid, 1.2)
+        time.sleep(0.8)  # into the busy phase
+        busy = cpu_share(pid, 1.2)
     duties = [d for _, d in driver.history]
     assert 0.0 in duties and 0.9 in duties
-    assert idle < 20 and busy > 45, (idle, busy)
+    assert idle < 8 and busy > max(12, 3 * idle), (idle, busy)
     assert not psutil.pid_exists(pid)
 
 

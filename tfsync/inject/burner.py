@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 _live: "weakref.WeakSet[CpuBurner]" = weakref.WeakSet()
 
 
-def _burn(duty, period: float, mem_mb: int, cpus, parent: int) -> None:  # runs in the child
+def _burn(duty, period: float, mem_mb: int, cpus, parent: int, ready) -> None:  # runs in the child
     if cpus:
         os.sched_setaffinity(0, cpus)
     hog = None
@@ -39,6 +39,8 @@ def _burn(duty, period: float, mem_mb: int, cpus, parent: int) -> None:  # runs 
         hog = bytearray(mem_mb << 20)
         for i in range(0, len(hog), 4096):  # touch every page so it is resident
             hog[i] = 1
+    with ready.get_lock():
+        ready.value += 1
     x = 0
     while True:
         d = duty.value
@@ -66,7 +68,7 @@ class CpuBurner:
     """Competing load on ``cpus``; see the module docstring."""
 
     def __init__(self, duty: float = 0.5, cpus: Iterable[int] | None = None, *, processes: int = 1,
-                 mem_mb: int = 0, period: float = 0.1):
+                 mem_mb: int = 0, period: float = 0.1, start_timeout: float = 60.0):
         if not 0.0 <= float(duty) <= 1.0:
             raise ValueError(f"duty must be in [0, 1] (share of each period spent busy), got {duty!r}")
         if int(processes) < 1 or int(mem_mb) < 0 or not float(period) > 0:
@@ -79,6 +81,7 @@ class CpuBurner:
                 raise ValueError(f"cpus {sorted(self.cpus)} are not a non-empty subset of this "
                                  f"process's CPUs {sorted(allowed)}")
         self.processes, self.mem_mb, self.period = int(processes), int(mem_mb), float(period)
+        self.start_timeout = float(start_timeout)
         self._ctx = mp.get_context("spawn")
         self._target = float(duty)
         self._duty = self._ctx.RawValue("d", self._target)
@@ -104,9 +107,10 @@ class CpuBurner:
             raise RuntimeError("CpuBurner already started; stop() it first")
         self._duty.value = self._target
         cpus = sorted(self.cpus) if self.cpus is not None else None
+        ready = self._ctx.Value("i", 0)
         for _ in range(self.processes):
             p = self._ctx.Process(target=_burn, daemon=True, name="tfsync-cpu-burner",
-                                  args=(self._duty, self.period, self.mem_mb, cpus, os.getpid()))
+                                  args=(self._duty, self.period, self.mem_mb, cpus, os.getpid(), ready))
             p.start()
             self._procs.append(p)
             if cpus:  # pin from here too, so the affinity holds from the start
@@ -115,6 +119,12 @@ class CpuBurner:
                 except ProcessLookupError:
                     pass
         _live.add(self)
+        deadline = time.monotonic() + self.start_timeout
+        while ready.value < self.processes:  # started, memory touched: burning from now on
+            if time.monotonic() > deadline or any(not p.is_alive() for p in self._procs):
+                self.stop()
+                raise RuntimeError(f"CPU burner processes did not start within {self.start_timeout:.0f} s")
+            time.sleep(0.01)
         logger.info("started %d CPU burner(s) %s at duty %.2f on cpus %s", self.processes, self.pids,
                     self.duty, cpus if cpus else "any")
         return self

@@ -2,7 +2,10 @@
 
 Within every ``period_s`` the process is stopped (SIGSTOP) for ``1 - 1/slowdown`` of the
 period and continued (SIGCONT) for the rest, so whatever it computes takes ``slowdown``
-times as long, however many cores the machine has and whoever shares them. Paper 003
+times as long, however many cores the machine has and whoever shares them. On a loaded
+machine this process's own wake-ups come late; each stop is therefore sized to bring
+the time stopped since the episode began to ``1 - 1/slowdown`` of it, so lateness in one
+period is made up in the next. Paper 003
 §VI-B3 slows a node by emulated network latency (10 ms mild, 30 ms moderate) for
 transient episodes of at most 100 s; a paused worker is the same kind of slowdown to
 the training: its steps arrive late. Unlike the CPU burner (tfsync.inject.burner) it
@@ -154,15 +157,20 @@ def _child() -> int:
         if stop.wait(max(0.0, t0 + e.start_s - time.monotonic())):
             return
         say("begin", e.worker)
-        end, paused, pid = t0 + e.start_s + e.duration_s, period * (1.0 - 1.0 / e.slowdown), None
+        end, share, pid = t0 + e.start_s + e.duration_s, 1.0 - 1.0 / e.slowdown, None
+        begin, stopped = time.monotonic(), 0.0
         try:
             while not stop.is_set() and time.monotonic() < end:
                 pid = pids.get(e.worker)
-                if paused > 0:
+                cycle = time.monotonic()
+                want = share * (cycle + period - begin) - stopped  # catch up on late wake-ups
+                if want > 0:
+                    t = time.monotonic()
                     _signal(pid, signal.SIGSTOP)
-                    stop.wait(paused)
+                    stop.wait(min(want, 2 * period))
                     _signal(pid, signal.SIGCONT)
-                stop.wait(period - paused)
+                    stopped += time.monotonic() - t
+                stop.wait(max(0.0, cycle + period - time.monotonic()))
         finally:
             _signal(pid, signal.SIGCONT)
             say("end", e.worker)
