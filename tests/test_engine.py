@@ -62,6 +62,54 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
     assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
 
 
+def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across_a_restart(tiny_problem, tmp_path):
+    """Stateful optimizer + schedule: BSP with Adam, ExponentialDecay and batch sizes
+    (5, 11) gives the weights of single-process Adam on the 16 examples (its moments and
+    step count restored through a restart switch), and each push records the rate of the
+    update it joined: the schedule at that update."""
+    import tf_keras as keras
+
+    def schedule():
+        return keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)
+
+    problem = (*tiny_problem[:3], lambda: keras.optimizers.Adam(schedule()), tiny_problem[4])
+    ref = _reference(problem, [0, 1, 2, 0, 1, 2], (5, 11))
+    engine = _engine(problem, tmp_path)
+    phases = [Phase(BSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch="restart")]
+    summary = engine.run(phases, total_samples=6 * 16)
+    assert summary["optimizer_iterations"] == 6
+    for got, want in zip(engine.final_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    recs = _records(tmp_path)
+    assert len(recs) == 12
+    for r in recs:  # "updates": updates done before the one this push joins
+        assert r["lr"] == pytest.approx(float(schedule()(r["updates"])), rel=1e-6)
+    assert len({r["lr"] for r in recs}) == 6
+
+
+def test_float_targets_stay_floats_and_bsp_regression_equals_the_single_process_reference(tiny_problem, tmp_path):
+    """A regression target of 0.49 trains as 0.49 (labels keep their dtype; they were cast
+    to int64), BSP with batch sizes (5, 11) equal to single-process SGD on the 16 rows."""
+    import tf_keras as keras
+
+    x = tiny_problem[0]
+    y = (x @ np.linspace(-1, 1, 5, dtype=np.float32) * 0.3 + 0.49).astype(np.float32)
+
+    def model_fn():
+        return keras.Sequential([keras.layers.Input((5,)),
+                                 keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
+
+    def loss_fn(targets, predictions):
+        return keras.losses.mean_squared_error(tf.reshape(targets, (-1, 1)), predictions)
+
+    problem = (x, y, model_fn, lambda: keras.optimizers.SGD(0.1), loss_fn)
+    ref = _reference(problem, [0, 1, 2, 3], (5, 11))
+    engine = _engine(problem, tmp_path)
+    assert engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=4 * 16)["updates"] == 4
+    for got, want in zip(engine.final_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_ssp_never_exceeds_the_staleness_bound(tiny_problem, tmp_path):
     """Worker 1 is made slow (a 32x larger batch); no worker may start step c+s+1 before
     every worker finished step c, checked on the worker-side clocks of every step."""

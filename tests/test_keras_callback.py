@@ -80,13 +80,31 @@ def _build(strategy, eta, momentum, **kw):
     return sync, model
 
 
+def test_a_learning_rate_schedule_is_followed_and_scaled_in_bsp(strategy, mnist):
+    """With a LearningRateSchedule, update k uses schedule(k) (times n in BSP), as
+    apply_gradients would; before, the rate stayed at its first value."""
+    x, y, _, _ = mnist
+    sched = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=4, decay_rate=0.5)
+    with strategy.scope():
+        sync = SyncSwitch(strategy, N, switch_at=0.5)
+        model = sync.wrap(_linear())
+        model.compile(optimizer=keras.optimizers.SGD(sched),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert sync.rate().numpy() == pytest.approx(N * 0.05)
+    model.fit(_creator(x, y, 32), epochs=1, steps_per_epoch=8, callbacks=[sync.callback()], verbose=0)
+    k = int(model.optimizer.iterations.numpy())
+    assert k == 8 // 2 // N + 4  # BSP rounds, then ASP updates
+    assert model.optimizer.learning_rate.numpy() == pytest.approx(float(sched(k - 1)), rel=1e-6)  # the last update's
+    assert sync.rate().numpy() == pytest.approx(float(sched(k)), rel=1e-6)
+
+
 def test_fit_trains_bsp_then_asp_at_the_requested_fraction(strategy, mnist):
     """3 epochs x 20 steps, switch at 0.5: steps 1-30 run as 15 BSP rounds of N pushes
     (one update each, LR n*eta), steps 31-60 as 30 ASP updates (LR eta, momentum kept)."""
     x, y, xt, yt = mnist
     eta = 0.05
     sync, model = _build(strategy, eta, 0.9, switch_at=0.5)
-    assert model.optimizer.learning_rate.numpy() == pytest.approx(N * eta)  # BSP: n * eta
+    assert sync.rate().numpy() == pytest.approx(N * eta)  # BSP: n * eta
     cb = sync.callback()
     hist = model.fit(_creator(x, y, 32), epochs=3, steps_per_epoch=20, callbacks=[cb], verbose=0)
 

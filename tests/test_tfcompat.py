@@ -8,6 +8,8 @@ import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.distribute.coordinator import values as coordinator_values
 
+from tfsync.engine import tfcompat
+
 pytestmark = pytest.mark.unit
 
 
@@ -29,3 +31,16 @@ def test_optimizer_update_step_is_what_the_engine_calls():
     import tf_keras as keras
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
     assert "update_step" in type(opt).__dict__, "tf_keras SGD no longer defines update_step"
+
+
+def test_update_step_reads_the_rate_variable_the_engine_sets():
+    """update_step takes its rate from tfcompat.rate_variable, constant or scheduled."""
+    import tf_keras as keras
+    for lr in (0.5, keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)):
+        opt = keras.optimizers.SGD(lr)
+        v = tf.Variable([1.0])
+        opt.build([v])
+        assert (tfcompat.lr_schedule(opt) is not None) == (not isinstance(lr, float))
+        tfcompat.rate_variable(opt).assign(0.25)
+        opt.update_step(tf.constant([1.0]), v)
+        assert v.numpy()[0] == 0.75

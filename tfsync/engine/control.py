@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from . import tfcompat
+
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
 MODE_APPLY, MODE_AGGREGATE = 0, 1
@@ -34,13 +36,36 @@ def weighted_mean(flat, variables, sizes):
     return [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
 
 
-def apply_update(optimizer, grads, variables):
+def apply_update(optimizer, grads, variables, rate):
     """One optimizer update without ``apply_gradients`` (its merge_call cannot run inside
-    ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable."""
+    ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable. As
+    ``apply_gradients`` does, the update's rate is set first: ``rate()`` (the schedule at
+    this update's ``iterations``, times the configuration factor). Returns that rate."""
+    used = rate()
+    tfcompat.rate_variable(optimizer).assign(tf.cast(used, tfcompat.rate_variable(optimizer).dtype))
     for g, v in zip(grads, variables):
         with tf.device(v.device):
             optimizer.update_step(g, v)
     optimizer.iterations.assign_add(1)
+    return used
+
+
+class LearningRate:
+    """The rate of the next update: ``base x scale``. ``base`` is the optimizer's schedule
+    at its ``iterations`` or its number (kept in ``base``, a variable); ``scale`` is the
+    configuration policy's factor (paper 003 §IV-C). Make it under the strategy's scope
+    (the variables go to the PS); calling it is traced into the step and barrier."""
+
+    def __init__(self, optimizer, scale: float = 1.0):
+        self.optimizer = optimizer
+        self.schedule = tfcompat.lr_schedule(optimizer)
+        self.base = None if self.schedule is not None else tf.Variable(
+            float(tfcompat.rate_variable(optimizer).numpy()), trainable=False, name="lr_base")
+        self.scale = tf.Variable(float(scale), trainable=False, name="lr_scale")
+
+    def __call__(self):
+        base = self.schedule(self.optimizer.iterations) if self.schedule is not None else self.base
+        return tf.cast(base, tf.float32) * self.scale
 
 
 def read_back(optimizer, variables):
@@ -51,11 +76,14 @@ def read_back(optimizer, variables):
 
 
 class PSControl:
-    def __init__(self, num_workers: int, model, optimizer, device: str = "/job:ps/task:0",
+    """``rate()``: the learning rate of the next update, a float32 tensor (see
+    ``apply_update``)."""
+
+    def __init__(self, num_workers: int, model, optimizer, rate, device: str = "/job:ps/task:0",
                  capacity: int = 1024):
         self.num_workers = num_workers
         self.variables = list(model.trainable_variables)
-        self.optimizer = optimizer
+        self.optimizer, self.rate = optimizer, rate
         self.sizes = [int(np.prod(v.shape)) for v in self.variables]
         with tf.device(device):
             self.queues = [tf.queue.FIFOQueue(capacity, [tf.int64], shapes=[[TOKEN_LEN]], name=f"gate{i}")
@@ -72,13 +100,15 @@ class PSControl:
         return tf.switch_case(worker_index, [lambda q=q: q.dequeue() for q in self.queues])
 
     def apply(self, grads):
-        """ASP-like: apply one worker's gradient now."""
-        apply_update(self.optimizer, grads, self.variables)
-        return tf.constant(True)
+        """ASP-like: apply one worker's gradient now; returns the rate it used."""
+        return apply_update(self.optimizer, grads, self.variables, self.rate)
 
     def aggregate(self, grads, batch_size, round_):
-        self.accumulator.apply_grad(weighted_flat(grads, batch_size), local_step=round_)
-        return tf.constant(True)
+        """Add to the round's aggregate; returns the rate its update will use (the round's
+        update is the next: ``iterations`` does not move within a round)."""
+        with tf.control_dependencies([self.accumulator.apply_grad(weighted_flat(grads, batch_size),
+                                                                  local_step=round_)]):
+            return tf.identity(self.rate())
 
     # -- coordinator side -----------------------------------------------------------------
     def _release(self, tokens):
@@ -95,7 +125,7 @@ class PSControl:
         with tf.device(self.device):
             flat = self.accumulator.take_grad(num_required)
             mean = weighted_mean(flat, self.variables, self.sizes)
-        apply_update(self.optimizer, mean, self.variables)
+        apply_update(self.optimizer, mean, self.variables, self.rate)
         with tf.control_dependencies(read_back(self.optimizer, self.variables)):
             self._release(tokens)
         return flat[-1]

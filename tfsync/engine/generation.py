@@ -19,7 +19,7 @@ import tensorflow as tf
 from .. import safefile
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
-from .control import PSControl
+from .control import LearningRate, PSControl
 from .step import make_step_fn
 
 logger = logging.getLogger(__name__)
@@ -53,35 +53,49 @@ def _transport(x: np.ndarray):
     return x, None
 
 
+# What tf.io.decode_raw reads back (little-endian, as NumPy writes on this machine).
+RECORD_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "bool")
+
+
 def write_records(setup: TrainSetup, data_dir: str) -> dict:
     """Write the training arrays as fixed-length binary records that workers read with
     ``FixedLengthRecordDataset``: a graph constant of the data set would be shipped to
     every worker at every (re)connect, seconds for MNIST. The files must be readable at
     the same path on every worker host (true for a local cluster)."""
     x, scale = _transport(np.ascontiguousarray(setup.x_train))
-    y = np.ascontiguousarray(setup.y_train.astype(np.int64))
+    y = np.ascontiguousarray(setup.y_train)  # labels keep their dtype and shape (float targets too)
+    for name, a in (("x_train", x), ("y_train", y)):
+        if a.dtype.name not in RECORD_DTYPES:
+            raise ValueError(f"{name} has dtype {a.dtype.name}; the engine takes "
+                             f"{', '.join(RECORD_DTYPES)} (convert it, e.g. with .astype(np.float32))")
+        if a.dtype.byteorder == ">":
+            raise ValueError(f"{name} is big-endian ({a.dtype.str}); convert it with .astype('{a.dtype.name}')")
+    if len(x) != len(y):
+        raise ValueError(f"x_train has {len(x)} examples but y_train {len(y)}; expected one label per example")
     safefile.make_dir(data_dir)
     paths = {"x": os.path.join(data_dir, "train_x.bin"), "y": os.path.join(data_dir, "train_y.bin")}
     for key, array in (("x", x), ("y", y)):
         with safefile.replacing(paths[key], binary=True) as f:
             array.tofile(f)
-    return {**paths, "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y)}
+    return {**paths, "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y),
+            "y_dtype": y.dtype.name, "y_shape": y.shape[1:]}
 
 
 def make_dataset_fn(setup: TrainSetup, records: dict):
     shape, n = tuple(records["x_shape"]), records["n"]
-    dtype = tf.as_dtype(records["x_dtype"])
-    row_bytes = int(np.prod(shape)) * dtype.size
+    dtype, y_dtype = tf.as_dtype(records["x_dtype"]), tf.as_dtype(records["y_dtype"])
+    y_shape = tuple(records["y_shape"])
     scale = records["scale"]
 
     def decode(xr, yr):  # a whole batch of records at once
         xv = tf.reshape(tf.io.decode_raw(xr, dtype), (-1, *shape))
         xv = tf.cast(xv, tf.float32) * scale if scale is not None else xv
-        return xv, tf.reshape(tf.io.decode_raw(yr, tf.int64), [-1])
+        return xv, tf.reshape(tf.io.decode_raw(yr, y_dtype), (-1, *y_shape))
 
     def dataset_fn():
-        ds = tf.data.Dataset.zip((tf.data.FixedLengthRecordDataset(records["x"], row_bytes),
-                                  tf.data.FixedLengthRecordDataset(records["y"], 8)))
+        ds = tf.data.Dataset.zip((
+            tf.data.FixedLengthRecordDataset(records["x"], int(np.prod(shape)) * dtype.size),
+            tf.data.FixedLengthRecordDataset(records["y"], int(np.prod(y_shape)) * y_dtype.size)))
         if setup.shuffle:
             ds = ds.shuffle(n, reshuffle_each_iteration=True)  # unseeded: each worker differs
         ds = ds.repeat().batch(setup.max_batch_size, drop_remainder=True)
@@ -104,7 +118,8 @@ class Generation:
             self.momentum = tf.Variable(momentum, trainable=False, name="momentum")
             if hasattr(self.optimizer, "momentum"):
                 self.optimizer.momentum = self.momentum  # read per update: changeable at a switch
-        self.control = PSControl(self.num_workers, self.model, self.optimizer)
+            self.rate = LearningRate(self.optimizer)  # the engine sets its scale
+        self.control = PSControl(self.num_workers, self.model, self.optimizer, self.rate)
         self.worker_ids = tfcompat.worker_index_values(self.coordinator, self.num_workers)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(make_dataset_fn(setup, records)))
         self.step_fn = make_step_fn(self.model, self.control, setup.loss_fn)
@@ -120,12 +135,20 @@ class Generation:
         return self.coordinator.schedule(self.step_fn, args=(self.worker_ids, self.iterator))
 
     @property
-    def learning_rate(self) -> float:
-        return float(self.optimizer.learning_rate.numpy())
+    def learning_rate(self) -> float | None:
+        """The base rate (None: the optimizer's rate is a schedule)."""
+        return None if self.rate.base is None else float(self.rate.base.numpy())
 
-    def set_hyper(self, learning_rate: float | None = None, momentum: float | None = None) -> None:
-        if learning_rate is not None:
-            self.optimizer.learning_rate.assign(float(learning_rate))
+    def set_hyper(self, base_lr: float | None = None, lr_scale: float | None = None,
+                  momentum: float | None = None) -> None:
+        """``base_lr`` replaces a constant base rate (refused under a schedule)."""
+        if base_lr is not None:
+            if self.rate.base is None:
+                raise ValueError("the optimizer's learning rate is a schedule: it cannot be replaced by a number "
+                                 "(leave base_lr unset)")
+            self.rate.base.assign(float(base_lr))
+        if lr_scale is not None:
+            self.rate.scale.assign(float(lr_scale))
         if momentum is not None:
             self.momentum.assign(float(momentum))
 

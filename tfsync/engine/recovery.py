@@ -46,7 +46,6 @@ def recover_lost_ps(engine, phase) -> bool:
     s.granted = list(s.clocks)  # nothing runs in the new generation
     s.pending_workers, s.pending_samples = [], 0
     engine._last_ckpt_updates = s.updates
-    engine._gen.set_hyper(learning_rate=engine.base_lr * engine._lr_scale)
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
     engine.recovery_log.append(event)
@@ -93,7 +92,6 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     engine._close_generation(kill=True)
     engine._open_generation(engine._launch(), restore=path)
     s.granted = list(s.clocks)  # nothing runs in the new generation
-    engine._gen.set_hyper(learning_rate=engine.base_lr * engine._lr_scale)
     for w in lost_workers:
         event = {"task": f"worker:{w}", "steps_lost": lost[w], "in_flight_lost": in_flight, "checkpoint": path,
                  "seconds": round(time.time() - t0, 3)}

@@ -10,6 +10,10 @@
 - ``ClusterCoordinator._cluster.stop()``: ends the coordinator's worker threads when a
   generation of the cluster is replaced (restart switch) or training ends.
 - ``ParameterServerStrategy._cluster_resolver``: the public property returns None.
+- tf_keras optimizers' ``_learning_rate`` (a variable, or the LearningRateSchedule given)
+  and ``_current_learning_rate`` (the variable ``update_step`` reads under a schedule):
+  the engine calls ``update_step`` itself (``apply_gradients`` cannot run in its step),
+  so it sets the rate of each update as ``apply_gradients`` would.
 """
 
 from __future__ import annotations
@@ -50,6 +54,18 @@ def cluster_resolver(strategy):
     """The cluster resolver of a ParameterServerStrategy (its public property is None in
     TF 2.21 because ``extended`` has no ``_cluster_resolver``)."""
     return strategy.cluster_resolver or strategy._cluster_resolver
+
+
+def lr_schedule(optimizer):
+    """The optimizer's LearningRateSchedule, or None when its rate is a number."""
+    import tf_keras as keras
+    lr = getattr(optimizer, "_learning_rate", None)
+    return lr if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule) else None
+
+
+def rate_variable(optimizer) -> tf.Variable:
+    """The variable ``update_step`` reads the learning rate from."""
+    return optimizer._current_learning_rate if lr_schedule(optimizer) is not None else optimizer._learning_rate
 
 
 def quiet_resource_deleters() -> None:

@@ -165,7 +165,11 @@ class Engine:
         timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
                    "trace_s": time.time() - t3}
         if self.base_lr is None:
-            self.base_lr = gen.learning_rate
+            self.base_lr = gen.learning_rate  # None under a schedule
+        elif gen.learning_rate is None:
+            raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
+                              "leave base_lr unset (the schedule is the base rate)")
+        gen.set_hyper(base_lr=self.base_lr, lr_scale=self._lr_scale)
         self._gen = gen
         self._ckpt_manager = tf.train.CheckpointManager(
             gen.checkpoint, os.path.join(self.run_dir, "checkpoints"), max_to_keep=3)
@@ -241,9 +245,9 @@ class Engine:
             s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
         validate_decision(decision, frozenset(s.active))
         if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
-            self._lr_scale = decision.lr_scale
-            lr, gen = self.base_lr * self._lr_scale, self._gen
-            self._channel.call(lambda: gen.set_hyper(learning_rate=lr))
+            self._lr_scale = scale = decision.lr_scale
+            gen = self._gen
+            self._channel.call(lambda: gen.set_hyper(lr_scale=scale))
         barrier = decision.barrier and s.pending_workers
         if barrier:
             s.round += 1
@@ -315,7 +319,7 @@ class Engine:
 
     def _record(self, result, policy: Policy) -> Push | None:
         r = np.asarray(result)
-        wid, token, (start, end, loss, version) = r[0], r[1:5].astype(np.int64), r[5:9]
+        wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
         if int(token[BATCH]) == 0:
             return None
         s = self.state
@@ -342,7 +346,7 @@ class Engine:
                     version=int(version), pushes_during=during)
         self.history.append(push)
         record = push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
-                             samples=s.samples, protocol=policy.name, lr=self.base_lr * self._lr_scale)
+                             samples=s.samples, protocol=policy.name, lr=float(rate))
         self.recorder.push(record)
         t = time.perf_counter()
         self.controller.record(record)
@@ -420,7 +424,8 @@ class Engine:
             self.timeline[-1]["stats"] = stats_of_previous
         start = {"protocol": phase.policy.name, "samples": self.state.samples,
                  "updates": self.state.updates, "time": round(time.time() - self._t0, 4),
-                 "policy": phase.policy.describe(), "lr": self.base_lr * phase.lr_scale}
+                 "policy": phase.policy.describe(), "lr_scale": phase.lr_scale,
+                 "lr": None if self.base_lr is None else self.base_lr * phase.lr_scale}
         self.timeline.append(start)
         self.recorder.event("phase", **start)
         return start
@@ -489,7 +494,7 @@ class Engine:
     def _set_config(self, phase: Phase) -> None:
         self._lr_scale = phase.lr_scale
         momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
-        self._gen.set_hyper(learning_rate=self.base_lr * phase.lr_scale, momentum=momentum)
+        self._gen.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 
     # -- the whole run -------------------------------------------------------------------
     def run(self, phases: list[Phase], total_samples: int, restore: str | None = None,
@@ -513,8 +518,6 @@ class Engine:
             self.recorder.event("resume", **resume)
         try:
             self._open_generation(self._launch(), restore=restore)
-            if self.base_lr is None:
-                self.base_lr = self._gen.learning_rate
             t_init = time.time() - self._t0
             if self.on_start is not None:
                 self.on_start()

@@ -31,6 +31,8 @@ of TF1's SyncReplicasOptimizer, with everything that decides on the PS:
 
 Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_scale * eta``
 (default ``num_workers * eta``) during BSP and eta after the switch; momentum is kept.
+``eta`` is the optimizer's number or its LearningRateSchedule at the update's
+``iterations`` (``rate()``: the rate of the next update), as ``apply_gradients`` would use.
 
 ``apply_gradients`` does a merge_call that fails inside ``tf.cond`` under this strategy,
 so updates call ``optimizer.update_step`` per variable; optimizer options applied only by
@@ -52,7 +54,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from ..engine import tfcompat
-from ..engine.control import apply_update, read_back, weighted_flat, weighted_mean
+from ..engine.control import LearningRate, apply_update, read_back, weighted_flat, weighted_mean
 
 logger = logging.getLogger(__name__)
 
@@ -118,16 +120,14 @@ class SyncSwitch:
                                  "apply_gradients, which SyncSwitch cannot call; remove it")
         if getattr(optimizer, "use_ema", False):
             raise ValueError("optimizer use_ema=True is not supported by SyncSwitch; remove it")
-        if not isinstance(optimizer.learning_rate, tf.Variable):
-            raise TypeError("SyncSwitch scales the learning rate at the switch and needs a float "
-                            f"learning rate, got {type(optimizer.learning_rate).__name__}")
         variables = list(model.trainable_variables)
         if self.model is not None and [v.ref() for v in variables] != self._var_refs:
             raise ValueError("this SyncSwitch already serves another model; create one per model")
         with self.strategy.scope():
             optimizer.build(variables)
-            if optimizer is not self.optimizer and int(self.mode.numpy()) == BSP:
-                optimizer.learning_rate.assign(optimizer.learning_rate * self.bsp_lr_scale)
+            if optimizer is not self.optimizer:  # the optimizer's number or schedule, scaled in BSP
+                bsp = int(self.mode.numpy()) == BSP
+                self.rate = LearningRate(optimizer, scale=self.bsp_lr_scale if bsp else 1.0)
         self.optimizer = optimizer
         if self.model is None:
             self.model, self._var_refs = model, [v.ref() for v in variables]
@@ -149,7 +149,7 @@ class SyncSwitch:
             return None
         bsp_rounds = int(math.floor(self.switch_at * total_steps / self.num_workers + 0.5))
         if bsp_rounds == 0:  # no BSP at all: nothing runs yet, switch from here
-            self.optimizer.learning_rate.assign(self.optimizer.learning_rate / self.bsp_lr_scale)
+            self.rate.scale.assign(1.0)
             self.mode.assign(ASP)
             self.switch_step.assign(0)
         else:
@@ -168,7 +168,7 @@ class SyncSwitch:
         opt, variables = self.optimizer, self.model.trainable_variables
 
         def apply(gs):
-            apply_update(opt, gs, variables)
+            apply_update(opt, gs, variables, self.rate)
             return read_back(opt, variables)
 
         def leader():
@@ -201,8 +201,7 @@ class SyncSwitch:
                 return tf.constant(False)
 
     def _switch(self, round_):
-        lr = self.optimizer.learning_rate
-        with tf.control_dependencies([lr.assign(lr / self.bsp_lr_scale)]):
+        with tf.control_dependencies([self.rate.scale.assign(1.0)]):
             ops = [self.mode.assign(ASP), self.switch_step.assign(round_ * self.num_workers)]
         with tf.control_dependencies(ops), tf.device(self.device):
             release = tf.fill([self.release_slack, 2], tf.constant(-1, tf.int64))
@@ -274,7 +273,7 @@ class _SyncSwitchCallback(keras.callbacks.Callback):
         mode = "asp" if int(sync.mode.numpy()) == ASP else "bsp"
         sync.history.append({"event": "epoch_end" if epoch is not None else "train_end",
                              "epoch": epoch, "mode": mode, "rounds": int(sync.rounds.numpy()),
-                             "learning_rate": float(sync.optimizer.learning_rate.numpy())})
+                             "learning_rate": float(sync.rate().numpy())})  # of the next update
         if mode == "asp" and sync.switched_at_step is None:
             sync.switched_at_step = int(sync.switch_step.numpy())
             logger.debug("sync-switch observed: ASP after %d BSP steps", sync.switched_at_step)
