@@ -169,3 +169,10 @@ def test_config_signature_ignores_what_a_search_varies():
                   {"cluster": {"workers": 3}, "train": {"learning_rate": 0.02}},
                   {"cluster": {"workers": 3}, "switch": {"momentum": "zero"}}):
         assert config_signature(JobConfig.from_dict(other).to_dict()) != sig, other
+    # a user's model and data: their functions and arguments tell jobs apart
+    user = {"cluster": {"workers": 3}, "model": {"fn": "m.py:build", "args": {"units": 8}},
+            "data": {"fn": "m.py:data"}, "train": {"loss": "mse"}}
+    sigs = {config_signature(JobConfig.from_dict(u).to_dict()) for u in (
+        user, {**user, "model": {"fn": "m.py:build", "args": {"units": 9}}}, {**user, "model": {"fn": "m.py:other"}},
+        {**user, "data": {"fn": "m.py:data", "args": {"n": 5}}})}
+    assert len(sigs) == 4 and sig not in sigs

@@ -3,6 +3,7 @@
 
 import inspect
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator
@@ -44,3 +45,22 @@ def test_update_step_reads_the_rate_variable_the_engine_sets():
         tfcompat.rate_variable(opt).assign(0.25)
         opt.update_step(tf.constant([1.0]), v)
         assert v.numpy()[0] == 0.75
+
+
+def test_clipping_and_weight_decay_are_what_apply_gradients_does():
+    """The engine's update (control.apply_update) equals apply_gradients for AdamW with
+    clipnorm: same clipped gradient, same decayed weights, same rate."""
+    import tf_keras as keras
+
+    from tfsync.engine.control import LearningRate, apply_update
+    grads = [tf.constant([3.0, 4.0])]
+    ref, got = tf.Variable([1.0, -2.0]), tf.Variable([1.0, -2.0])
+    for v, apply in ((ref, None), (got, apply_update)):
+        opt = keras.optimizers.AdamW(0.1, weight_decay=0.5, clipnorm=1.0)
+        opt.build([v])
+        for _ in range(3):
+            if apply is None:
+                opt.apply_gradients(zip(grads, [v]))
+            else:
+                apply(opt, grads, [v], LearningRate(opt))
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-6)

@@ -56,7 +56,8 @@ def format_summary(s: dict) -> str:
     lines = [
         f"done in {s['wall_s']:.1f} s (cluster start {s['init_s']:.1f} s): {s['pushes']} steps, "
         f"{s['updates']} updates, {s['pushes_per_s']:.1f} steps/s, {s['samples_per_s']:.0f} samples/s"
-        + (f", test accuracy {acc:.2%}" if acc is not None else ""),
+        + (f", test accuracy {acc:.2%}" if acc is not None else "")
+        + (f", test loss {s['test_loss']:.4g}" if s.get("test_loss") is not None else ""),
     ]
     parts = []
     for i, ph in enumerate(s["timeline"]):
@@ -90,6 +91,7 @@ def cmd_run(args) -> int:
     from .manager.auth import TokenFileError
     from .manager.transport import TransportError
     from .policy.base import PolicyError
+    from .usercode import UserCodeError
 
     resume = None
     if getattr(args, "resume", False):
@@ -123,6 +125,8 @@ def cmd_run(args) -> int:
         state = "stopped" if summary.get("stopped") else "done"
     except (DataError, ConfigError, TokenFileError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
+    except UserCodeError as e:
+        return _fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
     except (EngineError, ClusterError, PolicyError, TransportError) as e:
         return _fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:

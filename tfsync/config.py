@@ -16,6 +16,7 @@ import re
 import tomllib
 from typing import Any, Callable
 
+from . import usercode
 from .policy import catalogue
 from .policy.options import OptionError
 
@@ -23,7 +24,17 @@ from .policy.options import OptionError
 # are added to the catalogue (tfsync.policy.register).
 DATASETS: tuple[str, ...] = ("mnist", "cifar10")
 MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
-OPTIMIZERS: tuple[str, ...] = ("sgd",)
+# tf_keras optimizers by name -> their class in tf_keras.optimizers (or "module:function"
+# returning an optimizer). Not optimizers.get: its dict form can return legacy classes.
+OPTIMIZER_CLASSES: dict[str, str] = {
+    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad",
+    "adadelta": "Adadelta", "adamax": "Adamax", "nadam": "Nadam", "ftrl": "Ftrl", "lion": "Lion",
+    "adafactor": "Adafactor"}
+OPTIMIZERS: tuple[str, ...] = tuple(OPTIMIZER_CLASSES)
+# tf_keras.optimizers.schedules by class name (train.learning_rate = {schedule = ..., ...})
+DEFAULT_MOMENTUM = 0.9
+SCHEDULES: tuple[str, ...] = ("ExponentialDecay", "PiecewiseConstantDecay", "PolynomialDecay",
+                              "InverseTimeDecay", "CosineDecay", "CosineDecayRestarts")
 SWITCH_METHODS: tuple[str, ...] = ("restart", "hot")
 SWITCH_LR: tuple[str, ...] = ("linear", "constant")
 SWITCH_BATCH: tuple[str, ...] = ("local", "global")
@@ -65,21 +76,44 @@ class ClusterSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
+    """A bundled data set by ``name`` (and ``path``), or the user's ``fn`` ("module:function"
+    or "file.py:function", called with ``args``) returning the arrays."""
+
     name: str = "mnist"
     path: str | None = None  # None: tfsync.data's default search
+    fn: str | None = None
+    args: dict = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
+    """A bundled model by ``name``, or the user's ``fn`` returning a tf_keras Model."""
+
     name: str = "cnn"
+    fn: str | None = None
+    args: dict = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
     batch_size: int = 64  # B, per worker
-    learning_rate: float = 0.01  # eta, per worker
-    momentum: float = 0.9
-    optimizer: str = "sgd"
+    # eta, per worker: a number, or a schedule {schedule = "ExponentialDecay", ...options}
+    learning_rate: float | dict = 0.01
+    momentum: float | None = None  # sgd's (unset: DEFAULT_MOMENTUM)
+    optimizer: str = "sgd"  # a name of OPTIMIZERS or "module:function"
+    optimizer_args: dict = dataclasses.field(default_factory=dict, hash=False)  # its other options
+    # per-example loss: a tf_keras.losses class name (options in loss_args) or
+    # "module:function"; unset: the bundled models' sparse cross-entropy on logits
+    loss: str | None = None
+    loss_args: dict = dataclasses.field(default_factory=dict, hash=False)
+
+    @property
+    def base_momentum(self) -> float:
+        """The momentum the configuration policy starts from: sgd's (default 0.9); 0 for
+        the other optimizers (their own options are in optimizer_args)."""
+        if self.optimizer != "sgd":
+            return 0.0
+        return DEFAULT_MOMENTUM if self.momentum is None else self.momentum
     epochs: float = 1.0  # total workload, in passes over the training set
     checkpoint_every: int = 200  # steps; 0 = off
     eval_every: int = 0  # steps; 0 = off. Test accuracy in the background, for the curve
@@ -174,6 +208,9 @@ class JobConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict shaped like the job file (None values left out)."""
         out: dict[str, Any] = {s: _plain(getattr(self, s)) for s in _SECTIONS}
+        for sec in ("model", "data"):  # a user's function replaces the bundled name
+            if out[sec].get("fn"):
+                out[sec].pop("name", None)
         out["protocol"] = [p.to_dict() for p in self.protocol]
         if self.inject:
             out["inject"] = [_plain(x) for x in self.inject]
@@ -196,12 +233,25 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         raise ConfigError(f"{path}: JSON syntax error: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file; a job file is TOML text") from None
-    return JobConfig.from_dict(d, source=os.fspath(path))
+    return JobConfig.from_dict(_absolute_refs(d, os.path.dirname(os.path.abspath(path))), source=os.fspath(path))
+
+
+def _absolute_refs(d: Any, base_dir: str) -> Any:
+    """File references of user code made absolute against the job file's directory, so
+    the config means the same from any working directory (trials, the manager)."""
+    if not isinstance(d, dict):
+        return d
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for sec, key in (("model", "fn"), ("data", "fn"), ("train", "optimizer"), ("train", "loss")):
+        v = (d.get(sec) or {}).get(key) if isinstance(d.get(sec), dict) else None
+        if isinstance(v, str):
+            d[sec][key] = usercode.absolute(v, base_dir)
+    return d
 
 
 def _plain(obj) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(obj).items() if v is not None}
+            for k, v in dataclasses.asdict(obj).items() if v is not None and v != {}}
 
 
 # ---- validation: each check takes (where, field, value) and returns the clean value ----
@@ -252,6 +302,20 @@ def _text(pattern: str = r".+", allowed: str = "a non-empty string") -> Callable
     return _rule(lambda: allowed, lambda v: type(v) is str, lambda v: re.fullmatch(pattern, v))
 
 
+_REF = _rule(lambda: '"package.module:function" or "path/to/file.py:function"', lambda v: type(v) is str,
+             usercode.check)
+_ARGS = _rule(lambda: "a table of keyword arguments", lambda v: type(v) is dict, lambda v: True, dict)
+
+
+def _learning_rate(where: str, field: str, v: Any):
+    if type(v) is dict:
+        if v.get("schedule") not in SCHEDULES:
+            _bad(where, f"{field}.schedule", v.get("schedule"), "one of " + ", ".join(_fmt(n) for n in SCHEDULES)
+                 + " (tf_keras.optimizers.schedules), with its options beside it")
+        return dict(v)
+    return _number(0)(where, field, v)
+
+
 _CHECKS: dict[str, Callable] = {
     "job.name": _text(r"[A-Za-z0-9_.-]+", "a non-empty name of letters, digits, '.', '_', '-'"),
     "job.run_dir": _text(), "job.seed": _int(0),
@@ -264,8 +328,14 @@ _CHECKS: dict[str, Callable] = {
                                 lambda v: type(v) is list, lambda v: len(v) == 2 and all(type(p) is int for p in v)
                                 and 1 <= v[0] <= v[1] <= 65535, tuple),
     "data.name": _choice("DATASETS"), "data.path": _text(), "model.name": _choice("MODELS"),
-    "train.batch_size": _int(1), "train.learning_rate": _number(0),
-    "train.momentum": _number(0, 1, lo_open=False), "train.optimizer": _choice("OPTIMIZERS"),
+    "data.fn": _REF, "data.args": _ARGS, "model.fn": _REF, "model.args": _ARGS,
+    "train.batch_size": _int(1), "train.learning_rate": _learning_rate,
+    "train.momentum": _number(0, 1, lo_open=False),
+    "train.optimizer": _rule(lambda: "one of " + ", ".join(_fmt(n) for n in OPTIMIZERS) + ' or "module:function"',
+                             lambda v: type(v) is str, lambda v: v in OPTIMIZERS or usercode.check(v)),
+    "train.optimizer_args": _ARGS, "train.loss": _text(r"[A-Za-z_][A-Za-z0-9_]*|[^:]+:[A-Za-z_][\w.]*",
+                                                        "a tf_keras.losses class name or \"module:function\""),
+    "train.loss_args": _ARGS,
     "train.epochs": _number(0), "train.checkpoint_every": _int(0),
     "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0),
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
@@ -317,6 +387,7 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}switch.stragglers = {_fmt(out['switch'].stragglers)}: needs the protocol "
                           "list bsp -> asp (the online policies act before the switch to ASP); got "
                           + " -> ".join(p.name for p in out["protocol"]), "switch.stragglers")
+    _user_code(where, d, out)
     c = out["cluster"]
     if c.hooks and not c.token_file:
         raise ConfigError(f"{where}cluster.hooks: needs cluster.token_file, the token file the hooks were started "
@@ -326,6 +397,31 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}cluster.hooks: {', '.join(remote)} not on this machine: give the ports their "
                           "tasks may listen on, cluster.task_ports = [first, last]", "cluster.task_ports")
     return out
+
+
+def _user_code(where: str, d: dict, out: dict) -> None:
+    """The rules between the bundled names and user callables."""
+    for sec in ("model", "data"):
+        raw = d.get(sec) or {}
+        if "fn" in raw and "name" in raw:
+            raise ConfigError(f"{where}{sec}.fn: give {sec}.fn or {sec}.name, not both", f"{sec}.fn")
+        if raw.get("args") and "fn" not in raw:
+            raise ConfigError(f"{where}{sec}.args: applies to {sec}.fn only; name the function with {sec}.fn",
+                              f"{sec}.args")
+    if "path" in (d.get("data") or {}) and out["data"].fn:
+        raise ConfigError(f"{where}data.path: applies to a bundled data set (data.name); pass a path to "
+                          "data.fn through data.args", "data.path")
+    train = d.get("train") or {}
+    if out["model"].fn and not out["train"].loss:
+        raise ConfigError(f"{where}train.loss: missing; a model of your own (model.fn) needs its loss: a "
+                          'tf_keras.losses class name such as "SparseCategoricalCrossentropy" (with '
+                          'loss_args = {from_logits = true} for logits) or "MeanSquaredError", or '
+                          '"module:function" returning per-example losses', "train.loss")
+    if train.get("loss_args") and not out["train"].loss:
+        raise ConfigError(f"{where}train.loss_args: applies to train.loss; name the loss", "train.loss_args")
+    if "momentum" in train and out["train"].optimizer != "sgd":
+        raise ConfigError(f"{where}train.momentum: applies to sgd; give {out['train'].optimizer}'s options in "
+                          "train.optimizer_args", "train.momentum")
 
 
 def _inject(where: str, items: Any, workers: int) -> tuple[Inject, ...]:

@@ -25,10 +25,10 @@ def build_phases(cfg: JobConfig, num_train: int):
     phases, prev = [], None
     for p in cfg.protocol:
         after_switch = catalogue.aggregating(prev) and not catalogue.aggregating(p.name)
-        hyper = conf.hyper(p.name, n, B, cfg.train.momentum, after_switch=after_switch)
+        hyper = conf.hyper(p.name, n, B, cfg.train.base_momentum, after_switch=after_switch)
         momentum = hyper.momentum
         if after_switch and conf.momentum.startswith("ramp"):  # per epoch after the switch (Fig. 8b)
-            momentum = functools.partial(conf.momentum_after, cfg.train.momentum, n)
+            momentum = functools.partial(conf.momentum_after, cfg.train.base_momentum, n)
         sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else BatchSizer(hyper.batch_size)
         policy = catalogue.make(p.name, sizer, **p.options())
         phases.append(Phase(policy, until=p.until,
@@ -98,29 +98,17 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     ``evals_per_run``: where the job sets no ``train.eval_every``, evaluate about this
     many times over the workload (the switch-point search needs a curve)."""
     import tensorflow as tf
-    import tf_keras as keras
 
-    from .data import load
     from .engine.generation import TrainSetup
-    from .engine.models import build_model
     from .engine.trainer import Engine
+    from .workload import Workload
 
-    data = load(cfg.data.name, data_path or cfg.data.path)
     tf.random.set_seed(cfg.job.seed)
+    data = Workload.from_config(cfg, data_path)  # user code checked on one batch, before any task
     phases = build_phases(cfg, len(data.y_train))
-
-    def model_fn():
-        return build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.job.seed)
-
-    def optimizer_fn():
-        return keras.optimizers.SGD(cfg.train.learning_rate, momentum=cfg.train.momentum)
-
-    def loss_fn(y, logits):
-        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-
-    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, data.x_train, data.y_train,
+    setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
                        max_batch_size=max_batch(phases, cfg.cluster.workers), x_test=data.x_test, y_test=data.y_test,
-                       meta={"job": cfg.job.name, "data": data.source, "model": cfg.model.name,
+                       meta={"job": cfg.job.name, "data": data.source, "model": data.model_name,
                              "train_examples": int(len(data.y_train)),
                              "protocols": [[p.name, p.until] for p in cfg.protocol],
                              "stragglers": cfg.switch.stragglers})
@@ -130,7 +118,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         injector = PauseSchedule([Episode(x.worker, x.slowdown, x.start_s, x.duration_s) for x in cfg.inject],
                                  pid_of=lambda w: engine.task_pid("worker", w))
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
-                    run_dir=cfg.job.run_dir, base_lr=cfg.train.learning_rate,
+                    run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     progress=progress, epoch_samples=len(data.y_train), controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, len(data.y_train), evals_per_run),

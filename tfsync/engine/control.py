@@ -36,13 +36,28 @@ def weighted_mean(flat, variables, sizes):
     return [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
 
 
+def check_optimizer(optimizer) -> None:
+    """Refuse (TypeError/ValueError, one line) an optimizer whose updates the engine cannot
+    make as ``apply_gradients`` would (it calls ``update_step`` itself)."""
+    if not (hasattr(optimizer, "update_step") and hasattr(optimizer, "build")):
+        raise TypeError(f"{type(optimizer).__name__} is not a tf_keras.optimizers.Optimizer with update_step; "
+                        "legacy optimizers are not supported")
+    if getattr(optimizer, "use_ema", False):
+        raise ValueError("optimizer use_ema=True is not supported (the moving average is kept by "
+                         "apply_gradients, which tfsync cannot call); remove it")
+
+
 def apply_update(optimizer, grads, variables, rate):
     """One optimizer update without ``apply_gradients`` (its merge_call cannot run inside
-    ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable. As
-    ``apply_gradients`` does, the update's rate is set first: ``rate()`` (the schedule at
-    this update's ``iterations``, times the configuration factor). Returns that rate."""
+    ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable. It
+    does what ``apply_gradients`` does, in its order: set the update's rate (``rate()``:
+    the schedule at this update's ``iterations``, times the configuration factor), clip
+    the gradients (clipnorm, global_clipnorm, clipvalue), decay the weights
+    (weight_decay, AdamW's too), ``update_step`` each variable. Returns the rate."""
     used = rate()
     tfcompat.rate_variable(optimizer).assign(tf.cast(used, tfcompat.rate_variable(optimizer).dtype))
+    grads = tfcompat.clip_gradients(optimizer, grads)
+    tfcompat.apply_weight_decay(optimizer, variables)
     for g, v in zip(grads, variables):
         with tf.device(v.device):
             optimizer.update_step(g, v)

@@ -47,12 +47,31 @@ class Evaluation:
                 "accuracy": self.accuracy, "seconds": round(self.seconds, 4)}
 
 
-def accuracy(model, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+def classifies(y: np.ndarray) -> bool:
+    """Whether labels ``y`` are class ids, so that argmax accuracy means something."""
+    return y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
+
+
+def accuracy(model, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float | None:
+    """Argmax accuracy; None where it does not apply (labels that are not class ids, or
+    outputs that are not one score per class)."""
+    if not classifies(y):
+        return None
     correct = 0
     for i in range(0, len(y), chunk):
         logits = model(x[i:i + chunk], training=False)
+        if len(logits.shape) != 2 or logits.shape[-1] < 2:
+            return None
         correct += int(np.sum(np.argmax(logits, -1) == y[i:i + chunk]))
     return correct / len(y)
+
+
+def mean_loss(model, loss_fn, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float:
+    """The training loss on ``(x, y)``: the mean of the per-example losses."""
+    total = 0.0
+    for i in range(0, len(y), chunk):
+        total += float(np.sum(loss_fn(y[i:i + chunk], model(x[i:i + chunk], training=False))))
+    return total / len(y)
 
 
 class Evaluator:

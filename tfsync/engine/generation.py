@@ -19,7 +19,7 @@ import tensorflow as tf
 from .. import safefile
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
-from .control import LearningRate, PSControl
+from .control import LearningRate, PSControl, check_optimizer
 from .step import make_step_fn
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class Generation:
         with self.strategy.scope():
             self.model = setup.model_fn()
             self.optimizer = setup.optimizer_fn()
+            check_optimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
             momentum = float(getattr(self.optimizer, "momentum", 0.0) or 0.0)
             self.momentum = tf.Variable(momentum, trainable=False, name="momentum")

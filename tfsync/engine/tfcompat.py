@@ -13,7 +13,9 @@
 - tf_keras optimizers' ``_learning_rate`` (a variable, or the LearningRateSchedule given)
   and ``_current_learning_rate`` (the variable ``update_step`` reads under a schedule):
   the engine calls ``update_step`` itself (``apply_gradients`` cannot run in its step),
-  so it sets the rate of each update as ``apply_gradients`` would.
+  so it sets the rate of each update as ``apply_gradients`` would; and the base class's
+  ``_clip_gradients`` and ``_apply_weight_decay`` (the subclass's weight decay goes
+  through a strategy merge_call that cannot run inside the engine's step).
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ def lr_schedule(optimizer):
 def rate_variable(optimizer) -> tf.Variable:
     """The variable ``update_step`` reads the learning rate from."""
     return optimizer._current_learning_rate if lr_schedule(optimizer) is not None else optimizer._learning_rate
+
+
+def clip_gradients(optimizer, grads):
+    """``grads`` clipped by the optimizer's clipnorm / global_clipnorm / clipvalue."""
+    return optimizer._clip_gradients(list(grads))
+
+
+def apply_weight_decay(optimizer, variables) -> None:
+    """The optimizer's weight decay on ``variables`` (none when weight_decay is None)."""
+    from tf_keras.src.optimizers.optimizer import _BaseOptimizer
+    _BaseOptimizer._apply_weight_decay(optimizer, variables)
 
 
 def quiet_resource_deleters() -> None:

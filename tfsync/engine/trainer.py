@@ -31,7 +31,7 @@ from .channel import PSChannel
 from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
-from .evaluator import Evaluation, Evaluator, accuracy
+from .evaluator import Evaluation, Evaluator, accuracy, classifies, mean_loss
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
@@ -131,7 +131,11 @@ class Engine:
         self._dead_checked = 0.0
         self._records: dict | None = None
         self.evaluator = None  # test accuracy every ``eval_every`` steps, in the background
-        if eval_every and setup.x_test is not None:
+        if eval_every and setup.x_test is not None and not classifies(setup.y_test):
+            logger.warning("eval_every: the evaluation curve is test accuracy, which needs class labels; y_test "
+                           "has dtype %s and shape %s: no curve (the summary still has test_loss)",
+                           setup.y_test.dtype, setup.y_test.shape)
+        elif eval_every and setup.x_test is not None:
             self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
                                        samples=eval_samples or None)
         self.evals: list[Evaluation] = []
@@ -559,9 +563,18 @@ class Engine:
             return None
         if self.evaluator is not None:
             self.evaluator.wait()
+        return accuracy(self._local_model(), self.setup.x_test, self.setup.y_test)
+
+    def _local_model(self):
+        """A copy of the model here with the current weights."""
         local = self.setup.model_fn()
         local.set_weights(self._gen.model.get_weights())
-        return accuracy(local, self.setup.x_test, self.setup.y_test)
+        return local
+
+    def test_loss(self) -> float | None:
+        if self.setup.x_test is None or self._gen is None:
+            return None
+        return mean_loss(self._local_model(), self.setup.loss_fn, self.setup.x_test, self.setup.y_test)
 
     def _evaluate_if_due(self) -> None:
         ev = self.evaluator
@@ -596,7 +609,7 @@ class Engine:
             "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3), "workers": self.workers, "ps": self.ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
-            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc,
+            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc, "test_loss": self.test_loss(),
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
             "clocks": list(s.clocks), "control_s": round(self._control_s, 6), "recoveries": self.recovery_log,
             "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),

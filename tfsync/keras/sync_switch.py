@@ -35,8 +35,9 @@ Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_sca
 ``iterations`` (``rate()``: the rate of the next update), as ``apply_gradients`` would use.
 
 ``apply_gradients`` does a merge_call that fails inside ``tf.cond`` under this strategy,
-so updates call ``optimizer.update_step`` per variable; optimizer options applied only by
-``apply_gradients`` (clipping, weight decay, EMA) are therefore rejected. Leader-last
+so updates call ``optimizer.update_step`` per variable, after the rate, clipping and
+weight decay that ``apply_gradients`` would apply (``engine.control.apply_update``); an
+optimizer with ``use_ema`` is refused. Leader-last
 tokens mean an epoch whose step count is not a multiple of ``num_workers`` does not
 deadlock: the partial round's pushes wait in the accumulator for the next epoch (or fit;
 a partial round left at the very end is never applied). A step lost to a worker failure
@@ -54,7 +55,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from ..engine import tfcompat
-from ..engine.control import LearningRate, apply_update, read_back, weighted_flat, weighted_mean
+from ..engine.control import LearningRate, apply_update, check_optimizer, read_back, weighted_flat, weighted_mean
 
 logger = logging.getLogger(__name__)
 
@@ -111,15 +112,7 @@ class SyncSwitch:
 
     # -- set-up (from the wrapped model's compile) ------------------------------------------
     def _attach(self, model, optimizer) -> None:
-        if not (hasattr(optimizer, "update_step") and hasattr(optimizer, "build")):
-            raise TypeError(f"SyncSwitch needs a tf_keras.optimizers.Optimizer (update_step), got "
-                            f"{type(optimizer).__name__}; legacy optimizers are not supported")
-        for opt in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay"):
-            if getattr(optimizer, opt, None):
-                raise ValueError(f"optimizer {opt}={getattr(optimizer, opt)!r} is applied only by "
-                                 "apply_gradients, which SyncSwitch cannot call; remove it")
-        if getattr(optimizer, "use_ema", False):
-            raise ValueError("optimizer use_ema=True is not supported by SyncSwitch; remove it")
+        check_optimizer(optimizer)
         variables = list(model.trainable_variables)
         if self.model is not None and [v.ref() for v in variables] != self._var_refs:
             raise ValueError("this SyncSwitch already serves another model; create one per model")

@@ -85,7 +85,10 @@ def config_signature(config: dict) -> str:
              for sec, values in config.items() if NOT_IN_SIGNATURE.get(sec) != "*" and isinstance(values, dict)}
     data = hyper.pop("data", {})
     workers = hyper.pop("cluster", {}).get("workers", 0)
-    return job_signature((config.get("model") or {}).get("name"), data, workers, hyper)
+    model = config.get("model") or {}
+    # a bundled model by its name (as before); a user's by its function and arguments
+    model = model.get("name") if set(model) <= {"name"} else json.dumps(model, sort_keys=True)
+    return job_signature(model, data, workers, hyper)
 
 
 class MemoryTrials:

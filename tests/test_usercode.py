@@ -1,0 +1,150 @@
+"""The user's own model, data, loss and optimizer named in a job file: resolved relative
+to the job file, checked on one batch before any task starts, every mistake one line
+naming the field."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfsync.config import ConfigError, load_job
+from tfsync.usercode import UserCodeError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULE = os.path.join(HERE, "usercode", "regression.py")
+
+JOB = """
+[job]
+name = "reg"
+run_dir = "{run_dir}"
+[model]
+fn = "{model}"
+{model_args}
+[data]
+fn = "{data}"
+[train]
+optimizer = "adam"
+learning_rate = {{schedule = "ExponentialDecay", initial_learning_rate = 0.01, decay_steps = 20, decay_rate = 0.5}}
+loss = "{loss}"
+batch_size = 16
+epochs = 2
+{train_extra}
+[[protocol]]
+name = "bsp"
+until = 0.5
+[[protocol]]
+name = "asp"
+"""
+
+
+def job_file(tmp_path, model="regression.py:build", data="regression.py:data", loss="mse", model_args="",
+             train_extra=""):
+    """A job file beside a copy of the user's module (names relative to the job file)."""
+    folder = tmp_path / "project"
+    folder.mkdir(exist_ok=True)
+    (folder / "regression.py").write_text(open(MODULE).read())
+    path = folder / "job.toml"
+    path.write_text(JOB.format(run_dir=tmp_path / "run", model=model, data=data, loss=loss,
+                               model_args=model_args, train_extra=train_extra))
+    return path
+
+
+def workload(path):
+    from tfsync.workload import Workload
+    return Workload.from_config(load_job(path))
+
+
+@pytest.mark.unit
+def test_file_references_resolve_against_the_job_file_from_any_directory(tmp_path, monkeypatch):
+    path = job_file(tmp_path)
+    monkeypatch.chdir("/")
+    cfg = load_job(path)
+    assert cfg.model.fn == f"{tmp_path / 'project' / 'regression.py'}:build"
+    work = workload(path)
+    assert work.y_train.dtype == np.float32 and work.x_train.shape == (448, 20)
+    assert json.loads(json.dumps(cfg.to_dict()))["model"] == {"fn": cfg.model.fn}  # no bundled name beside it
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kw, field, words", [
+    ({"model": "no_such_module_xyz:build"}, "model.fn", "module 'no_such_module_xyz' not found"),
+    ({"model": "regression.py:nope"}, "model.fn", "has no attribute 'nope'"),
+    ({"model": "regression.py:NOT_A_FUNCTION"}, "model.fn", "is a int, not a function"),
+    ({"model": "missing.py:build"}, "model.fn", "does not exist"),
+    ({"model": "regression.py:not_a_model"}, "model.fn", "returned a dict, expected a tf_keras Model"),
+    ({"data": "regression.py:a_list"}, "data.fn", "returned a list"),
+    ({"model_args": "args = {features = 5}"}, "model.fn", "does not take the data's x_train (shape (448, 20)"),
+    ({"loss": "NoSuchLoss"}, "train.loss", "is not a tf_keras.losses class"),
+    ({"model_args": "args = {units = -1}"}, "model.fn", "raised ValueError"),
+])
+def test_each_mistake_in_user_code_is_one_line_naming_the_field(tmp_path, kw, field, words):
+    with pytest.raises(UserCodeError) as e:
+        workload(job_file(tmp_path, **kw))
+    assert e.value.field == field and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kw, field", [
+    ({"loss": "mse\"\nmomentum = 0.5\n#"}, "train.momentum"),     # momentum is sgd's
+    ({"train_extra": "loss_args = {reduction = \"sum\"}"}, None),  # checked when built
+])
+def test_job_file_rules_between_fields(tmp_path, kw, field):
+    if field is None:
+        with pytest.raises(UserCodeError, match="reduction is tfsync's to set"):
+            workload(job_file(tmp_path, **kw))
+        return
+    with pytest.raises(ConfigError) as e:
+        load_job(job_file(tmp_path, **kw))
+    assert e.value.field == field
+
+
+@pytest.mark.unit
+def test_a_user_model_needs_a_loss_and_both_name_and_fn_are_refused(tmp_path):
+    path = job_file(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace('loss = "mse"\n', ""))
+    with pytest.raises(ConfigError, match="train.loss: missing"):
+        load_job(path)
+    path.write_text(text.replace('[model]\n', '[model]\nname = "cnn"\n'))
+    with pytest.raises(ConfigError, match="give model.fn or model.name, not both"):
+        load_job(path)
+    path.write_text(text.replace('schedule = "ExponentialDecay"', 'schedule = "Wobbly"'))
+    with pytest.raises(ConfigError, match="train.learning_rate.schedule"):
+        load_job(path)
+
+
+@pytest.mark.unit
+def test_the_command_line_says_it_in_one_line_and_exits_2(tmp_path):
+    path = job_file(tmp_path, model="regression.py:nope")
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(path), "--no-manager"],
+                       capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == f"tfsync: error: {path}: model.fn: regression.py has no attribute 'nope'" \
+        .replace("regression.py", str(tmp_path / "project" / "regression.py"))
+
+
+@pytest.mark.cluster
+def test_a_users_regression_model_trains_through_tfsync_run(tmp_path):
+    """Outside the package, named by file path: float targets, Adam and a decaying schedule
+    through BSP -> ASP on real task processes; each push records schedule(update) x the
+    configuration factor (2 workers: 2x in BSP)."""
+    path = job_file(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(path), "--json", "--no-manager"],
+                       capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["test_accuracy"] is None and 0 < summary["test_loss"] < 1.0
+    assert summary["samples"] >= 2 * 448
+    import tf_keras as keras
+    sched = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=20, decay_rate=0.5)
+    recs = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    pushes = [x for x in recs if "worker" in x]
+    for p in pushes:
+        scale = 2.0 if p["protocol"] == "bsp" else 1.0
+        if p["mode"] == "aggregate":  # the update it joins is the next one
+            assert p["lr"] == pytest.approx(scale * float(sched(p["updates"])), rel=1e-5)
+    assert {p["protocol"] for p in pushes} == {"bsp", "asp"}

@@ -1,0 +1,212 @@
+"""What a job trains, from its JobConfig: data, model, loss and optimizer, bundled by name
+or the user's own (``usercode`` references), checked on one batch before any task starts.
+
+    work = Workload.from_config(cfg, data_path=None)
+    work.model_fn(), work.optimizer_fn(), work.loss_fn(y, outputs), work.x_train, ...
+
+A user's data function returns ``(x_train, y_train)``, ``(x_train, y_train, x_test,
+y_test)``, ``((x_train, y_train), (x_test, y_test))`` (tf_keras.datasets' form) or a dict
+with those keys: NumPy arrays of any shape, labels of any dtype the engine carries
+(tfsync.engine.generation.RECORD_DTYPES; float targets stay float). A model function
+returns a tf_keras Model (called under the strategy's scope, so its variables go to the
+parameter servers); it gets ``model.args`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from . import usercode
+from .config import OPTIMIZER_CLASSES, JobConfig
+from .usercode import UserCodeError
+
+# short names accepted for train.loss, as tf_keras.losses.get knows them
+_LOSS_ALIASES = {"mse": "MeanSquaredError", "mae": "MeanAbsoluteError", "huber": "Huber",
+                 "sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
+                 "categorical_crossentropy": "CategoricalCrossentropy",
+                 "binary_crossentropy": "BinaryCrossentropy"}
+
+
+@dataclasses.dataclass
+class Workload:
+    model_fn: Callable
+    optimizer_fn: Callable
+    loss_fn: Callable  # (y, outputs) -> per-example losses
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    source: str  # where the data came from, for the summary
+    model_name: str
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig, data_path: str | None = None) -> "Workload":
+        data = _data(cfg, data_path)
+        work = cls(_model_fn(cfg, data), _optimizer_fn(cfg), _loss_fn(cfg), *data[:5],
+                   model_name=cfg.model.fn or cfg.model.name)
+        work.check()
+        return work
+
+    def check(self) -> None:
+        """Build the model here and run one small batch through it and the loss: a shape
+        or dtype that does not fit fails now, in one line, not on a worker later."""
+        import tensorflow as tf
+        import tf_keras as keras
+
+        model = self.model_fn()
+        if not isinstance(model, keras.Model):
+            raise UserCodeError("model.fn", f"returned a {type(model).__name__}, expected a tf_keras Model "
+                                            "(import tf_keras as keras, not keras 3)")
+        try:
+            out = model(self.x_train[:2], training=False)
+        except Exception as e:
+            raise UserCodeError("model.fn", f"the model does not take the data's x_train (shape "
+                                            f"{self.x_train.shape}, {self.x_train.dtype}): {usercode._one_line(e)}") from None
+        try:
+            loss = self.loss_fn(tf.constant(self.y_train[:2]), out)
+        except Exception as e:
+            raise UserCodeError("train.loss", f"the loss does not take y_train (shape {self.y_train.shape}, "
+                                              f"{self.y_train.dtype}) with the model's output (shape "
+                                              f"{tuple(out.shape)}): {usercode._one_line(e)}") from None
+        if tuple(loss.shape) != (2,):
+            raise UserCodeError("train.loss", f"returned shape {tuple(loss.shape)} for a batch of 2; expected one "
+                                              "loss per example, shape (2,) (a loss class gets reduction='none')")
+        self.optimizer_fn()  # its own errors, before any task starts
+
+
+def _data(cfg: JobConfig, data_path: str | None):
+    if not cfg.data.fn:
+        from .data import load
+        d = load(cfg.data.name, data_path or cfg.data.path)
+        return d.x_train, d.y_train, d.x_test, d.y_test, d.source, d.num_classes
+    got = usercode.call(cfg.data.fn, cfg.data.args, "data.fn")
+    if isinstance(got, dict):
+        missing = [k for k in ("x_train", "y_train") if k not in got]
+        if missing:
+            raise UserCodeError("data.fn", f"returned a dict without {', '.join(missing)}; expected keys x_train, "
+                                           "y_train and optionally x_test, y_test")
+        parts = [got.get(k) for k in ("x_train", "y_train", "x_test", "y_test")]
+    elif isinstance(got, tuple) and len(got) == 2 and all(isinstance(p, tuple) and len(p) == 2 for p in got):
+        parts = [*got[0], *got[1]]
+    elif isinstance(got, tuple) and len(got) in (2, 4):
+        parts = [*got, None, None][:4]
+    else:
+        raise UserCodeError("data.fn", f"returned a {type(got).__name__}; expected (x_train, y_train), "
+                                       "(x_train, y_train, x_test, y_test), ((x_train, y_train), (x_test, y_test)) "
+                                       "or a dict with those keys, of NumPy arrays")
+    arrays = []
+    for name, a in zip(("x_train", "y_train", "x_test", "y_test"), parts):
+        if a is not None and not isinstance(a, np.ndarray):
+            raise UserCodeError("data.fn", f"{name} is a {type(a).__name__}, expected a NumPy array")
+        arrays.append(a)
+    x, y, xt, yt = arrays
+    if (xt is None) != (yt is None):
+        raise UserCodeError("data.fn", "returned x_test without y_test or the other way round")
+    for xs, ys, what in ((x, y, "train"), (xt, yt, "test")):
+        if xs is not None and len(xs) != len(ys):
+            raise UserCodeError("data.fn", f"x_{what} has {len(xs)} examples but y_{what} {len(ys)}")
+    if len(x) == 0:
+        raise UserCodeError("data.fn", "returned no training examples")
+    return x, y, xt, yt, cfg.data.fn, None
+
+
+def _model_fn(cfg: JobConfig, data) -> Callable:
+    if cfg.model.fn:
+        fn = usercode.resolve(cfg.model.fn, "model.fn")
+
+        def model_fn():
+            try:
+                return fn(**cfg.model.args)
+            except Exception as e:
+                raise UserCodeError("model.fn", f"{cfg.model.fn} raised {usercode._one_line(e)}") from None
+        return model_fn
+
+    from .engine.models import build_model
+    x, y, classes = data[0], data[1], data[5]
+    if classes is None:  # a bundled model on the user's data: integer classes 0 .. max
+        if not np.issubdtype(y.dtype, np.integer):
+            raise UserCodeError("model.name", f"the bundled {cfg.model.name} classifies: it needs integer class "
+                                              f"labels, got {y.dtype}; name your own model with model.fn")
+        classes = int(np.max(y)) + 1
+
+    def bundled():
+        return build_model(cfg.model.name, x.shape[1:], classes, seed=cfg.job.seed)
+    return bundled
+
+
+def _loss_fn(cfg: JobConfig) -> Callable:
+    import tf_keras as keras
+
+    name, args = cfg.train.loss, dict(cfg.train.loss_args)
+    if name is None:  # the bundled models: logits over classes
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    if usercode.check(name):
+        fn = usercode.resolve(name, "train.loss")
+        return (lambda y, out: fn(y, out, **args)) if args else fn
+    cls = getattr(keras.losses, _LOSS_ALIASES.get(name, name), None)
+    if not (isinstance(cls, type) and issubclass(cls, keras.losses.Loss)):
+        raise UserCodeError("train.loss", f"{name!r} is not a tf_keras.losses class; expected e.g. "
+                                          '"MeanSquaredError", "SparseCategoricalCrossentropy", or "module:function"')
+    if "reduction" in args:
+        raise UserCodeError("train.loss_args", "reduction is tfsync's to set (per-example losses, averaged "
+                                               "over each worker's batch and weighted by batch size)")
+    try:
+        loss = cls(reduction="none", **args)
+    except TypeError as e:
+        raise UserCodeError("train.loss_args", f"{cls.__name__}: {e}") from None
+    return as_in_fit(loss)
+
+
+def as_in_fit(loss: Callable) -> Callable:
+    """``loss`` given targets as ``model.fit`` gives them (tf_keras compile_utils'
+    match_dtype_and_rank): targets of shape (N,) against outputs (N, k) get a last axis,
+    float targets take the outputs' dtype. Without it a (N,) regression target against
+    (N, 1) outputs gives one loss for the whole batch."""
+    import tensorflow as tf
+
+    def per_example(y, out):
+        y, out = tf.convert_to_tensor(y), tf.convert_to_tensor(out)
+        if y.shape.rank == 1 and out.shape.rank == 2:
+            y = tf.expand_dims(y, -1)
+        if y.dtype.is_floating and out.dtype.is_floating and y.dtype != out.dtype:
+            y = tf.cast(y, out.dtype)
+        return loss(y, out)
+    return per_example
+
+
+def _optimizer_fn(cfg: JobConfig) -> Callable:
+    t = cfg.train
+    return lambda: build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, t.optimizer_args)
+
+
+def build_optimizer(name: str, learning_rate, momentum: float, options: dict):
+    """A tf_keras optimizer by name (or "module:function"), with ``learning_rate`` a
+    number or a schedule table; refused where the engine could not honour it."""
+    import tf_keras as keras
+
+    lr = learning_rate
+    if isinstance(lr, dict):
+        config = {k: v for k, v in lr.items() if k != "schedule"}
+        try:
+            lr = getattr(keras.optimizers.schedules, lr["schedule"])(**config)
+        except (TypeError, ValueError) as e:
+            raise UserCodeError("train.learning_rate", f"{lr['schedule']}: {usercode._one_line(e)}") from None
+    if usercode.check(name):
+        opt = usercode.call(name, {"learning_rate": lr, **options}, "train.optimizer")
+    else:
+        kwargs = {"learning_rate": lr, **options}
+        if name == "sgd":
+            kwargs.setdefault("momentum", momentum)
+        try:
+            opt = getattr(keras.optimizers, OPTIMIZER_CLASSES[name])(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise UserCodeError("train.optimizer_args", f"{name}: {usercode._one_line(e)}") from None
+    from .engine.control import check_optimizer
+    try:
+        check_optimizer(opt)
+    except (TypeError, ValueError) as e:
+        raise UserCodeError("train.optimizer", str(e)) from None
+    return opt
