@@ -13,8 +13,8 @@ import pytest
 from tfsync.config import ConfigError, load_job
 from tfsync.usercode import UserCodeError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MODULE = os.path.join(HERE, "usercode", "regression.py")
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
+MODULE = os.path.join(EXAMPLE, "model.py")
 
 JOB = """
 [job]
@@ -45,7 +45,7 @@ def job_file(tmp_path, model="regression.py:build", data="regression.py:data", l
     """A job file beside a copy of the user's module (names relative to the job file)."""
     folder = tmp_path / "project"
     folder.mkdir(exist_ok=True)
-    (folder / "regression.py").write_text(open(MODULE).read())
+    (folder / "regression.py").write_text(open(MODULE).read())  # the example, copied
     path = folder / "job.toml"
     path.write_text(JOB.format(run_dir=tmp_path / "run", model=model, data=data, loss=loss,
                                model_args=model_args, train_extra=train_extra))
@@ -128,19 +128,20 @@ def test_the_command_line_says_it_in_one_line_and_exits_2(tmp_path):
 
 
 @pytest.mark.cluster
-def test_a_users_regression_model_trains_through_tfsync_run(tmp_path):
-    """Outside the package, named by file path: float targets, Adam and a decaying schedule
-    through BSP -> ASP on real task processes; each push records schedule(update) x the
-    configuration factor (2 workers: 2x in BSP)."""
-    path = job_file(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(path), "--json", "--no-manager"],
+def test_the_regression_example_trains_through_tfsync_run(tmp_path):
+    """examples/regression: a model outside the package, named by file path, float targets,
+    Adam and a decaying schedule through BSP -> ASP on real task processes; each push
+    records schedule(update) x the configuration factor (2 workers: 2x in BSP)."""
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", os.path.join(EXAMPLE, "job.toml"), "--json",
+                        "--no-manager", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
-    assert summary["test_accuracy"] is None and 0 < summary["test_loss"] < 1.0
-    assert summary["samples"] >= 2 * 448
+    # it learned: predicting 0 everywhere has a test loss near 1.9
+    assert summary["test_accuracy"] is None and 0 < summary["test_loss"] < 0.3
+    assert summary["samples"] >= 4 * 448
     import tf_keras as keras
-    sched = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=20, decay_rate=0.5)
+    sched = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=100, decay_rate=0.5)
     recs = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     pushes = [x for x in recs if "worker" in x]
     for p in pushes:

@@ -1,4 +1,9 @@
-"""A user's model module for the tests: outside the tfsync package, imported by file path."""
+"""A regression job of your own, as tfsync sees it: a data function and a model function
+in a module outside the tfsync package, named by file path in job.toml beside it.
+
+    tfsync run examples/regression/job.toml
+
+The last two functions are mistakes on purpose, for tests/test_usercode.py."""
 
 import numpy as np
 import tf_keras as keras
