@@ -2,9 +2,11 @@
 
 A coordinator attaches (``Attach``: its step records in, commands out). Status and
 commands address a job by id; every command gets an id, is queued for the job's
-coordinator, and is carried out at a step boundary (Sync-Switch Fig. 9). A retried
-request (same ``request_id``) returns the first answer and issues nothing new. Bad input
-gets INVALID_ARGUMENT with a message; an unknown job NOT_FOUND.
+coordinator, and is carried out at a step boundary (Sync-Switch Fig. 9); the call
+answers with the outcome (FAILED_PRECONDITION and the engine's reason when it refused),
+or "queued" after ``command_wait_s``. A retried request (same ``request_id``) returns
+the first answer and issues nothing new. Bad input gets INVALID_ARGUMENT with a message;
+an unknown job NOT_FOUND.
 
 Step records are summarised into the job store in batches (``flush_every`` records or
 ``flush_s`` seconds), never one transaction per step.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -61,9 +64,12 @@ class JobRuntime:
 
 class ManagerService(ResourceReports):
     def __init__(self, store: Store, board: ResourceBoard | None = None, flush_every: int = 200,
-                 flush_s: float = 1.0):
+                 flush_s: float = 1.0, command_wait_s: float = 60.0):
         super().__init__(board or ResourceBoard(store))
         self.store, self.flush_every, self.flush_s = store, flush_every, flush_s
+        # a command is answered with its outcome once the engine has carried it out (or
+        # refused it) at a step boundary, or after this long with "queued"
+        self.command_wait_s = command_wait_s
         self.jobs: dict[str, JobRuntime] = {}
         self._lock = threading.Lock()
 
@@ -127,11 +133,19 @@ class ManagerService(ResourceReports):
                                           message=first.message)
         cmd = manager_pb2.Command(command_id=uuid.uuid4().hex[:12], job_id=job.job_id, **{kind: request})
         job.commands.put(cmd)
-        ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id,
-                                     message=f"{kind} queued for the next step boundary")
+        logger.info("job %s: %s queued as %s", job.job_id, kind, cmd.command_id)
+        with job.changed:  # the engine checks and carries it out at its next step boundary
+            job.changed.wait_for(lambda: cmd.command_id in job.results or job.ended or not context.is_active(),
+                                 timeout=self.command_wait_s)
+            result = job.results.get(cmd.command_id)
+        if result is not None and not result.ok:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{kind} refused by the running job: {result.message}")
+        message = result.message if result is not None else (
+            f"{kind} queued; not carried out within {self.command_wait_s:.0f} s (the job acts at a step "
+            "boundary; see `tfsync status`)")
+        ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id, message=message)
         if request.request_id:
             job.answered[request.request_id] = ack
-        logger.info("job %s: %s queued as %s", job.job_id, kind, cmd.command_id)
         return ack
 
     def Switch(self, request, context):
@@ -139,8 +153,13 @@ class ManagerService(ResourceReports):
 
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
+        if request.method not in (manager_pb2.SWITCH_METHOD_HOT, manager_pb2.SWITCH_METHOD_RESTART):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"switch method {request.method}: expected "
+                          "SWITCH_METHOD_HOT or SWITCH_METHOD_RESTART")
         options = policy_options(request)
-        options.pop("lr_scale", None)  # the engine's, not the policy's
+        lr_scale = options.pop("lr_scale", None)  # the engine's, not the policy's
+        if lr_scale is not None and not (math.isfinite(lr_scale) and lr_scale > 0):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lr_scale {lr_scale}: expected a finite number > 0")
         try:
             policies.get(request.protocol, **options)
         except (ValueError, TypeError) as e:
@@ -197,7 +216,9 @@ class ManagerService(ResourceReports):
                 elif kind == "event":
                     self._event(job, msg.event)
                 elif kind == "result":
-                    job.results[msg.result.command_id] = msg.result
+                    with job.changed:
+                        job.results[msg.result.command_id] = msg.result
+                        job.changed.notify_all()
                     logger.info("job %s: command %s %s: %s", job.job_id, msg.result.command_id,
                                 "done" if msg.result.ok else "refused", msg.result.message)
         except grpc.RpcError:

@@ -97,13 +97,26 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         bad = tfsync("switch", str(job), "--to", "zipline", env=env)
         assert bad.returncode == 2 and "unknown protocol 'zipline'" in bad.stderr
 
-        sizes = tfsync("batch-sizes", str(job), "4", "12", env=env)
-        assert sizes.returncode == 0, sizes.stderr
-        wait_for("batch sizes 4 and 12", lambda: (s := status()) and s.get("batch_sizes") == [4, 12])
+        bad = tfsync("switch", str(job), "--to", "ssp", "--lr-scale", "nan", env=env)
+        assert bad.returncode == 2 and "lr_scale nan: expected a finite number > 0" in bad.stderr
+
+        # refused where it would be carried out, and the caller is told so (not "queued")
+        big = tfsync("batch-sizes", str(job), "4", "100000", env=env)
+        assert big.returncode == 1 and "FAILED_PRECONDITION" in big.stderr, big.stderr
+        assert "exceeds the input pipeline's" in big.stderr and len(big.stderr.strip().splitlines()) == 1
+
+        lb = tfsync("switch", str(job), "--to", "lbbsp", env=env)
+        assert lb.returncode == 0 and "switched bsp -> lbbsp" in lb.stdout, lb.stderr
+        mine = tfsync("batch-sizes", str(job), "4", "12", env=env)
+        assert mine.returncode == 1 and "lbbsp sizes its own batches" in mine.stderr, mine.stderr
 
         sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", "--lr-scale", "0.5", env=env)
-        assert sw.returncode == 0 and "queued" in sw.stdout, sw.stderr
-        wait_for("the switch to ssp", lambda: (s := status()) and s["protocol"] == "ssp")
+        assert sw.returncode == 0 and "switched lbbsp -> ssp (hot)" in sw.stdout, sw.stderr
+        assert status()["protocol"] == "ssp"  # carried out before the answer came
+
+        sizes = tfsync("batch-sizes", str(job), "4", "12", env=env)
+        assert sizes.returncode == 0 and "batch sizes [4, 12] from the next grant" in sizes.stdout, sizes.stderr
+        wait_for("batch sizes 4 and 12", lambda: (s := status()) and s.get("batch_sizes") == [4, 12])
 
         assert tfsync("stop", str(job), env=env).returncode == 0
         out, err = run.communicate(timeout=120)
@@ -113,13 +126,13 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
     assert metrics.returncode == 0, metrics_err
     streamed = [json.loads(line) for line in streamed.splitlines()]
     assert [r["step"] for r in streamed] == list(range(1, summary["pushes"] + 1))  # each once, none lost
-    assert {r["protocol"] for r in streamed} == {"bsp", "ssp"} and {r["worker"] for r in streamed} == {0, 1}
+    assert {r["protocol"] for r in streamed} == {"bsp", "lbbsp", "ssp"} and {r["worker"] for r in streamed} == {0, 1}
     assert summary["stopped"] and summary["stop_checkpoint"]
-    assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "ssp"]
+    assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "lbbsp", "ssp"]
     assert summary["samples"] < summary["workload_samples"]  # it really stopped early
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     ssp = [r for r in records if "worker" in r and r["protocol"] == "ssp"]
-    assert {(r["batch_size"], r["worker"]) for r in ssp} == {(4, 0), (12, 1)}
+    assert [[r["batch_size"] for r in ssp if r["worker"] == w][-1] for w in (0, 1)] == [4, 12]
     assert ssp and all(r["lr"] == pytest.approx(0.05 * 0.5) for r in ssp)  # --lr-scale 0.5 of 0.05
     assert not (run_dir / "control" / "manager.json").exists()
 
@@ -128,7 +141,7 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         assert stored.state == "stopped"
         (run_row,) = store.runs(stored.id)
         steps = store.steps(run_row.id)
-        assert len(steps) == summary["pushes"] and {s.protocol for s in steps} == {"bsp", "ssp"}
+        assert len(steps) == summary["pushes"] and {s.protocol for s in steps} == {"bsp", "lbbsp", "ssp"}
         assert store.results(run_row.id)["stopped"] is True
 
 

@@ -10,9 +10,11 @@ engine itself knows nothing of gRPC.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from .. import policy as policies
+from ..policy.base import BatchSizer
 from ..policy.sizing import FixedSizer
 
 logger = logging.getLogger(__name__)
@@ -77,8 +79,8 @@ def check(cmd: Command, workers: int) -> None:
         policies.get(cmd.protocol, **cmd.options)  # unknown names and options raise here
         if cmd.method not in ("hot", "restart"):
             raise ValueError(f"switch method {cmd.method!r}; expected hot or restart")
-        if cmd.lr_scale is not None and not cmd.lr_scale > 0:
-            raise ValueError(f"lr_scale {cmd.lr_scale}; expected > 0")
+        if cmd.lr_scale is not None and not (math.isfinite(cmd.lr_scale) and cmd.lr_scale > 0):
+            raise ValueError(f"lr_scale {cmd.lr_scale}; expected a finite number > 0")
     if cmd.kind == "batch_sizes" and (len(cmd.batch_sizes) != workers or min(cmd.batch_sizes, default=0) < 1):
         raise ValueError(f"batch sizes {list(cmd.batch_sizes)}: expected {workers} integers >= 1, one per worker")
 
@@ -89,6 +91,9 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     check(cmd, engine.workers)
     old = phase.policy
     if cmd.kind == "batch_sizes":
+        if getattr(old, "self_sizing", False):
+            raise ValueError(f"{old.name} sizes its own batches (from predicted speeds); switch to another "
+                             "protocol first to set batch sizes by hand")
         if max(cmd.batch_sizes) > max_batch:
             raise ValueError(f"batch size {max(cmd.batch_sizes)} exceeds the input pipeline's "
                              f"{max_batch}; set a larger batch size in the job to allow it")
@@ -102,7 +107,15 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     if cmd.kind == "stop":
         engine._drain(old)
         raise StopRequested(engine._save("stop") if cmd.save else "")
-    new = policies.make(cmd.protocol, old.sizer, **cmd.options)  # a self-sizing one: its own sizer
+    # a self-sizing protocol makes its own sizer; after one, the others size as it started
+    sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
+    options = dict(cmd.options)
+    if policies.spec(cmd.protocol).self_sizing and "hi" in policies.spec(cmd.protocol).options:
+        options.setdefault("hi", max_batch)  # no batch larger than the input pipeline's
+    new = policies.make(cmd.protocol, sizer, **options)
+    if new.max_batch(engine.workers) > max_batch:
+        raise ValueError(f"{new.name} could grant batches of {new.max_batch(engine.workers)}, more than the input "
+                         f"pipeline's {max_batch}; set a larger batch size in the job to allow it")
     target = type(phase)(new, until=phase.until, switch=cmd.method,
                          lr_scale=phase.lr_scale if cmd.lr_scale is None else cmd.lr_scale,
                          momentum=phase.momentum)
