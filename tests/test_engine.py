@@ -154,8 +154,8 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
 
     def progress(eng, policy, total):
         if eng.state.pushes >= 20 * (len(killed) + 1) and len(killed) < 2:
-            eng._gen.cluster.kill_task("worker", 1)
-            killed.append(eng._gen.cluster.procs[("worker", 1)].pid)
+            eng.generation.cluster.kill_task("worker", 1)
+            killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
 
     engine.progress = progress
     with pytest.raises(EngineError, match=r"task worker:1 died"):

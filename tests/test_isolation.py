@@ -70,7 +70,7 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
     seen = {}
 
     def probe():
-        spec = engine._gen.cluster.spec
+        spec = engine.generation.cluster.spec
         addresses = [a for job in ("chief", "ps", "worker") for a in spec[job]]
         ports = [int(a.rsplit(":", 1)[1]) for a in addresses]
         seen["here"] = listening_here(ports)

@@ -100,13 +100,13 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
         old.sizer = FixedSizer(cmd.batch_sizes)
         return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
     if cmd.kind == "checkpoint":
-        engine._drain(old)
-        path = engine._save("command")
-        engine._apply(old.start(engine.view()))
+        engine.drain(old)
+        path = engine.checkpoint("command")
+        engine.apply(old.start(engine.view()))
         return f"checkpoint {path}", path
     if cmd.kind == "stop":
-        engine._drain(old)
-        raise StopRequested(engine._save("stop") if cmd.save else "")
+        engine.drain(old)
+        raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
     sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
     options = dict(cmd.options)
@@ -119,9 +119,9 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     target = type(phase)(new, until=phase.until, switch=cmd.method,
                          lr_scale=phase.lr_scale if cmd.lr_scale is None else cmd.lr_scale,
                          momentum=phase.momentum)
-    engine._switch(old, target, len(engine.timeline))
+    engine.switch_to(old, target, len(engine.timeline))
     old_stats = old.stats()
     phase.policy, phase.lr_scale, phase.switch = new, target.lr_scale, cmd.method
     engine.begin_phase(phase, stats_of_previous=old_stats)
-    engine._apply(new.start(engine.view()))
+    engine.apply(new.start(engine.view()))
     return f"switched {old.name} -> {new.name} ({cmd.method})", ""

@@ -30,34 +30,28 @@ logger = logging.getLogger(__name__)
 def recover_lost_ps(engine, phase) -> bool:
     """Restart the cluster and restore if a PS died and a checkpoint exists; returns
     whether training can go on."""
-    gen = engine._gen
+    gen = engine.generation
     dead = gen.cluster.dead_tasks() if gen is not None else []
     if not any(job == "ps" for job, _, _ in dead) or not engine.checkpoints \
             or len(engine.recovery_log) >= engine.max_recoveries:
         return False
     t0, last = time.time(), engine.checkpoints[-1]
     logger.warning("task %s:%d died; restarting the cluster from %s", dead[0][0], dead[0][1], last["path"])
-    engine._close_generation(kill=True)
-    engine._open_generation(engine._launch(), restore=last["path"])
-    s = engine.state
-    lost = s.samples - last["samples"]
-    s.samples, s.updates, s.pushes = last["samples"], last["updates"], last["pushes"]
-    engine.recorder.rewind(s.pushes, "ps_lost")
-    s.granted = list(s.clocks)  # nothing runs in the new generation
-    s.pending_workers, s.pending_samples = [], 0
-    engine._last_ckpt_updates = s.updates
+    engine.restart_generation(restore=last["path"])
+    lost = engine.state.samples - last["samples"]
+    engine.rewind(last, "ps_lost")
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
     engine.recovery_log.append(event)
     engine.event("task_restarted", **event)
-    engine._apply(phase.policy.start(engine.view()))
+    engine.apply(phase.policy.start(engine.view()))
     return True
 
 
 def recover_lost_workers(engine, policy) -> bool:
     """If only workers died (no PS): finish the live workers' steps, apply the round,
     checkpoint and restart the cluster from it; returns whether it did."""
-    gen = engine._gen
+    gen = engine.generation
     dead = gen.cluster.dead_tasks() if gen is not None else []
     if not dead or any(job != "worker" for job, _, _ in dead):
         return False
@@ -65,11 +59,11 @@ def recover_lost_workers(engine, policy) -> bool:
     if any(sum(e["task"] == f"worker:{w}" for e in engine.recovery_log) >= engine.max_recoveries
            for w in lost_workers):
         return False
-    engine._recovering = set(lost_workers)  # their closures' errors and deaths are expected now
+    engine.recovering = set(lost_workers)  # their closures' errors and deaths are expected now
     try:
         return _restart_without(engine, policy, dead, lost_workers)
     finally:
-        engine._recovering = None
+        engine.recovering = None
 
 
 def _restart_without(engine, policy, dead, lost_workers) -> bool:
@@ -83,20 +77,18 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     # closure while it waits for the lost worker to come back. What the PS has applied and
     # the engine counted is saved; steps still running anywhere are lost with the cluster.
     lost = {w: s.granted[w] - s.clocks[w] for w in lost_workers}
-    in_flight = engine._outstanding()
-    engine._apply(policy.finish(engine.view()))  # what the round aggregated is applied, not lost
+    in_flight = engine.in_flight()
+    engine.apply(policy.finish(engine.view()))  # what the round aggregated is applied, not lost
     if s.pending_workers:
-        engine._apply(Decision(barrier=True))
-    engine._channel.sync()
-    path = engine._save("worker_lost")
-    engine._close_generation(kill=True)
-    engine._open_generation(engine._launch(), restore=path)
-    s.granted = list(s.clocks)  # nothing runs in the new generation
+        engine.apply(Decision(barrier=True))
+    engine.sync()
+    path = engine.checkpoint("worker_lost")
+    engine.restart_generation(restore=path)
     for w in lost_workers:
         event = {"task": f"worker:{w}", "steps_lost": lost[w], "in_flight_lost": in_flight, "checkpoint": path,
                  "seconds": round(time.time() - t0, 3)}
         engine.recovery_log.append(event)
         engine.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
-    if not engine._draining:
-        engine._apply(policy.start(engine.view()))
+    if not engine.draining:
+        engine.apply(policy.start(engine.view()))
     return True

@@ -104,9 +104,9 @@ class Engine:
         self.controller = controller or Controller()  # commands from a manager, at step boundaries
         self._control_s = 0.0  # time the loop spent in the controller (the training hook's overhead)
         self.max_recoveries, self.recovery_log = 3, []  # per task; one entry per restart
-        self._recovering: set | None = None  # the lost workers while recovering from their loss
+        self.recovering: set | None = None  # the lost workers while recovering from their loss
         self._policy: Policy | None = None  # the policy running now
-        self._draining = False
+        self.draining = False
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or len(setup.y_train)
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
@@ -227,6 +227,31 @@ class Engine:
         gc.collect()  # free remote resources while their tasks still run (no deleter errors)
         cluster.stop()
 
+    @property
+    def generation(self) -> Generation | None:
+        """The cluster generation training now (None before the first and after the end)."""
+        return self._gen
+
+    def restart_generation(self, restore: str) -> None:
+        """Replace every task: stop this generation's, start new ones restored from the
+        checkpoint ``restore``; nothing is granted in the new generation yet."""
+        self._close_generation(kill=True)
+        self._open_generation(self._launch(), restore=restore)
+        self.state.granted = list(self.state.clocks)
+
+    def rewind(self, checkpoint: dict, why: str) -> None:
+        """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
+        pushes): what came after it is trained again and its records are set aside."""
+        s = self.state
+        s.samples, s.updates, s.pushes = (int(checkpoint.get(k, 0)) for k in ("samples", "updates", "pushes"))
+        s.pending_workers, s.pending_samples = [], 0
+        self._last_ckpt_updates = s.updates
+        self.recorder.rewind(s.pushes, why)
+
+    def sync(self) -> None:
+        """Wait until every release and barrier sent to the PS has landed."""
+        self._channel.sync()
+
     def task_pid(self, job: str, index: int) -> int | None:
         """The process id of a task of the cluster training now (None if there is none)."""
         cluster = self._gen.cluster if self._gen is not None else (self._clusters[-1] if self._clusters else None)
@@ -243,7 +268,7 @@ class Engine:
             resources=self.monitor.latest())
 
     # -- carrying out decisions ----------------------------------------------------------
-    def _apply(self, decision: Decision) -> None:
+    def apply(self, decision: Decision) -> None:
         s = self.state
         if decision.remove or decision.restore:
             s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
@@ -270,7 +295,7 @@ class Engine:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
 
-    def _outstanding(self) -> int:
+    def in_flight(self) -> int:
         s = self.state
         return sum(g - c for g, c in zip(s.granted, s.clocks))
 
@@ -297,23 +322,23 @@ class Engine:
                 if waited > self.timeout_s:
                     raise EngineError(
                         f"no step finished in {self.timeout_s:.0f} s (outstanding steps: "
-                        f"{self._outstanding()}); raise train.timeout_s if steps are this slow")
+                        f"{self.in_flight()}); raise train.timeout_s if steps are this slow")
                 continue
             if gen is not self._gen:
                 continue  # a closure of a replaced generation
             self._standing -= 1
             if err is not None:
                 time.sleep(0.2)  # let the OS report a task that just died
-                if self._raise_if_dead(err) or self._recovering:
+                if self._raise_if_dead(err) or self.recovering:
                     continue  # a closure of a lost worker: the cluster is being restarted
                 raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
             return value
 
     def _raise_if_dead(self, cause: BaseException | None = None) -> bool:
         """Recover from lost workers (True if it did); raise for any other dead task."""
-        if self._recovering is None and recover_lost_workers(self, self._policy):
+        if self.recovering is None and recover_lost_workers(self, self._policy):
             return True
-        dead = [d for d in self._gen.cluster.dead_tasks() if d[0] != "worker" or d[1] not in (self._recovering or ())]
+        dead = [d for d in self._gen.cluster.dead_tasks() if d[0] != "worker" or d[1] not in (self.recovering or ())]
         if dead:
             job, i, code = dead[0]
             raise EngineError(
@@ -360,7 +385,7 @@ class Engine:
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int, total: int) -> None:
         policy = self._policy = phase.policy
-        self._apply(policy.start(self.view()))
+        self.apply(policy.start(self.view()))
         self._check_live(policy)
         start_samples, epoch = self.state.samples, 0
         while self.state.samples < end_samples:
@@ -378,13 +403,13 @@ class Engine:
                 continue
             if result is None:  # timer
                 self._wake_at = None
-                self._apply(policy.on_timer(self.view()))
+                self.apply(policy.on_timer(self.view()))
                 continue
             self._schedule()
             push = self._record(result, policy)
             if push is None or self.state.samples >= end_samples:
                 continue  # the workload of this phase is done: drain, grant nothing more
-            self._apply(policy.on_push(push, self.view()))
+            self.apply(policy.on_push(push, self.view()))
             self._check_live(policy)
             self._evaluate_if_due()
             t = time.perf_counter()
@@ -397,10 +422,10 @@ class Engine:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
                     and self.state.samples < end_samples:
-                self._drain(policy)
-                self._save("periodic")
-                self._apply(policy.start(self.view()))
-        self._drain(policy)
+                self.drain(policy)
+                self.checkpoint("periodic")
+                self.apply(policy.start(self.view()))
+        self.drain(policy)
 
     def _obey(self, phase: Phase, cmd: Command) -> None:
         """Carry out a manager's command at this step boundary and report the outcome."""
@@ -435,14 +460,14 @@ class Engine:
         return start
 
     def _check_live(self, policy: Policy) -> None:
-        if self._outstanding() == 0 and self._wake_at is None:
+        if self.in_flight() == 0 and self._wake_at is None:
             raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
 
-    def _drain(self, policy: Policy) -> None:
+    def drain(self, policy: Policy) -> None:
         """Wait for every granted step, then apply what the round aggregated."""
-        self._policy, self._draining = policy, True
+        self._policy, self.draining = policy, True
         try:
-            while self._outstanding() > 0:
+            while self.in_flight() > 0:
                 result = self._next_result()
                 if result is None:
                     self._wake_at = None
@@ -450,13 +475,13 @@ class Engine:
                 self._schedule()
                 self._record(result, policy)
         finally:
-            self._draining = False
-        self._apply(policy.finish(self.view()))
+            self.draining = False
+        self.apply(policy.finish(self.view()))
         if self.state.pending_workers:
-            self._apply(Decision(barrier=True))
+            self.apply(Decision(barrier=True))
         self._channel.sync()
 
-    def _save(self, why: str) -> str:
+    def checkpoint(self, why: str) -> str:
         t = time.time()
         path = self._ckpt_manager.save(checkpoint_number=self.state.updates)
         self._last_ckpt_updates = self.state.updates
@@ -467,13 +492,13 @@ class Engine:
                    samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
         return path
 
-    def _switch(self, old: Policy, phase: Phase, index: int) -> None:
+    def switch_to(self, old: Policy, phase: Phase, index: int) -> None:
         t0 = time.time()
-        self._drain(old)
+        self.drain(old)
         t_drained = time.time()
         parts = {}
         if phase.switch == "restart":
-            path = self._save("switch")
+            path = self.checkpoint("switch")
             parts["save_s"] = time.time() - t_drained
             cluster = self._next_cluster or self._launch()
             self._next_cluster = None
@@ -514,11 +539,8 @@ class Engine:
         self._t0 = time.time()
         if resume:
             restore = resume["path"]
-            s = self.state
-            s.samples, s.updates, s.pushes, s.round = (int(resume.get(k, 0)) for k in
-                                                       ("samples", "updates", "pushes", "round"))
-            self._last_ckpt_updates = s.updates
-            self.recorder.rewind(s.pushes, "resume")
+            self.state.round = int(resume.get("round", 0))
+            self.rewind(resume, "resume")
             self.recorder.event("resume", **resume)
         try:
             self._open_generation(self._launch(), restore=restore)
@@ -529,7 +551,7 @@ class Engine:
             stopped = None
             for i, phase in enumerate(phases):
                 if i > 0:
-                    self._switch(phases[i - 1].policy, phase, len(self.timeline))
+                    self.switch_to(phases[i - 1].policy, phase, len(self.timeline))
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self._next_cluster is None:
                     self._next_cluster = self._launch()  # new tasks start while this phase trains
                 self.begin_phase(phase)
@@ -543,7 +565,7 @@ class Engine:
                     break
             wall = time.time() - self._t0
             if stopped is None:
-                self._save("final")
+                self.checkpoint("final")
             summary = self._summary(wall, t_init, total_samples)
             summary["stopped"] = stopped is not None
             if resume:
