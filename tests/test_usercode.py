@@ -4,6 +4,7 @@ naming the field."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from tfsync.config import ConfigError, load_job
 from tfsync.usercode import UserCodeError
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
+SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tfsync", "datasets", "mnist_sample.npz")
 MODULE = os.path.join(EXAMPLE, "model.py")
 
 JOB = """
@@ -76,7 +78,9 @@ def test_file_references_resolve_against_the_job_file_from_any_directory(tmp_pat
     ({"model": "missing.py:build"}, "model.fn", "does not exist"),
     ({"model": "regression.py:not_a_model"}, "model.fn", "returned a dict, expected a tf_keras Model"),
     ({"data": "regression.py:a_list"}, "data.fn", "returned a list"),
-    ({"model_args": "args = {features = 5}"}, "model.fn", "does not take the data's x_train (shape (448, 20)"),
+    ({"model_args": "args = {features = 5}"}, "model.fn", "does not take the data's x_train (examples of shape (20,)"),
+    ({"data": "regression.py:not_a_dataset"}, "data.fn", "the DatasetFactory's dataset: returned a list"),
+    ({"data": "regression.py:not_pairs"}, "data.fn", "expected (features, label) pairs"),
     ({"loss": "NoSuchLoss"}, "train.loss", "is not a tf_keras.losses class"),
     ({"model_args": "args = {units = -1}"}, "model.fn", "raised ValueError"),
 ])
@@ -149,3 +153,23 @@ def test_the_regression_example_trains_through_tfsync_run(tmp_path):
         if p["mode"] == "aggregate":  # the update it joins is the next one
             assert p["lr"] == pytest.approx(scale * float(sched(p["updates"])), rel=1e-5)
     assert {p["protocol"] for p in pushes} == {"bsp", "asp"}
+
+
+@pytest.mark.cluster
+def test_the_tfrecord_example_trains_from_a_dataset_factory_read_on_the_workers(tmp_path):
+    """examples/tfrecord: the data function returns a DatasetFactory over TFRecord shards,
+    each worker reading its own share of them; the job trains and evaluates, and tfsync
+    wrote no copy of the training set into the run directory (the workers read it)."""
+    project = tmp_path / "project"
+    shutil.copytree(os.path.join(os.path.dirname(EXAMPLE), "tfrecord"), project,
+                    ignore=shutil.ignore_patterns("shards", "__pycache__"))
+    job = project / "job.toml"
+    job.write_text(job.read_text().replace('args = {shards = "shards"}',
+                                           f'args = {{shards = "shards", npz = "{SAMPLE}"}}'))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager",
+                        "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["samples"] >= 6000 and summary["test_accuracy"] > 0.8
+    assert len(list((project / "shards").glob("train-*.tfrecord"))) == 4
+    assert not (tmp_path / "run" / "data").exists()

@@ -10,3 +10,5 @@ import os as _os
 _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 __version__ = "0.1.0"
+
+from .pipeline import DatasetFactory, worker_index  # noqa: E402  (after the environment is set)

@@ -85,6 +85,7 @@ def cmd_run(args) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
+    from .engine.channel import ChannelError
     from .engine.cluster import ClusterError
     from .engine.trainer import EngineError
     from .jobrun import run_job
@@ -111,8 +112,10 @@ def cmd_run(args) -> int:
     try:
         if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome
             from .manager import embedded
+            from .manager.transport import TlsConfig
             manager = embedded.attach(args.attach, args.token_file, args.job_id, args.run_id, cfg.job.run_dir,
-                                      cfg.cluster.workers, cfg.protocol[0].name, local_tasks=not cfg.cluster.hooks)
+                                      cfg.cluster.workers, cfg.protocol[0].name, local_tasks=not cfg.cluster.hooks,
+                                      tls=TlsConfig(ca_file=args.ca, server_name=args.server_name) if args.ca else None)
         elif not args.no_manager:  # embedded: status/switch/stop reach this run through it
             import dataclasses
 
@@ -127,7 +130,7 @@ def cmd_run(args) -> int:
         return _fail(str(e), EXIT_BAD_INPUT)
     except UserCodeError as e:
         return _fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
-    except (EngineError, ClusterError, PolicyError, TransportError) as e:
+    except (EngineError, ClusterError, PolicyError, TransportError, ChannelError) as e:
         return _fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:
         state = "stopped"
@@ -178,10 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--no-manager", action="store_true",
                        help="no embedded manager: the run cannot be reached by status/switch/stop")
         q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "
-                       "embedding one (set by `tfsync manager` for submitted jobs, with the three options below)")
+                       "embedding one (set by `tfsync manager` for submitted jobs, with the options below)")
         q.add_argument("--token-file", help=argparse.SUPPRESS)
         q.add_argument("--job-id", help=argparse.SUPPRESS)
         q.add_argument("--run-id", type=int, default=0, help=argparse.SUPPRESS)
+        q.add_argument("--ca", help=argparse.SUPPRESS)           # the CA of a TLS manager
+        q.add_argument("--server-name", help=argparse.SUPPRESS)  # and the name in its certificate
     r.set_defaults(func=cmd_run)
     rs.set_defaults(func=cmd_run, resume=True)
     from .switch.cli import add_commands as add_search_commands
@@ -199,6 +204,7 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not a log line per failed TLS handshake; tfsync says why
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["hook"]:
         from .hooks.node import main as hook_main
@@ -219,7 +225,32 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as e:
+        code = known_error(e)
+        if code is None:
+            raise
+        return _fail(f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e),
+                     code)
+
+
+def known_error(e: BaseException) -> int | None:
+    """The exit code of an error tfsync reports in one line (its message says what and
+    what to do), or None for a bug, which keeps its traceback."""
+    from .config import ConfigError
+    from .manager.auth import TokenFileError
+    from .manager.cli import ControlError
+    from .manager.store import StoreError
+    from .manager.transport import TransportError
+
+    if isinstance(e, (ConfigError, TokenFileError, ControlError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, (StoreError, TransportError)):
+        return EXIT_FAILED
+    if isinstance(e, OSError) and e.filename:  # the file system: a path not writable, full, too long
+        return EXIT_FAILED
+    return None
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import usercode
 from .config import OPTIMIZER_CLASSES, JobConfig
+from .pipeline import DatasetFactory
 from .usercode import UserCodeError
 
 # short names accepted for train.loss, as tf_keras.losses.get knows them
@@ -35,8 +36,8 @@ class Workload:
     model_fn: Callable
     optimizer_fn: Callable
     loss_fn: Callable  # (y, outputs) -> per-example losses
-    x_train: np.ndarray
-    y_train: np.ndarray
+    x_train: np.ndarray | DatasetFactory
+    y_train: np.ndarray | None
     x_test: np.ndarray | None
     y_test: np.ndarray | None
     source: str  # where the data came from, for the summary
@@ -50,6 +51,20 @@ class Workload:
         work.check()
         return work
 
+    @property
+    def train_examples(self) -> int:
+        """The examples in one epoch."""
+        return self.x_train.examples if isinstance(self.x_train, DatasetFactory) else len(self.y_train)
+
+    def sample(self, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``n`` training examples and labels."""
+        if isinstance(self.x_train, DatasetFactory):
+            try:
+                return self.x_train.sample(n)
+            except (TypeError, ValueError) as e:
+                raise UserCodeError("data.fn", f"the DatasetFactory's dataset: {e}") from None
+        return self.x_train[:n], self.y_train[:n]
+
     def check(self) -> None:
         """Build the model here and run one small batch through it and the loss: a shape
         or dtype that does not fit fails now, in one line, not on a worker later."""
@@ -60,16 +75,17 @@ class Workload:
         if not isinstance(model, keras.Model):
             raise UserCodeError("model.fn", f"returned a {type(model).__name__}, expected a tf_keras Model "
                                             "(import tf_keras as keras, not keras 3)")
+        x, y = self.sample()
         try:
-            out = model(self.x_train[:2], training=False)
+            out = model(x, training=False)
         except Exception as e:
-            raise UserCodeError("model.fn", f"the model does not take the data's x_train (shape "
-                                            f"{self.x_train.shape}, {self.x_train.dtype}): {usercode._one_line(e)}") from None
+            raise UserCodeError("model.fn", f"the model does not take the data's x_train (examples of shape "
+                                            f"{x.shape[1:]}, {x.dtype}): {usercode._one_line(e)}") from None
         try:
-            loss = self.loss_fn(tf.constant(self.y_train[:2]), out)
+            loss = self.loss_fn(tf.constant(y), out)
         except Exception as e:
-            raise UserCodeError("train.loss", f"the loss does not take y_train (shape {self.y_train.shape}, "
-                                              f"{self.y_train.dtype}) with the model's output (shape "
+            raise UserCodeError("train.loss", f"the loss does not take y_train (labels of shape {y.shape[1:]}, "
+                                              f"{y.dtype}) with the model's output (shape "
                                               f"{tuple(out.shape)}): {usercode._one_line(e)}") from None
         if tuple(loss.shape) != (2,):
             raise UserCodeError("train.loss", f"returned shape {tuple(loss.shape)} for a batch of 2; expected one "
@@ -83,6 +99,13 @@ def _data(cfg: JobConfig, data_path: str | None):
         d = load(cfg.data.name, data_path or cfg.data.path)
         return d.x_train, d.y_train, d.x_test, d.y_test, d.source, d.num_classes
     got = usercode.call(cfg.data.fn, cfg.data.args, "data.fn")
+    if isinstance(got, DatasetFactory):
+        return got, None, None, None, cfg.data.fn, None
+    if isinstance(got, tuple) and got and isinstance(got[0], DatasetFactory):  # (factory, x_test, y_test)
+        if len(got) != 3 or not all(isinstance(a, np.ndarray) for a in got[1:]) or len(got[1]) != len(got[2]):
+            raise UserCodeError("data.fn", "returned a DatasetFactory with something else; expected the factory "
+                                           "alone or (factory, x_test, y_test) with test arrays of one length")
+        return got[0], None, got[1], got[2], cfg.data.fn, None
     if isinstance(got, dict):
         missing = [k for k in ("x_train", "y_train") if k not in got]
         if missing:
@@ -96,7 +119,7 @@ def _data(cfg: JobConfig, data_path: str | None):
     else:
         raise UserCodeError("data.fn", f"returned a {type(got).__name__}; expected (x_train, y_train), "
                                        "(x_train, y_train, x_test, y_test), ((x_train, y_train), (x_test, y_test)) "
-                                       "or a dict with those keys, of NumPy arrays")
+                                       "or a dict with those keys, of NumPy arrays, or a tfsync.DatasetFactory")
     arrays = []
     for name, a in zip(("x_train", "y_train", "x_test", "y_test"), parts):
         if a is not None and not isinstance(a, np.ndarray):
@@ -126,6 +149,9 @@ def _model_fn(cfg: JobConfig, data) -> Callable:
 
     from .engine.models import build_model
     x, y, classes = data[0], data[1], data[5]
+    if isinstance(x, DatasetFactory):
+        raise UserCodeError("model.name", f"the bundled {cfg.model.name} is built from arrays; with a "
+                                          "DatasetFactory name your own model with model.fn")
     if classes is None:  # a bundled model on the user's data: integer classes 0 .. max
         if not np.issubdtype(y.dtype, np.integer):
             raise UserCodeError("model.name", f"the bundled {cfg.model.name} classifies: it needs integer class "

@@ -3,10 +3,13 @@ in a module outside the tfsync package, named by file path in job.toml beside it
 
     tfsync run examples/regression/job.toml
 
-The last two functions are mistakes on purpose, for tests/test_usercode.py."""
+The functions after `build` are mistakes on purpose, for tests/test_usercode.py."""
 
 import numpy as np
+import tensorflow as tf
 import tf_keras as keras
+
+import tfsync
 
 NOT_A_FUNCTION = 3
 
@@ -30,3 +33,11 @@ def not_a_model():
 
 def a_list():
     return [1, 2, 3]
+
+
+def not_a_dataset():
+    return tfsync.DatasetFactory(lambda context: [1, 2, 3], examples=3)
+
+
+def not_pairs():
+    return tfsync.DatasetFactory(lambda context: tf.data.Dataset.range(3), examples=3)

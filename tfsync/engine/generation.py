@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import safefile
+from ..pipeline import DatasetFactory
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
 from .control import LearningRate, PSControl, check_optimizer
@@ -32,6 +33,8 @@ class TrainSetup:
     ``model_fn`` and ``optimizer_fn`` are called under the strategy's scope (variables go
     to the PS). ``loss_fn(y, logits)`` returns per-example losses. Every input batch
     holds ``max_batch_size`` rows; a step uses the first ``batch_size`` of them.
+    ``x_train`` is an array (with its labels ``y_train``), or a
+    ``tfsync.pipeline.DatasetFactory`` that each worker reads itself (``y_train`` None).
     """
 
     model_fn: Callable
@@ -44,6 +47,15 @@ class TrainSetup:
     x_test: np.ndarray | None = None
     y_test: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+
+    @property
+    def factory(self) -> DatasetFactory | None:
+        return self.x_train if isinstance(self.x_train, DatasetFactory) else None
+
+    @property
+    def train_examples(self) -> int:
+        """The examples in one epoch."""
+        return self.factory.examples if self.factory else len(self.y_train)
 
 
 def _transport(x: np.ndarray):
@@ -61,7 +73,10 @@ def write_records(setup: TrainSetup, data_dir: str) -> dict:
     """Write the training arrays as fixed-length binary records that workers read with
     ``FixedLengthRecordDataset``: a graph constant of the data set would be shipped to
     every worker at every (re)connect, seconds for MNIST. The files must be readable at
-    the same path on every worker host (true for a local cluster)."""
+    the same path on every worker host (true for a local cluster). A dataset factory's
+    workers read their own data: nothing is written."""
+    if setup.factory:
+        return {}
     x, scale = _transport(np.ascontiguousarray(setup.x_train))
     y = np.ascontiguousarray(setup.y_train)  # labels keep their dtype and shape (float targets too)
     for name, a in (("x_train", x), ("y_train", y)):
@@ -81,7 +96,10 @@ def write_records(setup: TrainSetup, data_dir: str) -> dict:
             "y_dtype": y.dtype.name, "y_shape": y.shape[1:]}
 
 
-def make_dataset_fn(setup: TrainSetup, records: dict):
+def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
+    if setup.factory:
+        factory = setup.factory
+        return lambda: factory.dataset(workers).repeat().batch(setup.max_batch_size, drop_remainder=True).prefetch(2)
     shape, n = tuple(records["x_shape"]), records["n"]
     dtype, y_dtype = tf.as_dtype(records["x_dtype"]), tf.as_dtype(records["y_dtype"])
     y_shape = tuple(records["y_shape"])
@@ -122,7 +140,8 @@ class Generation:
             self.rate = LearningRate(self.optimizer)  # the engine sets its scale
         self.control = PSControl(self.num_workers, self.model, self.optimizer, self.rate)
         self.worker_ids = tfcompat.worker_index_values(self.coordinator, self.num_workers)
-        self.iterator = iter(self.coordinator.create_per_worker_dataset(make_dataset_fn(setup, records)))
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(
+            make_dataset_fn(setup, records, self.num_workers)))
         self.step_fn = make_step_fn(self.model, self.control, setup.loss_fn)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               momentum=self.momentum)

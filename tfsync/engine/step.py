@@ -29,7 +29,7 @@ def make_step_fn(model, control: PSControl, loss_fn):
         def work():
             x, y = next(iterator)
             b = tf.cast(token[BATCH], tf.int32)
-            x, y = x[:b], y[:b]
+            x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
             grads = tape.gradient(loss, variables)

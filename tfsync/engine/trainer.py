@@ -108,7 +108,7 @@ class Engine:
         self._policy: Policy | None = None  # the policy running now
         self.draining = False
         self.start_timeout = start_timeout
-        self.epoch_samples = epoch_samples or len(setup.y_train)
+        self.epoch_samples = epoch_samples or setup.train_examples
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
         self.state = EngineState(workers)
         self.history: collections.deque[Push] = collections.deque(maxlen=256)
