@@ -24,7 +24,8 @@ import grpc
 from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.hooks.resources import ResourceSampler, node_name
-from tfsync.hooks.tasks import ENV_ALLOWLIST, TASK_COMMAND, Task, TaskConflictError, TaskRequestError, TaskSupervisor
+from tfsync.hooks.tasks import (ENV_ALLOWLIST, TASK_COMMAND, TASK_JOBS, Task, TaskConflictError, TaskLaunchError,
+                                TaskRequestError, TaskSupervisor, check_job_id, shown)
 from tfsync.manager import auth, transport
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ __all__ = ["serve", "HookServer", "NodeHookService", "ENV_ALLOWLIST"]
 VERSION = "tfsync.api.v1"
 DEFAULT_INTERVAL = 1.0
 MIN_INTERVAL = 0.05
+MAX_INTERVAL = 3600.0
+MAX_WAIT = 600.0  # wait_ready_s
 _STATES = {"starting": common_pb2.TASK_STATE_STARTING, "running": common_pb2.TASK_STATE_RUNNING,
            "exited": common_pb2.TASK_STATE_EXITED, "stopped": common_pb2.TASK_STATE_STOPPED}
 
@@ -50,10 +53,19 @@ def _status(task: Task) -> common_pb2.TaskStatus:
 def _refs(refs) -> list[tuple[str, int]]:
     out = []
     for r in refs:
+        if r.job not in TASK_JOBS:
+            raise TaskRequestError(f"task job {shown(r.job)} cannot run on a node hook; expected one of "
+                                   f"{', '.join(TASK_JOBS)}")
         if r.index < 0:
             raise TaskRequestError(f"task index {r.index} of job {r.job!r} is negative; expected 0 or more")
         out.append((r.job, r.index))
     return out
+
+
+def _wait(seconds: float) -> float:
+    if not 0 <= seconds <= MAX_WAIT:  # also catches NaN
+        raise TaskRequestError(f"wait_ready_s {seconds}: expected 0 (do not wait) to {MAX_WAIT:.0f} seconds")
+    return seconds
 
 
 def _guard(method):
@@ -64,7 +76,7 @@ def _guard(method):
             return method(self, request, context)
         except TaskRequestError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except (TaskConflictError, safefile.UnsafePathError) as e:
+        except (TaskConflictError, TaskLaunchError, safefile.UnsafePathError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except KeyError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, e.args[0] if e.args else str(e))
@@ -82,10 +94,11 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
 
     @_guard
     def StartTasks(self, request, context):
+        wait = _wait(request.wait_ready_s)
         tasks, notes = self.supervisor.start(request.job_id, request.cluster_spec_json, _refs(request.tasks),
                                              dict(request.env), request.netns)
-        if request.wait_ready_s > 0:
-            self.supervisor.wait_ready(tasks, min(request.wait_ready_s, 600.0))
+        if wait > 0:
+            self.supervisor.wait_ready(tasks, wait)
         return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)
 
     @_guard
@@ -96,9 +109,10 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
     @_guard
     def RestartTask(self, request, context):
         (job, index), = _refs([request.task])
+        wait = _wait(request.wait_ready_s)
         task = self.supervisor.restart(request.job_id, job, index, request.expected_pid)
-        if request.wait_ready_s > 0:
-            self.supervisor.wait_ready([task], min(request.wait_ready_s, 600.0))
+        if wait > 0:
+            self.supervisor.wait_ready([task], wait)
         return _status(task)
 
     @_guard
@@ -107,6 +121,10 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
         if not interval >= MIN_INTERVAL:  # also catches NaN
             raise TaskRequestError(f"interval_s {interval} is too small; expected >= {MIN_INTERVAL} s "
                                    f"(unset: {DEFAULT_INTERVAL} s)")
+        if interval > MAX_INTERVAL:
+            raise TaskRequestError(f"interval_s {interval} is too large; expected <= {MAX_INTERVAL:.0f} s")
+        if request.job_id:
+            check_job_id(request.job_id)
         if request.max_samples < 0:
             raise TaskRequestError(f"max_samples {request.max_samples} is negative; expected 0 (no limit) or more")
         return self._samples(interval, request.job_id, request.max_samples, context)

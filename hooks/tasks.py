@@ -8,6 +8,8 @@ task exits when its hook dies). Only processes started here are ever signalled.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -29,9 +31,19 @@ ENV_ALLOWLIST = frozenset({"TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "OMP_
                            "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_USE_LEGACY_KERAS"})
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]+:(\d{1,5})")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The program of a task; the hook appends --cluster, --job, --index and --parent-pid.
 TASK_COMMAND = (sys.executable, "-m", "tfsync.engine.server")
+# The spec travels as one command-line argument: Linux takes at most 128 KiB in one.
+MAX_SPEC_BYTES = 120 * 1024
+
+
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for one-line error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + "...'"
 
 
 class TaskRequestError(ValueError):
@@ -42,11 +54,18 @@ class TaskConflictError(RuntimeError):
     """A task runs already with another cluster spec."""
 
 
+class TaskLaunchError(RuntimeError):
+    """A task process could not be started (its program, the system's limits)."""
+
+
 def parse_spec(text: str) -> dict[str, list[str]]:
     """The cluster spec JSON -> {job: [host:port, ...]}, checked."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise TaskRequestError(f"cluster spec is {len(text.encode('utf-8', 'surrogatepass'))} bytes; expected at "
+                               f"most {MAX_SPEC_BYTES} (it is passed to each task on its command line)")
     try:
         spec = json.loads(text)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise TaskRequestError(f"cluster spec is not valid JSON ({e}): {str(text)[:80]!r}; expected "
                                '{"ps": ["host:port"], "worker": ["host:port", ...]}') from None
     if not isinstance(spec, dict) or not spec:
@@ -54,18 +73,28 @@ def parse_spec(text: str) -> dict[str, list[str]]:
                                f"got {str(text)[:80]!r}")
     for job, addresses in spec.items():
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise TaskRequestError(f"cluster spec job {job!r} must list 'host:port' strings, got {addresses!r}")
+            raise TaskRequestError(f"cluster spec job {shown(job)} must list 'host:port' strings, got "
+                                   f"{shown(addresses)}")
         for a in addresses:
             m = _ADDRESS.fullmatch(a)
-            if not m or not 1 <= int(m.group(1)) <= 65535:
-                raise TaskRequestError(f"cluster spec address {a!r} of job {job!r} is not host:port with a port "
-                                       "in 1..65535")
+            if not m or not 1 <= int(m.group(1)) <= 65535 or not _host_ok(a[:m.start(1) - 1]):
+                raise TaskRequestError(f"cluster spec address {shown(a)} of job {shown(job)} is not host:port with "
+                                       "a host name or IP address and a port in 1..65535")
     return spec
+
+
+def _host_ok(host: str) -> bool:
+    """A host name, an IPv4 address, or an IPv6 one (bracketed or not)."""
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        return True
+    except ValueError:
+        return len(host) <= 253 and bool(_HOST.fullmatch(host))
 
 
 def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id or ""):
-        raise TaskRequestError(f"job_id {job_id!r} must be 1-64 characters of letters, digits, '.', '_', '-' "
+        raise TaskRequestError(f"job_id {shown(job_id)} must be 1-64 characters of letters, digits, '.', '_', '-' "
                                "(it names the task log directory)")
     return job_id
 
@@ -73,9 +102,10 @@ def check_job_id(job_id: str) -> str:
 def check_task(spec: dict, job: str, index: int) -> str:
     """The address of task ``job:index`` of ``spec``."""
     if job not in TASK_JOBS:
-        raise TaskRequestError(f"task job {job!r} cannot run on a node hook; expected one of {', '.join(TASK_JOBS)}")
+        raise TaskRequestError(f"task job {shown(job)} cannot run on a node hook; expected one of "
+                               f"{', '.join(TASK_JOBS)}")
     if job not in spec:
-        raise TaskRequestError(f"task job {job!r} is not in the cluster spec (jobs: {', '.join(sorted(spec))})")
+        raise TaskRequestError(f"task job {job!r} is not in the cluster spec (jobs: {shown(', '.join(sorted(spec)))})")
     if not 0 <= index < len(spec[job]):
         raise TaskRequestError(f"task index {index} of job {job!r} is outside the cluster spec; expected "
                                f"0..{len(spec[job]) - 1}")
@@ -85,7 +115,7 @@ def check_task(spec: dict, job: str, index: int) -> str:
 def check_env(env: dict) -> dict:
     for name, value in env.items():
         if name not in ENV_ALLOWLIST:
-            raise TaskRequestError(f"environment variable {name!r} may not be set through the hook; allowed: "
+            raise TaskRequestError(f"environment variable {shown(name)} may not be set through the hook; allowed: "
                                    f"{', '.join(sorted(ENV_ALLOWLIST))}")
         if len(value) > 256 or "\0" in value:
             raise TaskRequestError(f"environment value of {name} must be under 256 characters without NUL")
@@ -93,10 +123,15 @@ def check_env(env: dict) -> dict:
 
 
 def port_open(address: str, timeout: float = 0.2) -> bool:
+    """Whether something accepts connections at ``address`` (False also for a host that
+    does not resolve)."""
     host, port = address.rsplit(":", 1)
-    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        return s.connect_ex((host.strip("[]"), int(port))) == 0
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            return s.connect_ex((host.strip("[]"), int(port))) == 0
+    except (OSError, UnicodeError, ValueError):  # unresolvable (gaierror), a bad IDNA name
+        return False
 
 
 @dataclass
@@ -153,6 +188,9 @@ class TaskSupervisor:
         check_job_id(job_id)
         if netns:
             try:
+                if len(netns) > 64:
+                    raise ValueError(f"network namespace {shown(netns)} is not a tfsync private network "
+                                     "(tfsync-<pid>-<n>)")
                 netns_.check_name(netns)
             except ValueError as e:
                 raise TaskRequestError(str(e)) from None
@@ -188,11 +226,24 @@ class TaskSupervisor:
         full_env.update(env)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, full_env.get("PYTHONPATH")]))
         log_dir = os.path.join(self.log_dir, job_id)
+        made_dir = not os.path.isdir(log_dir)
         safefile.make_dir(log_dir)
         log_path = os.path.join(log_dir, f"{job}-{index}.log")
-        with safefile.open_append(log_path, binary=True) as out:
-            proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        made_log = not os.path.lexists(log_path)
+        try:
+            with safefile.open_append(log_path, binary=True) as out:
+                proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:  # nothing of a task that never ran stays behind
+            with contextlib.suppress(OSError):
+                if made_log:
+                    os.unlink(log_path)
+                if made_dir:
+                    os.rmdir(log_dir)
+            if isinstance(e, safefile.UnsafePathError):
+                raise
+            raise TaskLaunchError(f"task {job}:{index} of job {job_id!r} could not start: "
+                                  f"{e.strerror or e}") from None
         logger.info("started %s %s:%d at %s, pid %d", job_id, job, index, address, proc.pid)
         return Task(job_id, job, index, spec_json, env, address, log_path, proc, netns)
 

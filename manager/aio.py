@@ -50,9 +50,10 @@ def make_aio_server(listen: str = f"{transport.DEFAULT_HOST}:0", *, token: str,
     Call from inside the event loop that will run it; add servicers, then ``await start()``."""
     transport.check_listen(listen, allow_remote, tls)
     server = grpc.aio.server(interceptors=[AioTokenAuthInterceptor(token)], options=list(options))
+    credentials = None if tls is None else transport.server_credentials(tls)  # checked before binding
     try:
         port = (server.add_insecure_port(listen) if tls is None
-                else server.add_secure_port(listen, transport.server_credentials(tls)))
+                else server.add_secure_port(listen, credentials))
     except RuntimeError as e:
         raise transport.TransportError(f"cannot listen on {listen!r} ({e}); the port may be in use: pick "
                                        "another, or port 0 for a free one") from None

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import uuid
 from pathlib import Path
 
 from tfsync.cli import EXIT_BAD_INPUT, EXIT_FAILED, _fail
+
+
+ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
 
 
 class ControlError(RuntimeError):
@@ -30,21 +34,47 @@ def locate(target: str) -> tuple[dict, str]:
     info = path / "control" / "manager.json"
     if not info.is_file():
         raise ControlError(f"{target}: no running job there (no {info}); start it with `tfsync run JOB`")
-    return json.loads(info.read_text()), read_token(path / "control" / "token")
+    try:
+        found = json.loads(info.read_text())
+        if not isinstance(found, dict) or not {"address", "job_id"} <= found.keys():
+            raise ValueError("no address or job_id")
+    except ValueError:
+        raise ControlError(f"{info} is damaged (expected the JSON the job's manager wrote, with its address and "
+                           "job_id); if the job still runs, restart it with `tfsync resume`") from None
+    return found, read_token(path / "control" / "token")
 
 
-def _stub(target: str):
+def client_tls(args, info: dict | None = None):
+    """The TLS settings of a call to a manager: ``--ca`` (or $TFSYNC_CA) and ``--server-name``;
+    None for plaintext. A job whose manager.json says its manager serves TLS needs a CA; the
+    plaintext manager of a `tfsync run` job is reached without, even with $TFSYNC_CA set."""
+    from tfsync.manager import transport
+
+    ca = args.ca or (os.environ.get(ENV_CA) if info is None or info.get("tls") else None)
+    server_name = args.server_name or (info or {}).get("server_name")
+    if ca:
+        return transport.TlsConfig(ca_file=ca, server_name=server_name)
+    if info and info.get("tls"):
+        raise ControlError(f"the manager of job {info['job_id']} at {info['address']} serves TLS: pass --ca PATH "
+                           f"(or set {ENV_CA}), the CA certificate of its --tls-cert"
+                           + (f" (the manager uses {info['ca']})" if info.get("ca") else ""))
+    return None
+
+
+def _stub(args):
     import grpc
 
     from tfsync.api.v1 import manager_pb2_grpc
     from tfsync.manager import transport
 
-    info, token = locate(target)
-    channel = transport.make_channel(info["address"], token=token)
+    info, token = locate(args.target)
     try:
-        transport.wait_ready(channel, 5.0, f"the manager of job {info['job_id']} at {info['address']}")
+        tls = client_tls(args, info)
+        channel = transport.make_channel(info["address"], token=token, tls=tls)
+        transport.wait_ready(channel, 5.0, f"the manager of job {info['job_id']} at {info['address']}",
+                             target=info["address"], tls=tls)
     except transport.TransportError as e:
-        raise ControlError(f"{e} (the run may have ended)") from None
+        raise ControlError(f"{e} (the run may have ended)" if "TLS" not in str(e) else str(e)) from None
     return manager_pb2_grpc.ManagerStub(channel), info, grpc
 
 
@@ -53,7 +83,7 @@ def _call(args, make):
     from google.protobuf.json_format import MessageToDict
 
     try:
-        stub, info, grpc = _stub(args.target)
+        stub, info, grpc = _stub(args)
         reply = make(stub, info["job_id"])
     except ControlError as e:
         return _fail(str(e), EXIT_BAD_INPUT)
@@ -146,7 +176,7 @@ def cmd_metrics(args):
     from tfsync.api.v1 import manager_pb2
 
     try:
-        stub, info, grpc = _stub(args.target)
+        stub, info, grpc = _stub(args)
         for rec in stub.StreamMetrics(manager_pb2.StreamMetricsRequest(job_id=info["job_id"],
                                                                        from_step=args.from_step)):
             if args.json:
@@ -181,7 +211,14 @@ def cmd_manager(args):
     token_file = Path(args.token_file or home() / "manager.token").expanduser()
     try:
         token = auth.read_token(token_file) if token_file.exists() else auth.write_token(token_file)
-        tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+        tls = None
+        if args.tls_cert or args.tls_key:  # its coordinators check the certificate with --tls-ca
+            ca = args.tls_ca or args.tls_cert
+            tls = transport.TlsConfig(args.tls_cert, args.tls_key, ca and os.path.abspath(ca), args.tls_server_name)
+            transport.server_credentials(tls)
+            transport.channel_credentials(tls)
+        elif args.tls_ca or args.tls_server_name:
+            raise transport.TransportError("--tls-ca and --tls-server-name need --tls-cert and --tls-key")
         store = args.store or str(home() / "jobs.db")
         Path(store).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
@@ -219,10 +256,12 @@ def cmd_submit(args):
         cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, **paths), data=data)
         from tfsync.manager.embedded import home
         token = auth.read_token(os.path.expanduser(args.token_file or home() / "manager.token"))
-        channel = transport.make_channel(args.manager, token=token)
-        transport.wait_ready(channel, 10.0, f"the manager at {args.manager}")
-    except (ConfigError, auth.TokenFileError) as e:
+        tls = client_tls(args)
+        channel = transport.make_channel(args.manager, token=token, tls=tls)  # a bad --ca: bad input
+    except (ConfigError, auth.TokenFileError, transport.TransportError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
+    try:
+        transport.wait_ready(channel, 10.0, f"the manager at {args.manager}", target=args.manager, tls=tls)
     except transport.TransportError as e:
         return _fail(str(e), EXIT_FAILED)
     try:
@@ -240,6 +279,12 @@ def cmd_submit(args):
     return 0
 
 
+def tls_options(p) -> None:
+    p.add_argument("--ca", metavar="PATH", help=f"connect with TLS, checking the manager's certificate with this CA "
+                   f"certificate (PEM; default ${ENV_CA}); for a manager started with --tls-cert")
+    p.add_argument("--server-name", help="the name in the manager's certificate, if its address is not")
+
+
 def add_commands(sub) -> None:
     def job_command(name, help_, func):
         p = sub.add_parser(name, help=help_, description=help_ + ". The job is named by its job file "
@@ -247,6 +292,7 @@ def add_commands(sub) -> None:
                            "the job's token (run_dir/control/token).")
         p.add_argument("target", metavar="JOB", help="the job file, or the run directory")
         p.add_argument("--json", action="store_true", help="print the answer as JSON")
+        tls_options(p)
         p.set_defaults(func=func)
         return p
 
@@ -284,6 +330,10 @@ def add_commands(sub) -> None:
     mg.add_argument("--store", help="job store (default $TFSYNC_HOME/jobs.db)")
     mg.add_argument("--tls-cert", help="serve TLS with this certificate (PEM) ...")
     mg.add_argument("--tls-key", help="... and this key")
+    mg.add_argument("--tls-ca", help="the CA certificate its coordinators check --tls-cert with "
+                                     "(default: --tls-cert itself, for a self-signed certificate)")
+    mg.add_argument("--tls-server-name", help="a name in --tls-cert, for clients whose address is not in it "
+                                              "(e.g. --listen 0.0.0.0:7000)")
     mg.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen address")
     mg.set_defaults(func=cmd_manager)
     sb = sub.add_parser("submit", help="send a job file to a standalone manager (tfsync manager)",
@@ -296,6 +346,7 @@ def add_commands(sub) -> None:
                                          "where `tfsync manager` puts it)")
     sb.add_argument("--data", help="data path (overrides data.path)")
     sb.add_argument("--json", action="store_true", help="print the job's status as JSON")
+    tls_options(sb)
     sb.set_defaults(func=cmd_submit)
     # `tfsync hook ...` is handed to tfsync.hooks.node.main whole (tfsync.cli.main); listed here for --help.
     sub.add_parser("hook", help="run this node's hook agent (starts its TF tasks for a manager); "

@@ -28,8 +28,8 @@ import grpc
 from tfsync import safefile
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.manager import transport
-from tfsync.manager.service import ManagerService
-from tfsync.manager.store import Store
+from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, one_line, shown
+from tfsync.manager.store import ManagerLock, Store
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,13 @@ EXIT_STATES = {0: "done", 130: "stopped"}
 
 
 class Coordinators:
-    """The coordinator processes of submitted jobs, one per running job."""
+    """The coordinator processes of submitted jobs, one per running job. ``tls``: the
+    manager's; its coordinators then connect with TLS, checking with ``tls.ca_file``."""
 
-    def __init__(self, service: ManagerService, address: str, token_file: str, home: Path):
+    def __init__(self, service: ManagerService, address: str, token_file: str, home: Path,
+                 tls: transport.TlsConfig | None = None):
         self.service, self.address, self.token_file, self.home = service, address, token_file, home
+        self.tls = tls
         self.procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
 
@@ -51,6 +54,9 @@ class Coordinators:
         cmd = [sys.executable, "-m", "tfsync.cli", "resume" if resume else "run", str(folder / "job.json"), "--json",
                "--attach", self.address, "--token-file", self.token_file, "--job-id", job.id,
                "--run-id", str(run.id)]
+        if self.tls is not None:
+            cmd += ["--ca", os.path.abspath(self.tls.ca_file or self.tls.cert_file)]
+            cmd += ["--server-name", self.tls.server_name] if self.tls.server_name else []
         with self._lock:
             if job.id in self.procs and self.procs[job.id].poll() is None:
                 raise RuntimeError(f"job {job.id} is running already (coordinator pid {self.procs[job.id].pid})")
@@ -102,15 +108,20 @@ class StandaloneService(ManagerService):
         self.coordinators: Coordinators | None = None
 
     def SubmitJob(self, request, context):
-        from tfsync.config import JobConfig
+        from tfsync.config import JobConfig, check_field
         from tfsync.switch.trials import config_signature
 
+        if len(request.request_id) > MAX_ID or len(request.signature) > MAX_NAME:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id and signature: expected at most {MAX_ID} "
+                          f"and {MAX_NAME} characters")
         try:
-            cfg = JobConfig.from_dict(json.loads(request.config_json), source="config_json")
-        except ValueError as e:  # a ConfigError, or bad JSON
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            cfg = JobConfig.from_json(request.config_json, source="config_json")
+            if request.name:
+                check_field("job.name", request.name, source="name")
+        except ValueError as e:  # a ConfigError
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         if not os.path.isabs(cfg.job.run_dir):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job.run_dir {cfg.job.run_dir!r} must be absolute "
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job.run_dir {shown(cfg.job.run_dir)} must be absolute "
                           "(the manager runs elsewhere than the client; `tfsync submit` makes it so)")
         config = cfg.to_dict()
         with self._lock:
@@ -127,7 +138,7 @@ class StandaloneService(ManagerService):
         try:
             job = self.store.job(request.job_id)
         except KeyError:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} in this manager's job store")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {shown(request.job_id)} in this manager's job store")
         if job.state in ("running", "submitted") and job.id in self.jobs and not self.jobs[job.id].ended:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} is {job.state}; nothing to resume")
         from tfsync.engine.records import last_checkpoint
@@ -156,12 +167,20 @@ class StandaloneService(ManagerService):
 
 def serve(listen: str, *, token: str, token_file: str, store_path: str, home: Path,
           tls: transport.TlsConfig | None = None, allow_remote: bool = False):
-    """Start the standalone manager; returns (grpc server, service, port)."""
-    store = Store(store_path)
-    service = StandaloneService(store)
-    server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote)
+    """Start the standalone manager; returns (grpc server, service, port). A store served
+    by another manager is refused (StoreError naming it); nothing is started then."""
+    lock = ManagerLock(store_path).acquire()
+    try:
+        store = Store(store_path)
+        service = StandaloneService(store)
+        server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote)
+    except BaseException:
+        lock.release()
+        raise
+    service.lock = lock
     manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
     server.start()
     host = listen.rsplit(":", 1)[0]
-    service.coordinators = Coordinators(service, f"{host}:{port}", os.path.abspath(token_file), home)
+    service.coordinators = Coordinators(service, f"{host}:{port}", os.path.abspath(token_file), home, tls)
+    lock.note(f"{host}:{port}")
     return server, service, port

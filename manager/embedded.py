@@ -96,14 +96,18 @@ class AttachedCoordinator:
 
 
 def attach(address: str, token_file: str, job_id: str, run_id: int, run_dir: str, workers: int, protocol: str,
-           local_tasks: bool) -> AttachedCoordinator:
+           local_tasks: bool, tls: transport.TlsConfig | None = None) -> AttachedCoordinator:
+    """``tls``: the client settings for a manager that serves TLS (its CA), also recorded in
+    manager.json so that `tfsync status` knows the job's manager needs ``--ca``."""
     token = auth.read_token(token_file)
-    channel = transport.make_channel(address, token=token)
-    transport.wait_ready(channel, 10.0, f"the manager at {address}")
+    channel = transport.make_channel(address, token=token, tls=tls)
+    transport.wait_ready(channel, 10.0, f"the manager at {address}", target=address, tls=tls)
     link = ManagerLink(channel, job_id, run_id, workers, protocol)
     hook, nodes = local_hook(run_dir, token, f"{job_id}-r{run_id}") if local_tasks else (None, None)
-    control = write_control(run_dir, token, {"address": address, "job_id": job_id, "run_id": run_id,
-                                             "pid": os.getpid(), "standalone": True})
+    info = {"address": address, "job_id": job_id, "run_id": run_id, "pid": os.getpid(), "standalone": True}
+    if tls is not None:
+        info.update(tls=True, ca=os.path.abspath(tls.ca_file), server_name=tls.server_name)
+    control = write_control(run_dir, token, info)
     return AttachedCoordinator(link, hook, nodes, control)
 
 
@@ -118,9 +122,11 @@ def write_control(run_dir: str, token: str, info: dict) -> Path:
 
 def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
           store_path: str | None = None, resume: bool = False) -> EmbeddedManager:
-    """``resume``: a new run of the newest stored job with this run directory (if any)."""
+    """``resume``: a new run of the newest stored job with this run directory (if any).
+    An unusable run directory fails first, before the store holds anything; a failure after
+    that stops what was started and records the job as failed."""
     token = auth.new_token()
-    control = Path(run_dir) / "control"
+    control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
     store_path = store_path or str(home() / "jobs.db")
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(store_path)
@@ -132,14 +138,24 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     run = store.start_run(job.id, kind="resume" if earlier else "train")
     service = ManagerService(store)
     service.register(job.id, name)
-    server, port = transport.make_server(f"{transport.DEFAULT_HOST}:0", token=token)
-    manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
-    server.start()
-    address = f"{transport.DEFAULT_HOST}:{port}"
-    link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
-    hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
-    info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,
-            "hook": nodes.hooks[0][0]}
-    write_control(run_dir, token, info)
+    server, hook = None, None
+    try:
+        server, port = transport.make_server(f"{transport.DEFAULT_HOST}:0", token=token)
+        manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
+        server.start()
+        address = f"{transport.DEFAULT_HOST}:{port}"
+        link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
+        hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
+        info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,
+                "hook": nodes.hooks[0][0]}
+        write_control(run_dir, token, info)
+    except BaseException:
+        if hook is not None:
+            hook.stop()
+        if server is not None:
+            server.stop(grace=None)
+        store.set_job_state(job.id, "failed")
+        store.close()
+        raise
     logger.info("manager for job %s at %s (control files in %s)", job.id, address, control)
     return EmbeddedManager(server, address, service, store, job.id, run.id, link, control, hook, nodes)

@@ -98,6 +98,7 @@ class HookLauncher:
         self.env = dict(env or {})
         self.poll_s = poll_s
         self.netns = netns   # the nodes' network namespace the tasks run in ("": the hooks')
+        self.tls = tls
         self._channels = [transport.make_channel(a, token=t, tls=tls) for a, t in hooks]
         self._stubs = [node_hook_pb2_grpc.NodeHookStub(c) for c in self._channels]
         self.spec: dict | None = None
@@ -160,7 +161,8 @@ class HookLauncher:
         if code == grpc.StatusCode.UNAUTHENTICATED:
             hint = "; the launcher's token for this hook is not the job token the hook was started with"
         elif code == grpc.StatusCode.UNAVAILABLE:
-            hint = "; is the hook running at that address (python -m tfsync.hooks.node)?"
+            cause = transport.diagnose(self.addresses[hook], self.tls, ("cluster.tls_ca", "cluster.tls_server_name"))
+            hint = f"; {cause}" if cause else "; is the hook running at that address (python -m tfsync.hooks.node)?"
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             hint = f"; raise timeout (now {self.timeout:.0f} s) on a loaded machine"
         return LaunchError(f"hook {self.addresses[hook]}: {what} of {names} (job {self.job_id}) failed: "

@@ -9,6 +9,7 @@ Manager service is added around it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import grpc
@@ -17,6 +18,25 @@ from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc
 from tfsync.manager.store import ResourceRecord, Store
 
 logger = logging.getLogger(__name__)
+
+
+MAX_NAME = 256  # characters of a node name or job id in a sample
+
+
+def sample_problem(sample: common_pb2.ResourceSample) -> str | None:
+    """Why the manager refuses a resource sample (None: it is storable)."""
+    if not sample.node:
+        return "ResourceSample.node is empty; expected the reporting node's name"
+    if len(sample.node) > MAX_NAME or len(sample.job_id) > MAX_NAME:
+        return f"ResourceSample.node and .job_id: expected at most {MAX_NAME} characters each"
+    for name in ("time", "cpu_percent", "memory_percent"):
+        value = getattr(sample, name)
+        if not (math.isfinite(value) and value >= 0):
+            return f"ResourceSample.{name} {value}: expected a finite number >= 0"
+    for i, p in enumerate(sample.processes):
+        if not (math.isfinite(p.cpu_percent) and p.cpu_percent >= 0):
+            return f"ResourceSample.processes[{i}].cpu_percent {p.cpu_percent}: expected a finite number >= 0"
+    return None
 
 
 def _record(sample: common_pb2.ResourceSample) -> ResourceRecord:
@@ -89,9 +109,9 @@ class ResourceReports(manager_pb2_grpc.ManagerServicer):
         self.interval_s = interval_s
 
     def _take(self, request, context) -> None:
-        if not request.sample.node:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ResourceSample.node is empty; expected the "
-                          "reporting node's name")
+        problem = sample_problem(request.sample)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.board.report(request.sample)
 
     def ReportResources(self, request, context):
@@ -113,9 +133,9 @@ class AioResourceReports(manager_pb2_grpc.ManagerServicer):
         self.interval_s = interval_s
 
     async def _take(self, request, context) -> None:
-        if not request.sample.node:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ResourceSample.node is empty; expected the "
-                                "reporting node's name")
+        problem = sample_problem(request.sample)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.board.report(request.sample)
 
     async def ReportResources(self, request, context):

@@ -29,12 +29,66 @@ import grpc
 from tfsync.api.v1 import manager_pb2
 from tfsync.manager.link import policy_options
 from tfsync.manager.resources import ResourceBoard, ResourceReports
-from tfsync.manager.store import StepSummary, Store
+from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
 
 logger = logging.getLogger(__name__)
 
 RECENT_STEPS = 10_000  # step records a StreamMetrics call can replay
+MAX_ID = 128  # characters of a request id
+MAX_NAME = 256  # characters of a protocol name in a step record or hello
+MAX_WORKERS = 100_000  # a sanity bound on a coordinator's worker count (job files have their own)
+MAX_DETAIL = 64 * 1024  # characters of a run event's detail_json
+MAX_OPTION = 2.0**53  # a switch option's magnitude: larger ones are not whole numbers any more
+MAX_LR_SCALE = 1e6  # a switch's learning-rate factor
+
+
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for one-line status messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + "...'"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """The first line of ``text``, at most ``limit`` characters."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def hello_problem(hello) -> str | None:
+    """What is wrong with an AttachHello's numbers, or None."""
+    if not 1 <= hello.workers <= MAX_WORKERS:
+        return f"hello.workers {hello.workers}: expected 1..{MAX_WORKERS}"
+    if hello.run_id < 0:
+        return f"hello.run_id {hello.run_id}: expected the job's run id (>= 0)"
+    if hello.step < 0:
+        return f"hello.step {hello.step}: expected 0 or more"
+    if len(hello.protocol) > MAX_NAME:
+        return f"hello.protocol: expected at most {MAX_NAME} characters, got {len(hello.protocol)}"
+    return None
+
+
+def step_problem(rec, workers: int) -> str | None:
+    """What is wrong with a StepRecord from a coordinator of ``workers`` workers, or None."""
+    if not 0 <= rec.worker < workers:
+        return f"step.worker {rec.worker}: expected 0..{workers - 1}"
+    for name in ("step", "samples", "batch_size"):
+        if getattr(rec, name) < 0:
+            return f"step.{name} {getattr(rec, name)}: expected 0 or more"
+    for name in ("start", "end"):
+        if not math.isfinite(getattr(rec, name)):
+            return f"step.{name} {getattr(rec, name)}: expected a finite Unix time"
+    if len(rec.protocol) > MAX_NAME:
+        return f"step.protocol: expected at most {MAX_NAME} characters, got {len(rec.protocol)}"
+    return None
+
+
+def event_problem(ev) -> str | None:
+    if not (math.isfinite(ev.time) and ev.time >= 0):
+        return f"event.time {ev.time}: expected a finite Unix time (or 0: now)"
+    if len(ev.detail_json) > MAX_DETAIL:
+        return f"event.detail_json: expected at most {MAX_DETAIL} characters, got {len(ev.detail_json)}"
+    return None
 
 
 @dataclass
@@ -81,7 +135,7 @@ class ManagerService(ResourceReports):
     def _job(self, job_id: str, context) -> JobRuntime:
         job = self.jobs.get(job_id)
         if job is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no running job {job_id!r} on this manager")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no running job {shown(job_id)} on this manager")
         return job
 
     def GetStatus(self, request, context):
@@ -127,6 +181,9 @@ class ManagerService(ResourceReports):
     # -- commands -------------------------------------------------------------------------
     def _issue(self, request, context, kind: str, **fields) -> manager_pb2.CommandAck:
         job = self._job(request.job_id, context)
+        if len(request.request_id) > MAX_ID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: expected at most {MAX_ID} characters, "
+                          f"got {len(request.request_id)}")
         if request.request_id and request.request_id in job.answered:
             first = job.answered[request.request_id]
             return manager_pb2.CommandAck(job_id=job.job_id, command_id=first.command_id, duplicate=True,
@@ -139,8 +196,9 @@ class ManagerService(ResourceReports):
                                  timeout=self.command_wait_s)
             result = job.results.get(cmd.command_id)
         if result is not None and not result.ok:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{kind} refused by the running job: {result.message}")
-        message = result.message if result is not None else (
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{kind} refused by the running job: {one_line(result.message)}")
+        message = one_line(result.message) if result is not None else (
             f"{kind} queued; not carried out within {self.command_wait_s:.0f} s (the job acts at a step "
             "boundary; see `tfsync status`)")
         ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id, message=message)
@@ -150,28 +208,39 @@ class ManagerService(ResourceReports):
 
     def Switch(self, request, context):
         from tfsync import policy as policies
+        from tfsync.policy import catalogue
 
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
         if request.method not in (manager_pb2.SWITCH_METHOD_HOT, manager_pb2.SWITCH_METHOD_RESTART):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"switch method {request.method}: expected "
                           "SWITCH_METHOD_HOT or SWITCH_METHOD_RESTART")
+        found = catalogue.find(request.protocol) if len(request.protocol) <= MAX_NAME else None
+        if found is None or not found.nameable:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown protocol {shown(request.protocol)}; valid: "
+                          + ", ".join(catalogue.names()))
+        for key, value in request.options.items():
+            if key != "lr_scale" and not (math.isfinite(value) and abs(value) <= MAX_OPTION):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"option {shown(key)} = {value}: expected a finite "
+                              f"number of magnitude at most {MAX_OPTION:.0f}")
         options = policy_options(request)
         lr_scale = options.pop("lr_scale", None)  # the engine's, not the policy's
-        if lr_scale is not None and not (math.isfinite(lr_scale) and lr_scale > 0):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lr_scale {lr_scale}: expected a finite number > 0")
+        if lr_scale is not None and not (math.isfinite(lr_scale) and 0 < lr_scale <= MAX_LR_SCALE):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lr_scale {lr_scale}: expected a finite number > 0 "
+                          f"(and at most {MAX_LR_SCALE:g})")
         try:
             policies.get(request.protocol, **options)
         except (ValueError, TypeError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         return self._issue(request, context, "switch")
 
     def SetBatchSizes(self, request, context):
         job = self._job(request.job_id, context)
         sizes = list(request.batch_sizes)
         if len(sizes) != job.workers or min(sizes, default=0) < 1:
+            text = str(sizes) if len(sizes) <= 8 else f"[{', '.join(map(str, sizes[:8]))}, ... ({len(sizes)} in all)]"
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"batch sizes {sizes}: expected {job.workers} integers >= 1, one per worker")
+                          f"batch sizes {text}: expected {job.workers} integers >= 1, one per worker")
         return self._issue(request, context, "set_batch_sizes")
 
     def Checkpoint(self, request, context):
@@ -187,6 +256,9 @@ class ManagerService(ResourceReports):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Attach must open with a hello naming the job")
         hello = first.hello
         job = self._job(hello.job_id, context)
+        problem = hello_problem(hello) or self._run_problem(job, hello.run_id)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         job.run_id, job.workers, job.protocol, job.step = hello.run_id, hello.workers, hello.protocol, hello.step
         job.attached = True
         try:
@@ -194,33 +266,65 @@ class ManagerService(ResourceReports):
                 self.store.set_job_state(job.job_id, "running")
         except KeyError:
             pass
-        reader = threading.Thread(target=self._read, args=(job, request_iterator), daemon=True,
+        bad: list[str] = []  # the reader's reason to end the stream
+        reader = threading.Thread(target=self._read, args=(job, request_iterator, bad), daemon=True,
                                   name=f"attach-{job.job_id}")
         reader.start()
         try:
-            while context.is_active() and (reader.is_alive() or not job.commands.empty()):
+            while context.is_active() and not bad and (reader.is_alive() or not job.commands.empty()):
                 try:
                     yield job.commands.get(timeout=0.2)
                 except queue.Empty:
                     continue
+            reader.join(timeout=1.0)
+            if bad:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad[0])
         finally:
             job.attached = False
             self._flush(job)
 
-    def _read(self, job: JobRuntime, request_iterator) -> None:
+    def _run_problem(self, job: JobRuntime, run_id: int) -> str | None:
+        """Why ``run_id`` is not a run of the stored job (None: it is, or the job is not stored)."""
+        try:
+            runs = [r.id for r in self.store.runs(job.job_id)] if self._stored(job.job_id) else None
+        except StoreError as e:
+            logger.warning("job %s: cannot read its runs: %s", job.job_id, e)
+            return None
+        if runs is not None and run_id not in runs:
+            return f"hello.run_id {run_id} is not a run of job {job.job_id} (its runs: {runs[-5:]})"
+        return None
+
+    def _stored(self, job_id: str) -> bool:
+        try:
+            self.store.job(job_id)
+        except KeyError:
+            return False
+        return True
+
+    def _read(self, job: JobRuntime, request_iterator, bad: list) -> None:
         try:
             for msg in request_iterator:
                 kind = msg.WhichOneof("kind")
                 if kind == "step":
-                    self._step(job, msg.step)
+                    problem = step_problem(msg.step, job.workers)
+                    if problem is None:
+                        self._step(job, msg.step)
                 elif kind == "event":
-                    self._event(job, msg.event)
+                    problem = event_problem(msg.event)
+                    if problem is None:
+                        self._event(job, msg.event)
                 elif kind == "result":
+                    problem = None
                     with job.changed:
                         job.results[msg.result.command_id] = msg.result
                         job.changed.notify_all()
-                    logger.info("job %s: command %s %s: %s", job.job_id, msg.result.command_id,
-                                "done" if msg.result.ok else "refused", msg.result.message)
+                    logger.info("job %s: command %s %s: %s", job.job_id, shown(msg.result.command_id),
+                                "done" if msg.result.ok else "refused", one_line(msg.result.message))
+                else:
+                    problem = f"a {kind or 'empty'} message after the hello; expected step, event or result"
+                if problem:
+                    bad.append(problem)
+                    return
         except grpc.RpcError:
             pass  # the coordinator went away; its status stays as last reported
 
@@ -241,12 +345,21 @@ class ManagerService(ResourceReports):
             return  # the store keeps the kinds the job's history needs
         try:
             detail = json.loads(ev.detail_json or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             detail = {"text": ev.detail_json}
-        self.store.add_event(job.run_id, ev.kind, detail, at=ev.time or None)
-        logger.info("job %s: %s %s", job.job_id, ev.kind, detail)
+        if not isinstance(detail, dict):
+            detail = {"value": detail}
+        try:
+            self.store.add_event(job.run_id, ev.kind, detail, at=ev.time or None)
+        except (StoreError, ValueError, RecursionError) as e:  # a broken store; a detail JSON cannot write
+            logger.warning("job %s: %s event not stored: %s", job.job_id, ev.kind, one_line(e))
+            return
+        logger.info("job %s: %s %s", job.job_id, ev.kind, one_line(detail))
 
     def _flush(self, job: JobRuntime) -> None:
         pending, job.pending, job.flushed = job.pending, [], time.time()
         if pending and job.run_id:
-            self.store.add_steps(pending)
+            try:
+                self.store.add_steps(pending)
+            except StoreError as e:  # the run goes on; its metrics.jsonl keeps every step
+                logger.warning("job %s: %d step summaries not stored: %s", job.job_id, len(pending), e)

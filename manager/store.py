@@ -13,6 +13,7 @@ The dataclasses it returns live in ``tfsync.manager.store_types`` (re-exported h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -78,6 +79,20 @@ class StoreError(RuntimeError):
     """The store file cannot be used, or a request contradicts what it holds."""
 
 
+def _problem(path: str, e: sqlite3.Error, busy_timeout: float) -> str:
+    """One line for what SQLite said about the store at ``path``."""
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return (f"job store {path!r} is locked by another process (waited {busy_timeout:.0f} s); "
+                "wait for it to finish, or use another store (--store / TFSYNC_HOME)")
+    if "readonly" in text or "read-only" in text:
+        return f"job store {path!r} is read-only ({text}); make it and its directory writable, or use another store"
+    if "malformed" in text or "not a database" in text or "corrupt" in text:
+        return (f"job store {path!r} is damaged ({text}); move it aside (a new one is made) "
+                "or restore it from a copy")
+    return f"job store {path!r}: {text}"
+
+
 def _check(value: str, allowed: tuple, what: str) -> None:
     if value not in allowed:
         raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
@@ -96,29 +111,33 @@ class Store:
         self._migrate(self._conn())
 
     # -- connections and schema -----------------------------------------------------------
+    @contextlib.contextmanager
+    def _guard(self):
+        """SQLite's errors (locked, read-only, damaged, ...) as one-line StoreErrors."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StoreError(_problem(self.path, e, self.busy_timeout)) from None
+
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            try:
+            with self._guard():
                 conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
                                        check_same_thread=False)
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            except sqlite3.DatabaseError as e:
-                raise StoreError(f"cannot open job store {self.path!r}: {e}; expected an SQLite file "
-                                 "written by tfsync, or a new path") from None
-            if mode.lower() != "wal":
-                raise StoreError(f"job store {self.path!r} cannot use WAL mode (got {mode!r}); "
-                                 "put it on a local file system, not NFS")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA synchronous=NORMAL")
+                if mode.lower() != "wal":
+                    raise StoreError(f"job store {self.path!r} cannot use WAL mode (got {mode!r}); "
+                                     "put it on a local file system, not NFS")
+                conn.execute("PRAGMA foreign_keys=ON")
+                conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        def upgrade():
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"job store {self.path!r} has schema version {version}; this tfsync "
@@ -129,29 +148,33 @@ class Store:
                 version += 1
                 conn.execute(f"PRAGMA user_version={version}")
                 logger.info("job store %s: schema now at version %d", self.path, version)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+
+        self._transaction(conn, upgrade)
+
+    def _transaction(self, conn: sqlite3.Connection, body) -> None:
+        with self._guard():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                body()
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
 
     def _write(self, sql: str, params=()) -> sqlite3.Cursor:
-        return self._conn().execute(sql, params)
+        with self._guard():
+            return self._conn().execute(sql, params)
 
     def _write_many(self, sql: str, rows: list) -> None:
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        self._transaction(conn, lambda: conn.executemany(sql, rows))
 
     def _rows(self, sql: str, params=()) -> list[tuple]:
-        return self._conn().execute(sql, params).fetchall()
+        with self._guard():
+            return self._conn().execute(sql, params).fetchall()
 
     def pragma(self, name: str):
-        return self._conn().execute(f"PRAGMA {name}").fetchone()[0]
+        return self._rows(f"PRAGMA {name}")[0][0]
 
     def close(self) -> None:
         """Close every thread's connection; the store must not be used afterwards."""
@@ -289,3 +312,38 @@ class Store:
     def resources(self, node: str, since: float = 0.0) -> list[ResourceRecord]:
         rows = self._rows("SELECT * FROM resources WHERE node = ? AND time >= ? ORDER BY time", (node, since))
         return [ResourceRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows]
+
+
+class ManagerLock:
+    """One manager per job store: an exclusive lock on ``STORE.manager`` held while the
+    manager runs (released by the OS when its process ends, however it ends). The file
+    names the holder, so a second manager is refused with a line that says who."""
+
+    def __init__(self, store_path: str | os.PathLike):
+        self.path = os.fspath(store_path) + ".manager"
+        self._fd: int | None = None
+
+    def acquire(self) -> "ManagerLock":
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 256).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise StoreError(f"job store {self.path[:-len('.manager')]!r} is served by another manager "
+                             f"({holder}); talk to that one, or give this one its own --store") from None
+        self._fd = fd
+        self.note("")
+        return self
+
+    def note(self, address: str) -> None:
+        """Record this manager (pid, and its address once bound) in the lock file."""
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"pid {os.getpid()}{' at ' + address if address else ''}".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -8,6 +8,8 @@ and without TLS that logs a warning: the token would cross the network in plaint
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -37,9 +39,13 @@ class TlsConfig:
     server_name: str | None = None
 
 
+_OPTION = {"cert_file": "a certificate (--tls-cert)", "key_file": "a private key (--tls-key)",
+           "ca_file": "a CA certificate (--ca)"}
+
+
 def _read(path: str | None, what: str) -> bytes:
     if not path:
-        raise TransportError(f"TLS needs {what}, got none; pass TlsConfig({what}=PATH)")
+        raise TransportError(f"TLS needs {_OPTION[what]}, got none; pass a PEM file (TlsConfig({what}=PATH))")
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -47,12 +53,32 @@ def _read(path: str | None, what: str) -> bytes:
         raise TransportError(f"cannot read TLS {what} {path!r}: {e.strerror}; expected a PEM file") from None
 
 
+def _check_ca(path: str, what: str = "ca_file") -> None:
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except ssl.SSLError:
+        raise TransportError(f"TLS {what} {path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+
+
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    return grpc.ssl_server_credentials([(_read(tls.key_file, "key_file"), _read(tls.cert_file, "cert_file"))])
+    """Checked before any port is bound: both files there, PEM, and the key the certificate's."""
+    cert, key = _read(tls.cert_file, "cert_file"), _read(tls.key_file, "key_file")
+    _check_ca(tls.cert_file, "cert_file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls.cert_file, tls.key_file)
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise TransportError(f"TLS key_file {tls.key_file!r} does not match cert_file {tls.cert_file!r}; "
+                                 "pass the key the certificate was made for") from None
+        raise TransportError(f"TLS key_file {tls.key_file!r} is not an unencrypted PEM private key "
+                             f"(-----BEGIN PRIVATE KEY-----): {e.reason or e}") from None
+    return grpc.ssl_server_credentials([(key, cert)])
 
 
 def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(root_certificates=_read(tls.ca_file, "ca_file"))
+    ca = _read(tls.ca_file, "ca_file")
+    _check_ca(tls.ca_file)
+    return grpc.ssl_channel_credentials(root_certificates=ca)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -82,11 +108,12 @@ def make_server(listen: str = f"{DEFAULT_HOST}:0", *, token: str, tls: TlsConfig
     check_listen(listen, allow_remote, tls)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[auth.TokenAuthInterceptor(token)], options=list(options))
+    credentials = None if tls is None else server_credentials(tls)  # a TLS mistake is not a port in use
     try:
         if tls is None:
             port = server.add_insecure_port(listen)
         else:
-            port = server.add_secure_port(listen, server_credentials(tls))
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError as e:
         port, cause = 0, e
     else:
@@ -110,10 +137,51 @@ def make_channel(target: str, *, token: str, tls: TlsConfig | None = None, optio
     return grpc.intercept_channel(channel, auth.TokenClientInterceptor(token))
 
 
-def wait_ready(channel: grpc.Channel, timeout: float, what: str = "server") -> None:
-    """Block until ``channel`` connects, or raise TransportError after ``timeout`` seconds."""
+def wait_ready(channel: grpc.Channel, timeout: float, what: str = "server", *, target: str | None = None,
+               tls: TlsConfig | None = None, options: tuple[str, str] = ("--ca", "--server-name")) -> None:
+    """Block until ``channel`` connects, or raise TransportError after ``timeout`` seconds;
+    given the channel's ``target`` and ``tls``, the error names a TLS mismatch as the cause."""
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
-        raise TransportError(f"{what} not reachable within {timeout:.1f} s; check that it runs and "
-                             "the address, or raise the timeout") from None
+        cause = diagnose(target, tls, options) if target else ""
+        raise TransportError(f"{what} not reachable within {timeout:.1f} s; "
+                             + (cause or "check that it runs and the address, or raise the timeout")) from None
+
+
+def diagnose(target: str, tls: TlsConfig | None, options: tuple[str, str] = ("--ca", "--server-name")) -> str:
+    """Why a gRPC client with ``tls`` may fail to reach ``target`` although something listens
+    there: a TLS mismatch, found by a TLS handshake of our own ("" when none is seen).
+    ``options``: how the caller's user gives the CA and the server name."""
+    ca_option, name_option = options
+    try:
+        host, port = split_address(target)
+        sock = socket.create_connection((host, port), timeout=2.0)
+    except (ValueError, OSError):
+        return ""  # nothing listens there: the usual causes
+    with sock:
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
+        probe.set_alpn_protocols(["h2"])
+        try:
+            probe.wrap_socket(sock, server_hostname=host).close()
+            speaks_tls = True
+        except (ssl.SSLError, OSError):
+            speaks_tls = False
+    if tls is None:
+        return (f"it serves TLS and this client spoke plaintext (likely cause): pass {ca_option} PATH, the CA "
+                "certificate that signed the server's") if speaks_tls else ""
+    if not speaks_tls:
+        return f"this client uses TLS ({ca_option}) and the server does not answer TLS: is it started with TLS?"
+    try:
+        verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        verify.load_verify_locations(cafile=tls.ca_file)
+        verify.set_alpn_protocols(["h2"])
+        with socket.create_connection((host, port), timeout=2.0) as sock:
+            verify.wrap_socket(sock, server_hostname=tls.server_name or host).close()
+    except ssl.SSLCertVerificationError as e:
+        return (f"its TLS certificate was refused (likely cause): {e.verify_message.rstrip('.')}; check {ca_option} (the CA "
+                f"that signed it) and that the address, or {name_option}, is a name in the certificate")
+    except (ssl.SSLError, OSError):
+        pass
+    return ""

@@ -72,6 +72,8 @@ class ClusterSection:
     hooks: tuple[str, ...] = ()
     token_file: str | None = None             # the token the hooks were started with (mode 0600)
     task_ports: tuple[int, int] | None = None  # (first, last) port for tasks on remote nodes
+    tls_ca: str | None = None           # hooks serve TLS (tfsync hook --tls-cert): the CA of their certificates
+    tls_server_name: str | None = None  # a name in those certificates, when the hook addresses are not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +207,18 @@ class JobConfig:
         """Build from a dict shaped like the job file; `source` prefixes error messages."""
         return cls(**_parse(d, f"{source}: " if source else ""))
 
+    @classmethod
+    def from_json(cls, text: str, source: str | None = None) -> JobConfig:
+        """Build from the JSON form (``to_dict``); bad JSON is a ConfigError too."""
+        where = f"{source}: " if source else ""
+        try:
+            d = json.loads(text)
+        except RecursionError:
+            raise ConfigError(f"{where}arrays or objects nested too deeply; a job config nests a few levels") from None
+        except ValueError as e:  # bad JSON, an integer past Python's digit limit
+            raise ConfigError(f"{where}not a JSON job config: {str(e).splitlines()[0][:200]}") from None
+        return cls.from_dict(d, source)
+
     def to_dict(self) -> dict[str, Any]:
         """A plain dict shaped like the job file (None values left out)."""
         out: dict[str, Any] = {s: _plain(getattr(self, s)) for s in _SECTIONS}
@@ -233,12 +247,21 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         raise ConfigError(f"{path}: JSON syntax error: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file; a job file is TOML text") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: arrays or tables nested too deeply; a job file nests a few levels") from None
+    except ValueError as e:  # a NUL in the path, a JSON integer past Python's digit limit
+        raise ConfigError(f"{path}: cannot read job file: {str(e).splitlines()[0]}") from None
     return JobConfig.from_dict(_absolute_refs(d, os.path.dirname(os.path.abspath(path))), source=os.fspath(path))
 
 
+def check_field(field: str, value: Any, source: str | None = None) -> Any:
+    """``value`` checked as the job-file field ``field`` (e.g. ``"job.name"``) is; ConfigError if bad."""
+    return _CHECKS[field](f"{source}: " if source else "", field, value)
+
+
 def _absolute_refs(d: Any, base_dir: str) -> Any:
-    """File references of user code made absolute against the job file's directory, so
-    the config means the same from any working directory (trials, the manager)."""
+    """File references of user code and ``cluster.tls_ca`` made absolute against the job file's
+    directory, so the config means the same from any working directory (trials, the manager)."""
     if not isinstance(d, dict):
         return d
     d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
@@ -246,6 +269,9 @@ def _absolute_refs(d: Any, base_dir: str) -> Any:
         v = (d.get(sec) or {}).get(key) if isinstance(d.get(sec), dict) else None
         if isinstance(v, str):
             d[sec][key] = usercode.absolute(v, base_dir)
+    ca = d["cluster"].get("tls_ca") if isinstance(d.get("cluster"), dict) else None
+    if isinstance(ca, str) and ca:  # the hooks' CA, relative to the job file as well
+        d["cluster"]["tls_ca"] = os.path.join(base_dir, os.path.expanduser(ca))
     return d
 
 
@@ -256,8 +282,47 @@ def _plain(obj) -> dict[str, Any]:
 
 # ---- validation: each check takes (where, field, value) and returns the clean value ----
 
+_SHOWN = 80  # characters of a bad value that an error message shows
+_MAX_TEXT = 4096  # characters of a string value (a path, name or reference)
+_MAX_DEPTH = 32  # nesting of the tables and arrays in *args (keyword arguments of user code)
+_INT_MAX = 2**63 - 1  # integers are 64-bit, as in TOML
+_MAX_SECONDS = 10_000_000  # about 116 days: longer waits overflow timers
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _fmt(v: Any) -> str:
-    return json.dumps(v, default=repr)
+    """``v`` as JSON, cut to one short line (one too large or deep to write: its type)."""
+    try:
+        text = json.dumps(v, default=repr)
+    except (ValueError, RecursionError):  # an integer past Python's digit limit, deep nesting
+        return f"<{_toml_type(v)} too large to show>"
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 3] + "..."
+
+
+def _key(key: Any) -> str:
+    """A key as a field name shows it: a plain one as it is, others quoted and cut short."""
+    return key if type(key) is str and re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", key) else _fmt(key)
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _plain_value(v: Any, depth: int = 0) -> bool:
+    """Whether ``v`` is made of TOML/JSON values (string keys, 64-bit integers), nested at
+    most ``_MAX_DEPTH`` deep."""
+    if depth > _MAX_DEPTH:
+        return False
+    if v is None or type(v) in (str, float, bool):
+        return True
+    if type(v) is int:
+        return -_INT_MAX - 1 <= v <= _INT_MAX
+    if type(v) in (list, tuple):
+        return all(_plain_value(x, depth + 1) for x in v)
+    return type(v) is dict and all(type(k) is str and _plain_value(x, depth + 1) for k, x in v.items())
 
 
 def _toml_type(v: Any) -> str:
@@ -271,22 +336,33 @@ def _bad(where: str, field: str, v: Any, allowed: str, type_ok: bool = True):
 
 
 def _rule(allowed: Callable[[], str], typed: Callable, ok: Callable, clean=lambda v: v):
-    """A check(where, field, value) -> clean value, failing with `allowed()` in the message."""
+    """A check(where, field, value) -> clean value, failing with `allowed()` in the message.
+    Strings are at most ``_MAX_TEXT`` characters, without control characters."""
     def check(where, field, v):
+        if type(v) is str and (len(v) > _MAX_TEXT or _CONTROL.search(v)):
+            _bad(where, field, v, f"{allowed()} (a string of at most {_MAX_TEXT} characters, no control characters)")
         if not (typed(v) and ok(v)):
             _bad(where, field, v, allowed(), typed(v))
         return clean(v)
     return check
 
 
-def _int(lo: int) -> Callable:
-    return _rule(lambda: f"an integer >= {lo}", lambda v: type(v) is int, lambda v: v >= lo)
+def _int(lo: int, hi: int | None = None) -> Callable:
+    """An integer >= ``lo`` (and <= ``hi``); one past 64 bits never passes."""
+    top = _INT_MAX if hi is None else hi
+
+    def check(where, field, v):
+        if type(v) is not int or not lo <= v <= top:
+            upper = f" and <= {top}" if hi is not None or (type(v) is int and v > top) else ""
+            _bad(where, field, v, f"an integer >= {lo}{upper}", type(v) is int)
+        return v
+    return check
 
 
 def _number(lo: float, hi: float = math.inf, lo_open: bool = True) -> Callable:
     text = f"a number {'>' if lo_open else '>='} {lo}" + (f" and < {hi}" if hi < math.inf else "")
     return _rule(lambda: text, lambda v: type(v) in (int, float),
-                 lambda v: math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi,
+                 lambda v: _finite(v) and (v > lo if lo_open else v >= lo) and v < hi,
                  float)
 
 
@@ -304,7 +380,8 @@ def _text(pattern: str = r".+", allowed: str = "a non-empty string") -> Callable
 
 _REF = _rule(lambda: '"package.module:function" or "path/to/file.py:function"', lambda v: type(v) is str,
              usercode.check)
-_ARGS = _rule(lambda: "a table of keyword arguments", lambda v: type(v) is dict, lambda v: True, dict)
+_ARGS = _rule(lambda: f"a table of keyword arguments (TOML values, nested at most {_MAX_DEPTH} deep)",
+              lambda v: type(v) is dict, _plain_value, dict)
 
 
 def _learning_rate(where: str, field: str, v: Any):
@@ -312,18 +389,25 @@ def _learning_rate(where: str, field: str, v: Any):
         if v.get("schedule") not in SCHEDULES:
             _bad(where, f"{field}.schedule", v.get("schedule"), "one of " + ", ".join(_fmt(n) for n in SCHEDULES)
                  + " (tf_keras.optimizers.schedules), with its options beside it")
-        return dict(v)
+        return _ARGS(where, field, v)
     return _number(0)(where, field, v)
 
 
+def _host_port(a: Any) -> bool:
+    """``"host:port"`` with a port in 1..65535."""
+    m = re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:(\d{1,5})", a) if type(a) is str else None
+    return bool(m) and 1 <= int(m.group(1)) <= 65535
+
+
 _CHECKS: dict[str, Callable] = {
-    "job.name": _text(r"[A-Za-z0-9_.-]+", "a non-empty name of letters, digits, '.', '_', '-'"),
-    "job.run_dir": _text(), "job.seed": _int(0),
+    "job.name": _text(r"[A-Za-z0-9_.-]{1,64}", "a name of 1 to 64 letters, digits, '.', '_', '-'"),
+    "job.run_dir": _text(), "job.seed": _int(0, 2**32 - 1),
     "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(),
-    "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings', lambda v: type(v) is list,
-                           lambda v: all(type(a) is str and re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", a)
-                                         for a in v) and len(set(v)) == len(v), tuple),
-    "cluster.token_file": _text(),
+    "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings, ports in 1..65535',
+                           lambda v: type(v) is list, lambda v: all(map(_host_port, v)) and len(set(v)) == len(v),
+                           tuple),
+    "cluster.token_file": _text(), "cluster.tls_ca": _text(),
+    "cluster.tls_server_name": _text(r"[A-Za-z0-9.:\-]+", "a host name (or address) in the hooks' certificates"),
     "cluster.task_ports": _rule(lambda: "[first, last] with 1 <= first <= last <= 65535",
                                 lambda v: type(v) is list, lambda v: len(v) == 2 and all(type(p) is int for p in v)
                                 and 1 <= v[0] <= v[1] <= 65535, tuple),
@@ -336,23 +420,24 @@ _CHECKS: dict[str, Callable] = {
     "train.optimizer_args": _ARGS, "train.loss": _text(r"[A-Za-z_][A-Za-z0-9_]*|[^:]+:[A-Za-z_][\w.]*",
                                                         "a tf_keras.losses class name or \"module:function\""),
     "train.loss_args": _ARGS,
-    "train.epochs": _number(0), "train.checkpoint_every": _int(0),
-    "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0),
+    "train.epochs": _number(0, 1_000_000), "train.checkpoint_every": _int(0),
+    "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0, _MAX_SECONDS),
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
     "switch.momentum": _choice("SWITCH_MOMENTUM"), "switch.point": _choice("SWITCH_POINT"),
-    "switch.stragglers": _choice("STRAGGLER_POLICIES"), "switch.straggler_window_s": _number(0),
-    "switch.straggler_k": _int(1), "switch.readmit_after_s": _number(0),
-    "inject.worker": _int(0), "inject.slowdown": _number(1, lo_open=False), "inject.start_s": _number(0, lo_open=False),
-    "inject.duration_s": _number(0),
+    "switch.stragglers": _choice("STRAGGLER_POLICIES"), "switch.straggler_window_s": _number(0, _MAX_SECONDS),
+    "switch.straggler_k": _int(1), "switch.readmit_after_s": _number(0, _MAX_SECONDS),
+    "inject.worker": _int(0), "inject.slowdown": _number(1, _MAX_SECONDS, lo_open=False),
+    "inject.start_s": _number(0, _MAX_SECONDS, lo_open=False), "inject.duration_s": _number(0, _MAX_SECONDS),
     "protocol.name": _choice(catalogue.names), "protocol.until": _number(0),
 }
 
 
-def _known(where: str, field: str, key: str, allowed: list[str], section: bool = False):
-    """Reject a key (or section) that is not in `allowed`, suggesting the closest."""
+def _known(where: str, field: str, key: Any, allowed: list[str], section: bool = False):
+    """Reject a key (or section) that is not in `allowed`, suggesting the closest; `field`
+    shows the key as `_key` does."""
     if key not in allowed:
-        close = difflib.get_close_matches(key, allowed, n=1)
-        what = f"unknown section [{key}]" if section else f"{field}: unknown key"
+        close = difflib.get_close_matches(key, allowed, n=1) if type(key) is str and len(key) <= 100 else []
+        what = f"unknown section [{field}]" if section else f"{field}: unknown key"
         hint = (f" (did you mean [{close[0]}]?)" if section else f" (did you mean {close[0]}?)"
                 ) if close else ""
         raise ConfigError(f"{where}{what}{hint}; allowed: {', '.join(allowed)}", field)
@@ -363,7 +448,7 @@ def _keys(where: str, field: str, v: Any, allowed: list[str]) -> None:
     if not isinstance(v, dict):
         _bad(where, field, v, "a table", False)
     for key in v:
-        _known(where, f"{field}.{key}", key, allowed)
+        _known(where, f"{field}.{_key(key)}", key, allowed)
 
 
 def _table(where: str, field: str, v: Any, cls) -> dict[str, Any]:
@@ -378,7 +463,7 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError(f"{where}job config must be a table (dict), got {_toml_type(d)}")
     for sec in d:
-        _known(where, sec, sec, list(_SECTIONS) + ["protocol", "inject"], section=True)
+        _known(where, _key(sec), sec, list(_SECTIONS) + ["protocol", "inject"], section=True)
     out: dict[str, Any] = {s: cls(**_table(where, s, d.get(s, {}), cls))
                            for s, cls in _SECTIONS.items()}
     out["protocol"] = _protocol(where, d.get("protocol"), out["cluster"].workers)
@@ -393,6 +478,12 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}cluster.hooks: needs cluster.token_file, the token file the hooks were started "
                           "with (tfsync hook --token-file)", "cluster.token_file")
     remote = [a for a in c.hooks if a.rsplit(":", 1)[0].strip("[]") not in ("127.0.0.1", "::1", "localhost")]
+    if (c.tls_ca or c.tls_server_name) and not c.hooks:
+        f = "cluster.tls_ca" if c.tls_ca else "cluster.tls_server_name"
+        raise ConfigError(f"{where}{f}: applies to cluster.hooks only (the tasks run on this machine)", f)
+    if c.tls_server_name and not c.tls_ca:
+        raise ConfigError(f"{where}cluster.tls_server_name: needs cluster.tls_ca, the CA certificate of the "
+                          "hooks' --tls-cert", "cluster.tls_server_name")
     if remote and c.task_ports is None:
         raise ConfigError(f"{where}cluster.hooks: {', '.join(remote)} not on this machine: give the ports their "
                           "tasks may listen on, cluster.task_ports = [first, last]", "cluster.task_ports")
@@ -489,6 +580,8 @@ def _options(where: str, f: str, spec: catalogue.Spec, raw: dict) -> dict[str, A
         if key not in spec.options:
             _bad(where, f"{f}.{key}", v, f"left out: {key} applies only to "
                  + ", ".join(_fmt(n) for n in catalogue.taking(key)))
+        if type(v) is str and (len(v) > _MAX_TEXT or _CONTROL.search(v)):
+            _bad(where, f"{f}.{key}", v, f"a string of at most {_MAX_TEXT} characters, no control characters")
         try:
             out[key] = spec.options[key].clean(v)
         except OptionError as e:

@@ -8,6 +8,7 @@ import logging
 import os
 
 from .config import JobConfig
+from .limits import check_job, example_bytes
 from .policy import catalogue
 from .policy.base import BatchSizer
 from .policy.sizing import FixedSizer
@@ -85,10 +86,18 @@ def hook_nodes(cfg: JobConfig):
     """The cluster factory for the job file's ``cluster.hooks`` (None when it lists none)."""
     if not cfg.cluster.hooks:
         return None
-    from .manager import auth
+    from .config import ConfigError
+    from .manager import auth, transport
     from .manager.hook_cluster import HookNodes
     token = auth.read_token(os.path.expanduser(cfg.cluster.token_file))
-    return HookNodes([(a, token) for a in cfg.cluster.hooks], ports=cfg.cluster.task_ports)
+    tls = None
+    if cfg.cluster.tls_ca:  # hooks that serve TLS
+        tls = transport.TlsConfig(ca_file=cfg.cluster.tls_ca, server_name=cfg.cluster.tls_server_name)
+        try:
+            transport.channel_credentials(tls)
+        except transport.TransportError as e:
+            raise ConfigError(f"cluster.tls_ca: {e}", "cluster.tls_ca") from None
+    return HookNodes([(a, token) for a in cfg.cluster.hooks], ports=cfg.cluster.task_ports, tls=tls)
 
 
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
@@ -105,11 +114,14 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
 
     tf.random.set_seed(cfg.job.seed)
     data = Workload.from_config(cfg, data_path)  # user code checked on one batch, before any task
-    phases = build_phases(cfg, len(data.y_train))
+    phases = build_phases(cfg, data.train_examples)
+    biggest = max_batch(phases, cfg.cluster.workers)
+    check_job(cfg.cluster.workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
+              local_tasks=not cfg.cluster.hooks)
     setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
-                       max_batch_size=max_batch(phases, cfg.cluster.workers), x_test=data.x_test, y_test=data.y_test,
+                       max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test,
                        meta={"job": cfg.job.name, "data": data.source, "model": data.model_name,
-                             "train_examples": int(len(data.y_train)),
+                             "train_examples": int(data.train_examples),
                              "protocols": [[p.name, p.until] for p in cfg.protocol],
                              "stragglers": cfg.switch.stragglers})
     injector = None
@@ -120,12 +132,12 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
-                    progress=progress, epoch_samples=len(data.y_train), controller=controller,
-                    eval_every=cfg.train.eval_every or eval_cadence(cfg, len(data.y_train), evals_per_run),
+                    progress=progress, epoch_samples=data.train_examples, controller=controller,
+                    eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,
                     on_start=injector.start if injector else None,
                     cluster_factory=hook_nodes(cfg) or cluster_factory)
-    total = int(round(cfg.train.epochs * len(data.y_train)))
+    total = int(round(cfg.train.epochs * data.train_examples))
     try:
         summary = engine.run(phases, total, resume=resume)
     finally:

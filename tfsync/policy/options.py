@@ -78,7 +78,11 @@ class Option:
             return v in self.names() if self.choices else v != ""
         if kind is bool:
             return True
-        return math.isfinite(v) and (self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)) \
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an integer too large for a float
+            return False
+        return finite and (self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)) \
             and (self.hi is None or v <= self.hi)
 
     def allowed(self) -> str:

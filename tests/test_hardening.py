@@ -1,0 +1,182 @@
+"""Bad input and a broken environment as a careless user meets them (issue 14, items 4, 6
+and 7): one line on stderr naming the problem, a non-zero exit, nothing half-made,
+never a traceback or a hang. None of these starts a TF task."""
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tfsync.config import ConfigError, JobConfig
+from tfsync.limits import check_job
+from tfsync.manager import auth
+from tfsync.manager.store import Store, StoreError
+
+pytestmark = pytest.mark.unit
+
+JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "mnist.toml")
+GIB = 2**30
+TF_NATIVE_LOG = re.compile(r"WARNING: All log messages before absl|[IWE]\d{4} ")  # TF's C++ start-up lines
+
+
+def tfsync(*args, env=None, user=None, timeout=120):
+    cmd = [sys.executable, "-m", "tfsync.cli", *args]
+    if user is not None:  # run as another user (root ignores file modes)
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd="/")
+
+
+def one_line(r, *words, code=None):
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not TF_NATIVE_LOG.match(ln)]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("tfsync: error:"), r.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert r.returncode == (code if code is not None else r.returncode) and r.returncode != 0
+    return lines[0]
+
+
+# -- the job store (item 7) -----------------------------------------------------------------
+def test_a_damaged_or_truncated_store_is_one_line(tmp_path):
+    bad = tmp_path / "garbage.db"
+    bad.write_text("not a database\n")
+    one_line(tfsync("search", JOB, "--show", "--store", str(bad)), "damaged", str(bad), code=1)
+    good = tmp_path / "jobs.db"
+    with Store(good) as store:
+        for i in range(200):
+            store.create_job(f"j{i}", "sig", {"x": "y" * 500})
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(good.read_bytes()[:8192])
+    r = tfsync("search", JOB, "--show", "--store", str(cut))
+    one_line(r, str(cut), code=1)
+
+
+def test_a_store_locked_by_a_writer_is_a_store_error_naming_the_lock(tmp_path):
+    path = tmp_path / "jobs.db"
+    Store(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match=r"locked by another process \(waited 0 s\)"):
+            Store(path, busy_timeout=0.3)
+        assert time.monotonic() - t0 < 10
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not shutil.which("setpriv"), reason="needs setpriv to drop root")
+def test_a_read_only_store_is_one_line():
+    folder = Path(tempfile.mkdtemp(prefix="tfsync-ro-"))  # its parents must be open to the other user
+    try:
+        path = folder / "jobs.db"
+        Store(path).close()
+        folder.chmod(0o755)
+        path.chmod(0o444)
+        r = tfsync("search", JOB, "--show", "--store", str(path), user=65534 if os.geteuid() == 0 else None,
+                   env={"TFSYNC_HOME": str(folder / "home")})
+        one_line(r, "read-only", str(path), code=1)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_second_manager_on_one_store_is_refused_naming_the_first(tmp_path):
+    store = tmp_path / "jobs.db"
+    env = {"TFSYNC_HOME": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "manager", "--listen", "127.0.0.1:0",
+                              "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **env})
+    try:
+        banner = first.stdout.readline()
+        assert "listening on" in banner, first.stderr.read() if first.poll() is not None else banner
+        address = banner.split("listening on ")[1].split()[0]
+        line = one_line(tfsync("manager", "--listen", "127.0.0.1:0", "--store", str(store), env=env),
+                        "served by another manager", f"pid {first.pid} at {address}", code=1)
+        assert str(store) in line
+        assert first.poll() is None  # the first one is undisturbed
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    # once the first has gone, a new manager may serve the store
+    again = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "manager", "--listen", "127.0.0.1:0",
+                              "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **env})
+    try:
+        assert "listening on" in again.stdout.readline()
+    finally:
+        again.terminate()
+        again.wait(timeout=30)
+
+
+# -- control files (item 7) -----------------------------------------------------------------
+@pytest.fixture
+def run_dir(tmp_path):
+    control = tmp_path / "run" / "control"
+    control.mkdir(parents=True)
+    (control / "manager.json").write_text(json.dumps({"address": "127.0.0.1:9", "job_id": "j1"}))
+    auth.write_token(control / "token")
+    return tmp_path / "run"
+
+
+def test_a_token_file_others_can_read_is_one_line(run_dir):
+    (run_dir / "control" / "token").chmod(0o644)
+    one_line(tfsync("status", str(run_dir)), "mode 0644", "chmod 600", code=2)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"job_id": "j1"}'])
+def test_a_damaged_manager_json_is_one_line(run_dir, text):
+    (run_dir / "control" / "manager.json").write_text(text)
+    one_line(tfsync("status", str(run_dir)), "manager.json is damaged", code=2)
+
+
+# -- the run directory and the job's name (item 4) ------------------------------------------
+def test_an_unusable_run_dir_is_one_line_fast_and_leaves_no_running_job(tmp_path):
+    home = tmp_path / "home"
+    t0 = time.monotonic()
+    r = tfsync("run", JOB, "--run-dir", "/dev/null/run", env={"TFSYNC_HOME": str(home)}, timeout=90)
+    one_line(r, "/dev/null/run", "Not a directory", code=1)
+    assert time.monotonic() - t0 < 60  # no hang at exit
+    if (home / "jobs.db").exists():
+        with Store(home / "jobs.db") as store:
+            assert not store.jobs("running")
+
+
+def test_a_long_or_unsafe_job_name_is_refused_naming_the_field():
+    for name in ("x" * 5000, "../etc", "a b", ""):
+        with pytest.raises(ConfigError, match=r"job\.name.*1 to 64 letters"):
+            JobConfig.from_dict({"job": {"name": name}})
+    assert JobConfig.from_dict({"job": {"name": "x" * 64}}).job.name == "x" * 64
+
+
+# -- bounds (item 6) ------------------------------------------------------------------------
+def test_a_batch_that_cannot_fit_in_memory_is_refused_naming_the_batch_size():
+    per_example = 28 * 28 * 4 + 8
+    check_job(2, 1, 4096, per_example, local_tasks=True, available=16 * GIB, fd_limit=1024)
+    with pytest.raises(ConfigError, match=r"train\.batch_size: a worker's batches of up to 1000000000 examples"):
+        check_job(2, 1, 10**9, per_example, local_tasks=True, available=16 * GIB, fd_limit=1024)
+
+
+def test_workers_beyond_memory_or_open_files_are_refused_naming_the_worker_count():
+    with pytest.raises(ConfigError, match=r"cluster\.workers: 10000 workers \+ 1 PS on this machine"):
+        check_job(10_000, 1, 64, 3144, local_tasks=True, available=16 * GIB, fd_limit=1_000_000)
+    check_job(10_000, 1, 64, 3144, local_tasks=False, available=16 * GIB, fd_limit=1_000_000)  # on other nodes
+    with pytest.raises(ConfigError, match=r"cluster\.workers: 10001 tasks .*ulimit -n"):
+        check_job(10_000, 1, 64, 3144, local_tasks=False, available=16 * GIB, fd_limit=1024)
+
+
+def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(Path(JOB).read_text().replace("batch_size = 64 ", "batch_size = 1000000000 "))
+    r = tfsync("run", str(job), "--run-dir", str(tmp_path / "run"), "-q",
+               env={"TFSYNC_HOME": str(tmp_path / "home")}, timeout=120)
+    one_line(r, "train.batch_size", "GiB", code=2)
+    assert not list((tmp_path / "run").glob("logs/*/*.log"))  # no task was started
