@@ -39,6 +39,9 @@ def test_missing_job_file_and_missing_data_are_bad_input(tmp_path):
 
 
 def test_help_explains_the_commands():
+    from tfsync import __version__
+    r = tfsync("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tfsync {__version__}"
     r = tfsync("--help")
     assert r.returncode == 0 and "run" in r.stdout and "ParameterServerStrategy" in r.stdout
     r = tfsync("run", "--help")

@@ -37,7 +37,7 @@ def test_accuracy_and_subset(problem):
     assert len(ev.y) == 100 and len(set(ev.y.tolist())) == 3
     again = Evaluator(model_fn, x, y, every=10, samples=100, seed=3)
     assert np.array_equal(ev.x, again.x)  # the same subset every time
-    assert ev.evaluate(gen) == 1.0
+    assert ev.evaluate(gen)["accuracy"] == 1.0
 
 
 def test_requests_run_in_background_and_skip_while_busy(problem):

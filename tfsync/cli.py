@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tfsync",
         description="Parameter-server training with per-worker synchronization control "
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"tfsync {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="train a job file on a local cluster",

@@ -79,12 +79,15 @@ class ClusterSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     """A bundled data set by ``name`` (and ``path``), or the user's ``fn`` ("module:function"
-    or "file.py:function", called with ``args``) returning the arrays."""
+    or "file.py:function", called with ``args``) returning the arrays. ``validation``: the
+    share of the training arrays held out for the test_* numbers when there are no test
+    arrays (tfsync.workload.hold_out)."""
 
     name: str = "mnist"
     path: str | None = None  # None: tfsync.data's default search
     fn: str | None = None
     args: dict = dataclasses.field(default_factory=dict, hash=False)
+    validation: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +111,9 @@ class TrainSection:
     # "module:function"; unset: the bundled models' sparse cross-entropy on logits
     loss: str | None = None
     loss_args: dict = dataclasses.field(default_factory=dict, hash=False)
+    # what the evaluator reports beside the loss (tfsync.metrics): tf_keras metric names,
+    # "module:function", or tables {metric = ..., options}; unset: accuracy for class ids
+    metrics: tuple | None = dataclasses.field(default=None, hash=False)
 
     @property
     def base_momentum(self) -> float:
@@ -269,6 +275,12 @@ def _absolute_refs(d: Any, base_dir: str) -> Any:
         v = (d.get(sec) or {}).get(key) if isinstance(d.get(sec), dict) else None
         if isinstance(v, str):
             d[sec][key] = usercode.absolute(v, base_dir)
+    metrics = d["train"].get("metrics") if isinstance(d.get("train"), dict) else None
+    if isinstance(metrics, list):  # train.metrics = ["file.py:fn", {metric = "file.py:Cls", ...}]
+        d["train"]["metrics"] = [
+            usercode.absolute(m, base_dir) if isinstance(m, str) else
+            {**m, "metric": usercode.absolute(m["metric"], base_dir)} if isinstance(m, dict)
+            and isinstance(m.get("metric"), str) else m for m in metrics]
     ca = d["cluster"].get("tls_ca") if isinstance(d.get("cluster"), dict) else None
     if isinstance(ca, str) and ca:  # the hooks' CA, relative to the job file as well
         d["cluster"]["tls_ca"] = os.path.join(base_dir, os.path.expanduser(ca))
@@ -393,6 +405,42 @@ def _learning_rate(where: str, field: str, v: Any):
     return _number(0)(where, field, v)
 
 
+_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_METRIC_ALLOWED = ('a tf_keras metric name ("accuracy", "mae", "AUC"), a "module:function" reference, or a '
+                   'table {metric = "SparseTopKCategoricalAccuracy", k = 5, name = "top5"}')
+
+
+def _metrics(where: str, field: str, v: Any):
+    """train.metrics: names or references, or tables ``{metric = ..., name = ..., options}``;
+    whether a name is a tf_keras metric is checked when the workload is built."""
+    if type(v) is not list:
+        _bad(where, field, v, "an array, each entry " + _METRIC_ALLOWED, False)
+    seen = {}
+    for i, item in enumerate(v):
+        f = named = f"{field}[{i}]"
+        what, name = item, item
+        if type(item) is dict:
+            if "metric" not in item:
+                raise ConfigError(f"{where}{f}.metric: missing; a table names its metric, e.g. "
+                                  '{metric = "SparseTopKCategoricalAccuracy", k = 5}', f"{f}.metric")
+            _ARGS(where, f, item)
+            what, name = item["metric"], item.get("name", item["metric"])
+            if "name" in item and not (type(name) is str and _METRIC_NAME.fullmatch(name)):
+                _bad(where, f"{f}.name", name, "a name of letters, digits and '_' (reported as test_<name>)")
+            named = f"{f}.name" if "name" in item else f"{f}.metric"
+            f = f"{f}.metric"
+        if type(what) is str and (len(what) > _MAX_TEXT or _CONTROL.search(what)):
+            _bad(where, f, what, f"{_METRIC_ALLOWED} (at most {_MAX_TEXT} characters, no control characters)")
+        if not (type(what) is str and (_METRIC_NAME.fullmatch(what) or usercode.check(what))):
+            _bad(where, f, what, _METRIC_ALLOWED, type(what) is str)
+        if name == "loss":
+            _bad(where, named, name, "another name: test_loss is the loss")
+        if name in seen:
+            _bad(where, named, name, f"listed once (train.metrics[{seen[name]}] is the same); give one a name")
+        seen[name] = i
+    return tuple(v) or None
+
+
 def _host_port(a: Any) -> bool:
     """``"host:port"`` with a port in 1..65535."""
     m = re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:(\d{1,5})", a) if type(a) is str else None
@@ -413,13 +461,14 @@ _CHECKS: dict[str, Callable] = {
                                 and 1 <= v[0] <= v[1] <= 65535, tuple),
     "data.name": _choice("DATASETS"), "data.path": _text(), "model.name": _choice("MODELS"),
     "data.fn": _REF, "data.args": _ARGS, "model.fn": _REF, "model.args": _ARGS,
+    "data.validation": _number(0, 1),
     "train.batch_size": _int(1), "train.learning_rate": _learning_rate,
     "train.momentum": _number(0, 1, lo_open=False),
     "train.optimizer": _rule(lambda: "one of " + ", ".join(_fmt(n) for n in OPTIMIZERS) + ' or "module:function"',
                              lambda v: type(v) is str, lambda v: v in OPTIMIZERS or usercode.check(v)),
     "train.optimizer_args": _ARGS, "train.loss": _text(r"[A-Za-z_][A-Za-z0-9_]*|[^:]+:[A-Za-z_][\w.]*",
                                                         "a tf_keras.losses class name or \"module:function\""),
-    "train.loss_args": _ARGS,
+    "train.loss_args": _ARGS, "train.metrics": _metrics,
     "train.epochs": _number(0, 1_000_000), "train.checkpoint_every": _int(0),
     "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0, _MAX_SECONDS),
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),

@@ -119,8 +119,9 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     check_job(cfg.cluster.workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
               local_tasks=not cfg.cluster.hooks)
     setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
-                       max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test,
+                       max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test, metrics=data.metrics,
                        meta={"job": cfg.job.name, "data": data.source, "model": data.model_name,
+                             "eval_data": data.eval_data,
                              "train_examples": int(data.train_examples),
                              "protocols": [[p.name, p.until] for p in cfg.protocol],
                              "stragglers": cfg.switch.stragglers})

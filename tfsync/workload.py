@@ -10,11 +10,17 @@ with those keys: NumPy arrays of any shape, labels of any dtype the engine carri
 (tfsync.engine.generation.RECORD_DTYPES; float targets stay float). A model function
 returns a tf_keras Model (called under the strategy's scope, so its variables go to the
 parameter servers); it gets ``model.args`` and nothing else.
+
+The test_* numbers of a run (``eval_data`` says which) are on the test arrays the data
+function returns (or the bundled set's test set); where it returns none, ``data.validation``
+holds a share of the training arrays out of training (``hold_out``). ``train.metrics`` are
+resolved (``tfsync.metrics``) and run on the one batch too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable
 
 import numpy as np
@@ -23,6 +29,8 @@ from . import usercode
 from .config import OPTIMIZER_CLASSES, JobConfig
 from .pipeline import DatasetFactory
 from .usercode import UserCodeError
+
+logger = logging.getLogger(__name__)
 
 # short names accepted for train.loss, as tf_keras.losses.get knows them
 _LOSS_ALIASES = {"mse": "MeanSquaredError", "mae": "MeanAbsoluteError", "huber": "Huber",
@@ -42,12 +50,18 @@ class Workload:
     y_test: np.ndarray | None
     source: str  # where the data came from, for the summary
     model_name: str
+    metrics: list | None = None  # tfsync.metrics.MetricSpec; None: accuracy for class ids
+    eval_data: str = ""  # what the test_* numbers are computed on, for the summary
 
     @classmethod
     def from_config(cls, cfg: JobConfig, data_path: str | None = None) -> "Workload":
+        from . import metrics
+
         data = _data(cfg, data_path)
-        work = cls(_model_fn(cfg, data), _optimizer_fn(cfg), _loss_fn(cfg), *data[:5],
-                   model_name=cfg.model.fn or cfg.model.name)
+        x, y, xt, yt, eval_data = _evaluation_data(cfg, *data[:4])
+        work = cls(_model_fn(cfg, data), _optimizer_fn(cfg), _loss_fn(cfg), x, y, xt, yt, data[4],
+                   model_name=cfg.model.fn or cfg.model.name, eval_data=eval_data,
+                   metrics=metrics.resolve(cfg.train.metrics and list(cfg.train.metrics)))
         work.check()
         return work
 
@@ -90,6 +104,8 @@ class Workload:
         if tuple(loss.shape) != (2,):
             raise UserCodeError("train.loss", f"returned shape {tuple(loss.shape)} for a batch of 2; expected one "
                                               "loss per example, shape (2,) (a loss class gets reduction='none')")
+        from .metrics import check
+        check(self.metrics, y, out)
         self.optimizer_fn()  # its own errors, before any task starts
 
 
@@ -134,6 +150,37 @@ def _data(cfg: JobConfig, data_path: str | None):
     if len(x) == 0:
         raise UserCodeError("data.fn", "returned no training examples")
     return x, y, xt, yt, cfg.data.fn, None
+
+
+def hold_out(n: int, fraction: float) -> np.ndarray:
+    """The indices of the ``fraction`` of ``n`` training examples that ``data.validation``
+    holds out: a fixed pseudo-random choice (the same for every run and seed, so sorted
+    arrays still give a fair sample), in their order."""
+    k = int(round(fraction * n))
+    return np.sort(np.random.default_rng(0).permutation(n)[:k])
+
+
+def _evaluation_data(cfg: JobConfig, x, y, xt, yt):
+    """(x_train, y_train, x_test, y_test, what the test_* numbers are on)."""
+    v = cfg.data.validation
+    if xt is not None:
+        if v is not None:
+            logger.warning("data.validation = %s not used: the data gives test arrays, which the test_* numbers "
+                           "are computed on", v)
+        return x, y, xt, yt, f"test arrays ({len(yt)} examples)"
+    if v is None:
+        return x, y, None, None, "none (no test arrays; data.validation holds a share of the training arrays out)"
+    if isinstance(x, DatasetFactory):
+        raise UserCodeError("data.validation", "cannot hold out from a tfsync.DatasetFactory; return "
+                                               "(factory, x_test, y_test) for validation data")
+    held = hold_out(len(y), v)
+    if not 0 < len(held) < len(y):
+        raise UserCodeError("data.validation", f"{v} of {len(y)} training examples holds out {len(held)}; "
+                                               "expected at least one, and one left to train on")
+    keep = np.ones(len(y), bool)
+    keep[held] = False
+    return x[keep], y[keep], x[held], y[held], (f"validation: {len(held)} of the {len(y)} training examples "
+                                                f"held out (data.validation = {v})")
 
 
 def _model_fn(cfg: JobConfig, data) -> Callable:

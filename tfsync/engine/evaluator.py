@@ -1,9 +1,11 @@
-"""Test accuracy measured on the coordinator while the workers train.
+"""Test loss, accuracy and metrics measured on the coordinator while the workers train.
 
 Every ``every`` steps (pushes, so the cadence in samples is the same under every
 protocol) the engine's loop asks for an evaluation and goes on at once: a
 background thread copies the weights from the PS (a few remote reads), loads them into
-a local copy of the model and runs the test set through it. The loop never waits, so
+a local copy of the model and runs the test set through it: the mean loss, argmax accuracy
+where the labels are class ids (or the "accuracy" metric where one is named) and every
+metric (``tfsync.metrics``). The loop never waits, so
 grants and barriers are not delayed; the thread runs at a lower CPU priority so that on
 a shared machine the workers come first. ``samples`` limits each evaluation to a fixed random
 subset of the test set (the final accuracy of a run is still on all of it). A request
@@ -26,10 +28,12 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from ..metrics import MetricSpec, as_in_evaluate, value
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +43,16 @@ class Evaluation:
     updates: int
     samples: int
     time: float  # seconds since the run began, when the weights were read
-    accuracy: float
+    accuracy: float | None
     seconds: float  # how long the evaluation took
+    loss: float | None = None
+    metrics: dict = field(default_factory=dict)  # name -> value
+    pushes: int | None = None  # the TensorBoard step, as the push scalars'
 
     def to_dict(self) -> dict:
-        return {"updates": self.updates, "samples": self.samples, "time": round(self.time, 4),
-                "accuracy": self.accuracy, "seconds": round(self.seconds, 4)}
+        out = {"updates": self.updates, "samples": self.samples, "time": round(self.time, 4),
+               "accuracy": self.accuracy, "seconds": round(self.seconds, 4), "loss": self.loss}
+        return {**out, "metrics": dict(self.metrics)} if self.metrics else out
 
 
 def classifies(y: np.ndarray) -> bool:
@@ -74,15 +82,43 @@ def mean_loss(model, loss_fn, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -
     return total / len(y)
 
 
+def scores(model, x: np.ndarray, y: np.ndarray, loss_fn: Callable | None = None,
+           metrics: list[MetricSpec] | None = None, chunk: int = 1000) -> dict:
+    """One pass of ``(x, y)`` through ``model``: ``loss`` (the mean per-example loss; None
+    without ``loss_fn``), ``accuracy`` (the "accuracy" metric if named, else argmax
+    accuracy where it applies, else None) and ``metrics`` (name -> value)."""
+    total, correct, argmax = 0.0, 0, classifies(y)
+    made = None
+    for i in range(0, len(y), chunk):
+        xb, yb = x[i:i + chunk], y[i:i + chunk]
+        out = model(xb, training=False)
+        if loss_fn is not None:
+            total += float(np.sum(loss_fn(yb, out)))
+        if argmax and (len(out.shape) != 2 or out.shape[-1] < 2):
+            argmax = False
+        if argmax:
+            correct += int(np.sum(np.argmax(out, -1) == yb))
+        if metrics:
+            made = made or [s.build(yb, out) for s in metrics]
+            yt, yp = as_in_evaluate(yb, out)
+            for m in made:
+                m.update_state(yt, yp)
+    values = {s.name: value(m) for s, m in zip(metrics or [], made or [])}
+    acc = values.get("accuracy", correct / len(y) if argmax else None)
+    return {"loss": total / len(y) if loss_fn is not None else None, "accuracy": acc, "metrics": values}
+
+
 class Evaluator:
     def __init__(self, model_fn: Callable, x_test: np.ndarray, y_test: np.ndarray, every: int,
-                 samples: int | None = None, seed: int = 0, nice: int = 10):
+                 samples: int | None = None, seed: int = 0, nice: int = 10, loss_fn: Callable | None = None,
+                 metrics: list[MetricSpec] | None = None):
         if int(every) < 1:
             raise ValueError(f"evaluate every {every!r} steps: must be >= 1")
         if samples and samples < len(y_test):  # a fixed random subset (test sets may be sorted by class)
             keep = np.sort(np.random.default_rng(seed).choice(len(y_test), int(samples), replace=False))
             x_test, y_test = x_test[keep], y_test[keep]
         self.model_fn, self.x, self.y = model_fn, x_test, y_test
+        self.loss_fn, self.metrics = loss_fn, metrics
         self.every, self.nice = int(every), int(nice)
         self.next_at = self.every
         self.skipped = 0
@@ -102,19 +138,20 @@ class Evaluator:
                 self.skipped += 1
                 return False
             self._busy = True
-        threading.Thread(target=self._run, args=(gen, updates, samples, t), daemon=True,
+        threading.Thread(target=self._run, args=(gen, updates, samples, t, steps), daemon=True,
                          name="tfsync-evaluator").start()
         return True
 
-    def _run(self, gen, updates: int, samples: int, t: float) -> None:
+    def _run(self, gen, updates: int, samples: int, t: float, pushes: int | None = None) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         except (OSError, AttributeError):
             pass
         try:
             t0 = time.perf_counter()
-            acc = self.evaluate(gen)
-            result = Evaluation(updates, samples, t, acc, time.perf_counter() - t0)
+            r = self.evaluate(gen)
+            result = Evaluation(updates, samples, t, r["accuracy"], time.perf_counter() - t0, r["loss"],
+                                r["metrics"], pushes)
             with self._lock:
                 self._results.append(result)
         except Exception as e:  # e.g. the generation was replaced by a restart switch meanwhile
@@ -125,12 +162,12 @@ class Evaluator:
             with self._lock:
                 self._busy = False
 
-    def evaluate(self, gen) -> float:
-        """Accuracy of ``gen``'s weights now (synchronously, in the caller's thread)."""
+    def evaluate(self, gen) -> dict:
+        """``scores`` of ``gen``'s weights now (synchronously, in the caller's thread)."""
         if self._model is None or self._model_gen is not gen:
             self._model, self._model_gen = self.model_fn(), gen
         self._model.set_weights(gen.model.get_weights())
-        return accuracy(self._model, self.x, self.y)
+        return scores(self._model, self.x, self.y, self.loss_fn, self.metrics)
 
     def drain(self) -> list[Evaluation]:
         with self._lock:

@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import safefile
-from ..pipeline import DatasetFactory
+from ..metrics import resolve as resolve_metrics
+from ..pipeline import DatasetFactory, worker_index
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
 from .control import LearningRate, PSControl, check_optimizer
@@ -35,6 +36,9 @@ class TrainSetup:
     holds ``max_batch_size`` rows; a step uses the first ``batch_size`` of them.
     ``x_train`` is an array (with its labels ``y_train``), or a
     ``tfsync.pipeline.DatasetFactory`` that each worker reads itself (``y_train`` None).
+    ``metrics``: what the evaluator reports beside the loss (tf_keras Metric objects or
+    classes, functions ``fn(y_true, y_pred)``, or the job file's names; ``tfsync.metrics``);
+    None: accuracy where the labels are class ids.
     """
 
     model_fn: Callable
@@ -47,6 +51,10 @@ class TrainSetup:
     x_test: np.ndarray | None = None
     y_test: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    metrics: list | None = None
+
+    def __post_init__(self):
+        self.metrics = resolve_metrics(self.metrics, "metrics")
 
     @property
     def factory(self) -> DatasetFactory | None:
@@ -115,8 +123,14 @@ def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
             tf.data.FixedLengthRecordDataset(records["x"], int(np.prod(shape)) * dtype.size),
             tf.data.FixedLengthRecordDataset(records["y"], int(np.prod(y_shape)) * y_dtype.size)))
         if setup.shuffle:
-            ds = ds.shuffle(n, reshuffle_each_iteration=True)  # unseeded: each worker differs
-        ds = ds.repeat().batch(setup.max_batch_size, drop_remainder=True)
+            ds = ds.shuffle(n, reshuffle_each_iteration=True)
+        ds = ds.repeat()
+        if setup.shuffle:
+            # The shuffle's seed is fixed where the graph is traced, on the coordinator (from
+            # tf.random.set_seed there), so every worker draws the same order: each starts
+            # at its own offset in it, or BSP would average the same gradient n times.
+            ds = ds.skip(tf.cast(worker_index(), tf.int64) * (n // workers))
+        ds = ds.batch(setup.max_batch_size, drop_remainder=True)
         return ds.map(lambda xr, yr: decode(xr, yr)).prefetch(2)
 
     return dataset_fn

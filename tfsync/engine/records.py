@@ -1,5 +1,5 @@
-"""What a run writes to its directory: ``metrics.jsonl`` (one line per push),
-TensorBoard scalars (``tb/``) and ``summary.json`` at the end.
+"""What a run writes to its directory: ``metrics.jsonl`` (one line per push, and events
+such as ``eval``), TensorBoard scalars (``tb/``) and ``summary.json`` at the end.
 
 ``metrics.jsonl`` holds what counted: when training goes back to a checkpoint (a lost PS,
 `tfsync resume`), the push records after it are moved to ``metrics.discarded.jsonl``
@@ -67,6 +67,14 @@ class RunRecorder:
                 f"samples_per_s/worker{w}": record["samples_per_s"],
                 f"batch_size/worker{w}": record["batch_size"],
             })
+
+    def evaluation(self, record: dict, step: int) -> None:
+        """An ``eval`` event (``Evaluation.to_dict``) and its numbers as TensorBoard scalars
+        ``test/loss``, ``test/accuracy``, ``test/<metric>`` at ``step``."""
+        self.event("eval", **record)
+        if self._tb is not None:
+            values = {"loss": record.get("loss"), "accuracy": record.get("accuracy"), **record.get("metrics", {})}
+            self._tb.scalars(step, {f"test/{k}": v for k, v in values.items() if v is not None})
 
     def event(self, kind: str, **fields) -> None:
         self._metrics.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")

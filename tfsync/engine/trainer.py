@@ -31,7 +31,7 @@ from .channel import PSChannel
 from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
-from .evaluator import Evaluation, Evaluator, accuracy, classifies, mean_loss
+from .evaluator import Evaluation, Evaluator, scores
 from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
@@ -130,14 +130,10 @@ class Engine:
         self._final_weights = None
         self._dead_checked = 0.0
         self._records: dict | None = None
-        self.evaluator = None  # test accuracy every ``eval_every`` steps, in the background
-        if eval_every and setup.x_test is not None and not classifies(setup.y_test):
-            logger.warning("eval_every: the evaluation curve is test accuracy, which needs class labels; y_test "
-                           "has dtype %s and shape %s: no curve (the summary still has test_loss)",
-                           setup.y_test.dtype, setup.y_test.shape)
-        elif eval_every and setup.x_test is not None:
+        self.evaluator = None  # test loss, accuracy, metrics every ``eval_every`` steps, in the background
+        if eval_every and setup.x_test is not None:
             self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
-                                       samples=eval_samples or None)
+                                       samples=eval_samples or None, loss_fn=setup.loss_fn, metrics=setup.metrics)
         self.evals: list[Evaluation] = []
         self.monitor = ResourceMonitor()  # CPU/memory per worker task for the policies (view.resources)
         self.on_start = on_start  # called once training starts, after init (e.g. a straggler injector)
@@ -581,11 +577,16 @@ class Engine:
     def evaluate(self) -> float | None:
         """Test accuracy of the current weights on the whole test set, computed on the
         coordinator (after a background evaluation still running)."""
+        return self.test_scores()["accuracy"]
+
+    def test_scores(self) -> dict:
+        """``evaluator.scores`` (loss, accuracy, metrics) of the current weights on the whole test set."""
         if self.setup.x_test is None or self._gen is None:
-            return None
+            return {"loss": None, "accuracy": None, "metrics": {}}
         if self.evaluator is not None:
             self.evaluator.wait()
-        return accuracy(self._local_model(), self.setup.x_test, self.setup.y_test)
+        return scores(self._local_model(), self.setup.x_test, self.setup.y_test, self.setup.loss_fn,
+                      self.setup.metrics)
 
     def _local_model(self):
         """A copy of the model here with the current weights."""
@@ -594,9 +595,7 @@ class Engine:
         return local
 
     def test_loss(self) -> float | None:
-        if self.setup.x_test is None or self._gen is None:
-            return None
-        return mean_loss(self._local_model(), self.setup.loss_fn, self.setup.x_test, self.setup.y_test)
+        return self.test_scores()["loss"]
 
     def _evaluate_if_due(self) -> None:
         ev = self.evaluator
@@ -610,7 +609,7 @@ class Engine:
 
     def _log_eval(self, e: Evaluation) -> None:
         self.evals.append(e)
-        self.recorder.event("eval", **e.to_dict())
+        self.recorder.evaluation(e.to_dict(), self.state.pushes if e.pushes is None else e.pushes)
 
     def final_weights(self) -> list[np.ndarray]:
         return self._final_weights
@@ -618,20 +617,23 @@ class Engine:
     def _summary(self, wall: float, t_init: float, total: int) -> dict:
         s = self.state
         self._final_weights = self._gen.weights()
-        acc = self.evaluate()
+        final = self.test_scores()
+        acc = final["accuracy"]
         ev = self.evaluator
         if ev is not None:  # the curve's last point, on the evaluator's own test subset
             for e in ev.drain():
                 self._log_eval(e)
             t = time.perf_counter()
-            last = acc if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
-            self._log_eval(Evaluation(s.updates, s.samples, wall, last, time.perf_counter() - t))
-        curve = [e.accuracy for e in self.evals]
+            last = final if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
+            self._log_eval(Evaluation(s.updates, s.samples, wall, last["accuracy"], time.perf_counter() - t,
+                                      last["loss"], last["metrics"], s.pushes))
+        curve = [e.accuracy for e in self.evals if e.accuracy is not None]
         return {
             "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3), "workers": self.workers, "ps": self.ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
             "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
-            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc, "test_loss": self.test_loss(),
+            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc, "test_loss": final["loss"],
+            **{f"test_{k}": v for k, v in final["metrics"].items()},
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
             "clocks": list(s.clocks), "control_s": round(self._control_s, 6), "recoveries": self.recovery_log,
             "optimizer_iterations": int(self._gen.optimizer.iterations.numpy()),

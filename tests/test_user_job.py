@@ -1,0 +1,121 @@
+"""A model module of the user's, outside the package, in a folder tfsync has never seen:
+its job is run, switched at run time, stopped, resumed and searched through the command
+line exactly as the bundled MNIST job is (issue 16)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_control import tfsync, wait_for
+from tfsync.config import load_job
+from tfsync.manager.store import Store
+from tfsync.switch.trials import config_signature
+
+pytestmark = pytest.mark.cluster
+
+MODULE = '''
+import numpy as np
+import tf_keras as keras
+
+
+def blobs(n=1600, features=12, classes=4, seed=0):
+    """Gaussian blobs: float features, int32 class ids."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=2.0, size=(classes, features)).astype(np.float32)
+    y = rng.integers(0, classes, n).astype(np.int32)
+    x = (centers[y] + rng.normal(size=(n, features))).astype(np.float32)
+    return (x[:1280], y[:1280]), (x[1280:], y[1280:])
+
+
+def mlp(features=12, classes=4, units=16):
+    return keras.Sequential([keras.layers.Input((features,)), keras.layers.Dense(units, activation="tanh"),
+                             keras.layers.Dense(classes)])
+'''
+
+JOB = """
+[job]
+name = "blobs"
+run_dir = "{run_dir}"
+[model]
+fn = "blobs_model.py:mlp"
+args = {{units = 16}}
+[data]
+fn = "blobs_model.py:blobs"
+[train]
+loss = "SparseCategoricalCrossentropy"
+loss_args = {{from_logits = true}}
+optimizer = "adam"
+learning_rate = 0.01
+batch_size = 16
+epochs = {epochs}
+checkpoint_every = 20
+[[protocol]]
+name = "bsp"
+{protocols}
+"""
+
+
+def project(tmp_path, epochs, protocols="", run="run"):
+    folder = tmp_path / "project"
+    folder.mkdir(exist_ok=True)
+    (folder / "blobs_model.py").write_text(MODULE)
+    job = folder / f"{run}.toml"
+    job.write_text(JOB.format(run_dir=tmp_path / run, epochs=epochs, protocols=protocols))
+    return job
+
+
+def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    job = project(tmp_path, epochs=40)
+    run_dir = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json"], cwd="/", env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def status():
+            r = tfsync("status", str(job), "--json", env=env)
+            return json.loads(r.stdout) if r.returncode == 0 and json.loads(r.stdout).get("step") else None
+
+        wait_for("steps of the user's job", status)
+        r = tfsync("switch", str(job), "--to", "ssp", "--staleness", "2", env=env)
+        assert r.returncode == 0 and "switched bsp -> ssp" in r.stdout, r.stderr
+        assert status()["protocol"] == "ssp"
+        wait_for("a checkpoint", lambda: list((run_dir / "checkpoints").glob("ckpt-*.index")))
+        r = tfsync("stop", str(job), env=env)
+        assert r.returncode == 0, r.stderr
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-2000:]
+    stopped = json.loads(out)
+    assert stopped["stopped"] and stopped["samples"] < stopped["workload_samples"]
+
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json"], cwd="/", env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["resumed_from"]["samples"] > 0
+    assert summary["samples"] >= summary["workload_samples"] == 40 * 1280
+    assert summary["test_accuracy"] > 0.8  # the blobs are separable: it learned
+    with Store(tmp_path / "home" / "jobs.db") as store:
+        (stored,) = store.jobs()
+        assert stored.state == "done" and [r.kind for r in store.runs(stored.id)] == ["train", "resume"]
+
+
+def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    job = project(tmp_path, epochs=3, protocols='until = 0.5\n[[protocol]]\nname = "asp"', run="search")
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1",
+                        "--json"], cwd="/", env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["trials_run"] == 2 and result["bsp"][0] > 0.5
+    signature = config_signature(load_job(job).to_dict())
+    with Store(tmp_path / "home" / "jobs.db") as store:
+        assert store.switch_point(signature)[0] == result["fraction"]
+    run = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "found by `tfsync search`" in run.stderr, run.stderr[-2000:]
