@@ -11,7 +11,8 @@ run): a competing process that comes and goes, as in the paper's emulated produc
 cluster (§5.3). A ResourceMonitor samples the workers' CPU / memory alongside. Each
 step gives speed = batch_size / (end - start) (metrics.jsonl) and the last monitor
 reading taken before the step ended (what the next step starts with, eq. 4).
-The series is saved as CSV; ``--series FILE`` re-runs only the evaluation.
+The series is saved as CSV; ``--series FILE`` re-runs only the evaluation, and
+``tfsync predict score FILE`` scores it with the same loop (tfsync.predict.score).
 
 Evaluation: one fresh predictor per worker fed the worker's series in order; before
 each step its prediction is kept. RMSE counts steps from --skip on (default 500, the
@@ -190,7 +191,7 @@ def record(args, run_dir: str) -> list[dict]:
     from tfsync.inject import CpuBurner, TraceDriver, load_trace_csv
     from tfsync.jobrun import run_job
 
-    trace = load_trace_csv(args.trace, args.trace_index)
+    trace = load_trace_csv(args.trace, args.trace_index, gaps="hold", wrap=True)  # as before issue 19
     driver = TraceDriver(CpuBurner(0.0, cpus={cpu_of(1)}, processes=args.burners), trace,
                          time_scale=args.time_scale)
     readings: list[tuple[int, dict]] = []
@@ -247,25 +248,24 @@ def write_series(path: str, rows: list[dict]) -> None:
 
 
 def load_series(path: str) -> list[dict]:
+    """This script's series, or any series ``tfsync predict score`` reads (a header with
+    ``speed``; worker, step, cpu, mem optional): absent columns read as empty."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    missing = set(SERIES_FIELDS) - set(rows[0] if rows else {})
-    if missing:
-        raise SystemExit(f"{path}: not a series written by this script (missing columns {sorted(missing)})")
+    if not rows or "speed" not in rows[0]:
+        raise SystemExit(f"{path}: not a series (no rows, or no 'speed' column)")
     num = lambda v: float(v) if v not in ("", None) else None  # noqa: E731
-    return [{k: (int(r[k]) if k in ("worker", "step", "batch_size") else num(r[k])) for k in SERIES_FIELDS}
-            for r in rows]
+    out = []
+    for i, r in enumerate(rows):
+        d = {k: num(r.get(k)) for k in SERIES_FIELDS}
+        d["worker"] = int(d["worker"] or 0)
+        d["step"] = int(d["step"]) if d["step"] is not None else i
+        out.append(d)
+    return out
 
 
-# -- evaluation --------------------------------------------------------------------------------
-def one_step_ahead(predictor, speeds, cpus, mems) -> np.ndarray:
-    """Prediction of step k made after steps 0..k-1 (nan for k = 0)."""
-    out = [math.nan]
-    for k, v in enumerate(speeds):
-        if k:
-            out.append(predictor.predict())
-        predictor.update(v, cpus[k], mems[k])
-    return np.array(out)
+# -- evaluation (tfsync.predict.score: the same loop `tfsync predict score` runs) ----------------
+from tfsync.predict.score import one_step_ahead  # noqa: E402
 
 
 def evaluate(series: list[dict], skip: int, warmup: int = 500, only=None):
@@ -280,9 +280,7 @@ def evaluate(series: list[dict], skip: int, warmup: int = 500, only=None):
         for w in workers:
             rows = data[w]
             speeds = [r["speed"] for r in rows]
-            if name in ("narx", "rnn", "lstm"):  # Keras shuffles with TF's global seed
-                import tf_keras
-                tf_keras.utils.set_random_seed(w)
+            # learned predictors: seeded init and shuffling (tfsync.predict.nets), as online
             learned = {"trainer": NarxTrainer(threads=0), "warmup": warmup} if name in ("narx", "rnn", "lstm") else {}
             p = get(name, **opts, **learned)
             pred = one_step_ahead(p, speeds, [r[cpu_key] for r in rows], [r["mem"] for r in rows])

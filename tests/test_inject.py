@@ -101,5 +101,5 @@ def test_shared_traces_load(tmp_path):
     if not os.path.isdir(root):
         pytest.skip("shared/data/traces is not on this machine")
     f = sorted(x for x in os.listdir(root) if x.endswith(".csv"))[0]
-    trace = load_trace_csv(os.path.join(root, f))
+    trace = load_trace_csv(os.path.join(root, f), gaps="hold")
     assert len(trace.times) > 2 and np.all(trace.util >= 0)

@@ -93,7 +93,7 @@ def test_trace_driven_speed_follows_cpu_load():
     path = os.path.join(TRACES, "alibaba2018", "machine_usage.csv")
     if not os.path.exists(path):
         pytest.skip("needs ../shared/data/traces")
-    traces = load_cpu_traces(path)
+    traces = load_cpu_traces(path, gaps="hold")  # holes of up to 7 h: held, as before
     assert len(traces) == 8 and all(np.all(np.diff(t.times) >= 0) for t in traces)
     sm = SpeedModel(fixed=1.0, per_sample=0.0, traces=traces[:1])
     times = np.linspace(0, traces[0].times[-1], 500)
@@ -102,7 +102,7 @@ def test_trace_driven_speed_follows_cpu_load():
     assert np.allclose(step, 1.0 / np.maximum(1 - util / 100, 0.05))
     busy, calm = util > np.quantile(util, 0.75), util < np.quantile(util, 0.25)
     assert step[busy].min() > step[calm].max()
-    bitbrains = load_cpu_traces(os.path.join(TRACES, "bitbrains_rnd_2013-07"), limit=3)
+    bitbrains = load_cpu_traces(os.path.join(TRACES, "bitbrains_rnd_2013-07"), limit=3, gaps="hold")
     assert len(bitbrains) == 3 and all(len(t.times) > 100 for t in bitbrains)
 
 

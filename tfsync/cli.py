@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     from .manager.cli import add_commands as add_control_commands
     add_control_commands(sub)
+    from .predict.cli import add_commands as add_predict_commands
+    add_predict_commands(sub)
     return p
 
 

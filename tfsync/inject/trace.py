@@ -3,43 +3,31 @@ burner's duty cycle over time (the emulated production cluster of paper 002 §5.
 the Google trace's tasks on each worker; we replay a machine's CPU utilisation).
 
 ``TraceDriver(burner, trace, time_scale=60)`` runs a thread that sets the burner's duty
-to util(t) / 100 every ``interval`` seconds, t = elapsed * time_scale trace seconds
-(wrapping around the trace). Traces come from ``tfsync.sim.speeds.load_cpu_traces``
-(the formats in shared/data/traces) or from a two-column CSV ``time,util`` (seconds,
-percent) read by ``load_trace_csv``.
+to util(t) / 100 every ``interval`` seconds, t = offset + elapsed * time_scale trace
+seconds. Past the end of a trace loaded with ``wrap=True`` it loops; past the end of
+one without, it logs one warning and holds the last duty it set. Traces come from
+``load_trace_csv``: every format of ``tfsync.sim.traces`` (shared/data/traces, or a
+two-column CSV ``time,util`` in seconds and percent), with its strict options.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
 import threading
 import time
 
-import numpy as np
-
-from ..sim.speeds import CpuTrace, load_cpu_traces
+from ..sim.traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
 from .burner import CpuBurner
 
 logger = logging.getLogger(__name__)
 
 
-def load_trace_csv(path: str, index: int = 0) -> CpuTrace:
-    """A CSV with header ``time,util`` (s, percent busy), or any format
-    ``load_cpu_traces`` reads (then its ``index``-th trace)."""
-    with open(path, newline="") as f:
-        head = f.readline().strip().lower().replace(" ", "")
-    if head == "time,util":
-        with open(path, newline="") as f:
-            rows = [(float(r["time"]), float(r["util"])) for r in csv.DictReader(
-                f, fieldnames=["time", "util"]) if r["time"].strip().lower() != "time"]
-        if len(rows) < 2:
-            raise ValueError(f"{path}: a trace needs at least two rows of time,util; got {len(rows)}")
-        a = np.array(sorted(rows))
-        return CpuTrace(path, a[:, 0] - a[0, 0], a[:, 1])
-    traces = load_cpu_traces(path)
+def load_trace_csv(path: str, index: int = 0, **options) -> CpuTrace:
+    """The ``index``-th trace of ``path``; ``options`` as ``load_cpu_traces``'
+    (``format``, ``step``, ``gaps``, ``max_gap``, ``wrap``)."""
+    traces = load_cpu_traces(path, **options)
     if not 0 <= index < len(traces):
-        raise ValueError(f"{path} holds {len(traces)} traces; index {index} is out of range")
+        raise TraceError(path, None, f"holds {len(traces)} trace(s); index {index} is out of range")
     return traces[index]
 
 
@@ -57,6 +45,7 @@ class TraceDriver:
         self.history: list[tuple[float, float]] = []  # (elapsed s, duty set)
 
     def duty_at(self, elapsed: float) -> float:
+        """The duty at ``elapsed`` real seconds; TraceRangeError past a non-looping trace."""
         return min(max(self.trace.at(self.offset + elapsed * self.time_scale) / 100.0, 0.0), 1.0)
 
     def start(self) -> "TraceDriver":
@@ -73,7 +62,12 @@ class TraceDriver:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             elapsed = time.monotonic() - self._t0
-            d = self.duty_at(elapsed)
+            try:
+                d = self.duty_at(elapsed)
+            except TraceRangeError as e:
+                logger.warning("%s; holding duty %.2f (load the trace with wrap=True to loop it)",
+                               e, self.burner.duty)
+                return
             self.burner.set_duty(d)
             self.history.append((elapsed, d))
 

@@ -177,12 +177,18 @@ def from_numbers(name: str, values: Mapping[str, float]) -> dict:
 
 def get(spec, **options) -> Policy:
     """A policy from a name (``"ssp"``), a dict (``{"name": "ssp", "staleness": 2}``) or an
-    instance; declared options are checked first (one line naming the option)."""
+    instance; declared options are checked first (one line naming the option).
+    ``batch_size`` is taken by every protocol: a self-sizing one sizes from it, the others
+    get ``sizer=BatchSizer(batch_size)``."""
     if not isinstance(spec, Policy):
         spec, options = split(spec, options)
         found = find(spec) if spec is not None else None
         if found is not None:
             options = found.check(options)
+            if "batch_size" in options and not found.self_sizing:
+                if "sizer" in options:
+                    raise ValueError(f"protocol {found.name!r}: give batch_size or sizer, not both")
+                options["sizer"] = BatchSizer(options.pop("batch_size"))
     return build(_classes, spec, Policy, "protocol", **options)
 
 

@@ -5,7 +5,8 @@ X = n * batch_size, so every round processes as many samples as BSP (§3.4).
 
 ``LBBSPSizer`` keeps one speed predictor per worker (``tfsync.predict``; EMA by default,
 NARX as in the paper), fed by every push: speed = batch / (end - start), with CPU and
-memory from ``view.resources[w]`` where a monitor provides them. Sizes come from the CPU
+memory from ``view.resources[w]`` where a monitor provides them (the last reading at push
+time; what the engine and the simulator put there: tfsync.sim.monitor). Sizes come from the CPU
 rule (§3.2, proportional to predicted speeds) or, given per-worker GPU profiles, from
 the GPU rule (§3.3, a linear program; communication time as an EMA of the part of an
 iteration the profile does not explain). A ``Hysteresis`` keeps sizes that are not

@@ -14,7 +14,7 @@ from ..registry import build
 from .arima import ARIMAPredictor
 from .base import EMA, LastValue, NoObservation, Predictor
 from .learned import NARX, LearnedPredictor, LSTMPredictor, RNNPredictor
-from .trainer import NarxTrainer, default_trainer
+from .trainer import NarxTrainer, default_trainer, training_with
 
 REGISTRY: dict[str, type[Predictor]] = {"last": LastValue, "ema": EMA, "arima": ARIMAPredictor,
                                         "narx": NARX, "rnn": RNNPredictor, "lstm": LSTMPredictor}
@@ -42,4 +42,4 @@ def factory(spec="ema", **options):
 
 __all__ = ["ARIMAPredictor", "EMA", "LSTMPredictor", "LastValue", "LearnedPredictor", "NARX",
            "NarxTrainer", "NoObservation", "Predictor", "REGISTRY", "RNNPredictor",
-           "default_trainer", "factory", "get"]
+           "default_trainer", "factory", "get", "training_with"]

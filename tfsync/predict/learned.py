@@ -19,6 +19,10 @@ the same function class as eq. 4 with the last speed passed straight through. A 
 trend is then a constant output, not an extrapolation past the trained range, where a
 tanh layer saturates and under-predicts.
 
+Beyond the paper (issue 19's study, ``tfsync predict score``): NARX's ``lookback`` (L lags
+of speed, L + 1 of each reading) and ``baseline="ema"``, where the output is the change from
+the EMA (the network learns EMA's residual; the EMA is one more input).
+
 Schedule (§4.2): EMA until ``warmup`` observations (500 in the paper), then the model
 once its first fit is done; given ``weights`` of an earlier model, the model is used at
 once and refined after ``min_train`` observations. Refit every ``retrain_every``
@@ -49,8 +53,11 @@ class LearnedPredictor(Predictor):
 
     def __init__(self, warmup: int = 500, weights=None, trainer: NarxTrainer | None = None,
                  units: int = 2, window: int = 1000, retrain_every: int = 50, min_train: int = 32,
-                 alpha: float = 0.2, seed: int = 0):
+                 alpha: float = 0.2, seed: int = 0, baseline: str = "last"):
         super().__init__()
+        if baseline not in ("last", "ema"):
+            raise ValueError(f"{self.name}: baseline must be 'last' (the paper's) or 'ema', got {baseline!r}")
+        self.baseline = baseline
         if int(warmup) < 0 or int(units) < 1 or int(retrain_every) < 1:
             raise ValueError(f"{self.name}: warmup must be >= 0, units and retrain_every >= 1; got "
                              f"warmup={warmup}, units={units}, retrain_every={retrain_every}")
@@ -68,6 +75,7 @@ class LearnedPredictor(Predictor):
         self._v: list[float] = []
         self._c: list[float] = []
         self._m: list[float] = []
+        self._e: list[float] = []  # the EMA after each observation (baseline="ema")
         self._v_sum = 0.0  # sum of self._v: the reused-weights scale in O(1) per prediction
         self._since_train = 0
         self._requested = False
@@ -85,10 +93,11 @@ class LearnedPredictor(Predictor):
             self._v_sum += speed
             self._c.append(c)
             self._m.append(m)
+            self._e.append(self.ema.value)
             extra = len(self._v) - (self.window + self.lag)
             if extra > 0:
                 self._v_sum -= sum(self._v[:extra])
-                for series in (self._v, self._c, self._m):
+                for series in (self._v, self._c, self._m, self._e):
                     del series[:extra]
         self._since_train += 1
         need = self.min_train if self.reused else max(self.warmup, self.min_train)
@@ -107,8 +116,17 @@ class LearnedPredictor(Predictor):
             first = max(self.lag, n - self.window)
             scale = max(float(np.mean(self._v[first - self.lag:])), 1e-12)
             rows = [self._row(j, scale) for j in range(first, n)]
-            y = [(self._v[j] - self._v[j - 1]) / scale for j in range(first, n)]
+            y = [(self._v[j] - self._base(j)) / scale for j in range(first, n)]
         return np.array(rows), np.array(y), scale
+
+    def _inputs(self) -> int:
+        """Length of a row's statistics: NARX's inputs, the RNNs' time steps."""
+        return self.lag
+
+    def _base(self, j: int) -> float:
+        """What the network's output is added to when predicting observation ``j``: the
+        last speed (the paper's form) or, with ``baseline="ema"``, the EMA of those before j."""
+        return self._v[j - 1] if self.baseline == "last" else self._e[j - 1]
 
     # -- training (called by the trainer, in its thread) -------------------------------------
     def _train(self, trainer: NarxTrainer) -> None:
@@ -125,10 +143,11 @@ class LearnedPredictor(Predictor):
             self._model = nets.build(self.kind, x.shape[1], self.units, trainer.learning_rate, self.seed)
             if self._state is not None:  # warm start from reused weights
                 self._model.set_weights([w.astype(np.float32) for w in self._state["weights"]])
-        weights, epochs, loss = nets.fit(self._model, (x - xm) / xs, (y - ym) / ys, **trainer.fit_options)
+        weights, epochs, loss = nets.fit(self._model, (x - xm) / xs, (y - ym) / ys, **trainer.fit_options,
+                                         seed=self.seed * 1_000_003 + self.fits)  # same data, same fit
         # One assignment: predict() sees the old state or the new one, never a mix.
         self._state = {"kind": self.kind, "weights": weights, "x_mean": xm, "x_std": xs,
-                       "y_mean": ym, "y_std": ys, "scale": scale}
+                       "y_mean": ym, "y_std": ys, "scale": scale, "baseline": self.baseline}
         self.fits += 1
         logger.debug("%s trained on %d samples: %d epochs, loss %.3g", self.name, len(y), epochs, loss)
 
@@ -141,6 +160,10 @@ class LearnedPredictor(Predictor):
         if state["kind"] != self.kind:
             raise ValueError(f"{self.name}: weights are of a {state['kind']!r} model, expected "
                              f"{self.kind!r}; reuse weights of the same predictor kind")
+        if state.get("baseline", "last") != self.baseline or len(state["x_mean"]) != self._inputs():
+            raise ValueError(f"{self.name}: weights are of a model with baseline {state.get('baseline', 'last')!r} "
+                             f"and {len(state['x_mean'])} inputs, this one has baseline {self.baseline!r} and "
+                             f"{self._inputs()}; reuse weights of the same configuration")
         # Another worker's scale does not apply here: use this worker's mean speed (None).
         return {**state, "weights": [np.array(w, dtype=np.float64) for w in state["weights"]],
                 "scale": None}
@@ -164,7 +187,7 @@ class LearnedPredictor(Predictor):
         with self._lock:
             n = len(self._v)
             s = st["scale"] or max(self._v_sum / n, 1e-12)
-            row, last = self._row(n, s), self._v[-1]
+            row, last = self._row(n, s), self._base(n)
         if self.kind == "narx":  # 8 inputs, 2 units: plain floats beat NumPy's per-call cost
             out = _narx_output(st, row)
         else:
@@ -180,7 +203,7 @@ class LearnedPredictor(Predictor):
     def describe(self):
         return {"name": self.name, "warmup": self.warmup, "units": self.units,
                 "retrain_every": self.retrain_every, "window": self.window, "fits": self.fits,
-                "reused": self.reused, "using_model": self.using_model}
+                "reused": self.reused, "using_model": self.using_model, "baseline": self.baseline}
 
 
 def _narx_output(state: dict, row) -> float:
@@ -198,14 +221,30 @@ def _narx_output(state: dict, row) -> float:
 
 
 class NARX(LearnedPredictor):
+    """``lookback`` L: speeds v^{k-1..k-L}, readings c, m^{k..k-L} (paper 002 eq. 4: L = 2);
+    with ``baseline="ema"`` the EMA is one more input and the output is added to it."""
+
     name = "narx"
     kind = "narx"
     lag = 3
 
-    def _row(self, j, s):  # paper 002 eq. 4, look-back 2 on every series
-        v, c, m = self._v, self._c, self._m
-        return [v[j - 1] / s - 1, v[j - 2] / s - 1, c[j - 1], c[j - 2], c[j - 3],
-                m[j - 1], m[j - 2], m[j - 3]]
+    def __init__(self, lookback: int = 2, **options):
+        if int(lookback) < 1:
+            raise ValueError(f"narx: lookback must be >= 1, got {lookback!r}; 2 is the paper's")
+        self.lookback, self.lag = int(lookback), int(lookback) + 1
+        super().__init__(**options)
+
+    def _row(self, j, s):  # paper 002 eq. 4, look-back L on every series
+        v, c, m, L = self._v, self._c, self._m, self.lookback
+        row = [v[j - i] / s - 1 for i in range(1, L + 1)] + [c[j - i] for i in range(1, L + 2)] \
+            + [m[j - i] for i in range(1, L + 2)]
+        return row + [self._e[j - 1] / s - 1] if self.baseline == "ema" else row
+
+    def _inputs(self):
+        return 3 * self.lookback + 2 + (self.baseline == "ema")
+
+    def describe(self):
+        return {**super().describe(), "lookback": self.lookback}
 
 
 class RNNPredictor(LearnedPredictor):

@@ -60,17 +60,26 @@ def build(kind: str, n_inputs: int, units: int, learning_rate: float = 0.01, see
 
 
 def fit(model, x: np.ndarray, y: np.ndarray, *, epochs: int = 200, batch_size: int = 32,
-        min_delta: float = 1e-4, patience: int = 4,
-        min_epochs: int = 0) -> tuple[list[np.ndarray], int, float]:
+        min_delta: float = 1e-4, patience: int = 4, min_epochs: int = 0,
+        seed: int | None = None) -> tuple[list[np.ndarray], int, float]:
     """Train until the loss improves by less than ``min_delta`` for ``patience`` epochs
-    in a row (paper 002 §4.2: 1e-4 for 4 steps) or ``epochs`` pass.
+    in a row (paper 002 §4.2: 1e-4 for 4 steps) or ``epochs`` pass. ``seed``: the
+    batches are shuffled in an order fixed by it (TF's op-level seed), so a fit gives
+    the same weights in any process, whatever else draws random numbers.
     Returns (weights, epochs run, final loss)."""
     import tf_keras as keras
 
     stop = keras.callbacks.EarlyStopping("loss", min_delta=min_delta, patience=patience,
                                          start_from_epoch=min_epochs, restore_best_weights=True)
-    hist = model.fit(x.astype(np.float32), y.astype(np.float32).reshape(-1, 1), epochs=epochs,
-                     batch_size=batch_size, verbose=0, shuffle=True, callbacks=[stop])
+    x, y = x.astype(np.float32), y.astype(np.float32).reshape(-1, 1)
+    if seed is None:
+        hist = model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True, callbacks=[stop])
+    else:
+        import tensorflow as tf
+
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+            len(x), seed=int(seed) % 2 ** 31, reshuffle_each_iteration=True).batch(batch_size)
+        hist = model.fit(data, epochs=epochs, verbose=0, callbacks=[stop])
     losses = hist.history["loss"]
     return [np.array(w) for w in model.get_weights()], len(losses), float(losses[-1])
 

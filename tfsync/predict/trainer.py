@@ -9,12 +9,16 @@ one that asks again while training goes to the back: round-robin), with TF's own
 thread pools kept at ``tf_threads`` where TF is not initialised yet.
 
 ``threads=0`` trains inline in the caller's thread (deterministic; tests and offline
-evaluation). Every wait has a timeout.
+evaluation). Every wait has a timeout. ``default_trainer()`` is the process-wide one,
+unless a ``training_with(trainer)`` block (the simulator's, tfsync.sim) names another
+for its own thread.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -142,10 +146,26 @@ class NarxTrainer:
 
 _default: NarxTrainer | None = None
 _default_lock = threading.Lock()
+_scoped: contextvars.ContextVar = contextvars.ContextVar("tfsync_predict_trainer", default=None)
+
+
+@contextlib.contextmanager
+def training_with(trainer: NarxTrainer):
+    """Inside this block, in this thread, predictors without a trainer of their own use
+    ``trainer`` instead of the process-wide one (the simulator trains inline this way)."""
+    token = _scoped.set(trainer)
+    try:
+        yield trainer
+    finally:
+        _scoped.reset(token)
 
 
 def default_trainer() -> NarxTrainer:
-    """The process-wide trainer learned predictors share unless given their own."""
+    """The trainer learned predictors use unless given their own: the one of the
+    enclosing ``training_with`` block, else the process-wide one."""
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
     global _default
     with _default_lock:
         if _default is None:

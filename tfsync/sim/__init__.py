@@ -1,6 +1,9 @@
 """TF-free discrete-event cluster simulator that runs the engine's policy objects."""
 
 from .simulator import SimResult, Simulator
-from .speeds import CpuTrace, SpeedModel, load_cpu_traces
+from .monitor import SimMonitor
+from .speeds import SpeedModel
+from .traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
 
-__all__ = ["CpuTrace", "SimResult", "Simulator", "SpeedModel", "load_cpu_traces"]
+__all__ = ["CpuTrace", "SimMonitor", "SimResult", "Simulator", "SpeedModel", "TraceError", "TraceRangeError",
+           "load_cpu_traces"]

@@ -10,6 +10,11 @@ Algorithm 1): AGGREGATE pushes wait for the barrier, APPLY pushes update at once
 With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step computes its
 gradient at the weights current when it started, so the staleness the schedule implies
 is the staleness the model sees (paper 004 §4 trains an MLP on MNIST this way).
+
+Views carry ``resources``: every worker's CPU contention as the engine's monitor reports
+it, from the speed model (tfsync.sim.monitor). Learned speed predictors (LB-BSP's NARX)
+train inline on the simulator's own trainer, not on the process-wide background one, so
+one seed gives one run.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from dataclasses import dataclass, field
 from .. import safefile
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
+from ..predict.trainer import NarxTrainer, training_with
 from ..pushlog import push_record, write_jsonl
+from .monitor import SimMonitor
 from .speeds import SpeedModel
 
 
@@ -111,15 +118,23 @@ class Simulator:
     model (``NumpyMLP``); ``lr`` its base learning rate, scaled by the policy's
     ``lr_scale``; ``eval_every``: accuracy measured every this many updates.
     ``record``: keep every Push (turn off for scheduling-only speed runs).
+    ``monitor_interval``: seconds between resource samples (tfsync.sim.monitor; 0: read
+    at the view's time). ``trainer``: trains learned predictors that have no trainer of
+    their own, inline (``threads=0``); default a fresh one.
     """
 
     def __init__(self, num_workers: int, speeds: SpeedModel | None = None, *, comm: float = 0.0,
                  model=None, lr: float = 0.05, eval_every: int = 200, record: bool = True,
-                 history: int = 256):
+                 history: int = 256, monitor_interval: float = 1.0, trainer: NarxTrainer | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.trainer = NarxTrainer(threads=0) if trainer is None else trainer
+        if self.trainer.threads != 0:
+            raise ValueError(f"the simulator's trainer must train inline (threads=0) so one seed gives "
+                             f"one run; got threads={self.trainer.threads}")
         self.n = num_workers
         self.speeds = speeds or SpeedModel()
+        self.monitor = SimMonitor(self.speeds, num_workers, monitor_interval)
         self.comm = float(comm)
         self.model, self.lr, self.eval_every = model, float(lr), int(eval_every)
         self.record = record
@@ -150,7 +165,7 @@ class Simulator:
             num_workers=self.n, clocks=tuple(self.clocks), granted=tuple(self.granted),
             round=self.round, pending_workers=tuple(self.pending), pending_samples=self.pending_samples,
             pushes=self.pushes, updates=self.updates, samples=self.samples, now=self.now,
-            active=self.members, history=self.history,
+            active=self.members, history=self.history, resources=self.monitor.at(self.now),
         ).known(members=self.members, in_flight=self._in_flight, min_clock=self._min.value)
 
     # -- running -------------------------------------------------------------------------
@@ -172,15 +187,16 @@ class Simulator:
                   self.now + time if time is not None else math.inf)
         if self.model is not None and not self.accuracy:
             self._evaluate()
-        self._apply(policy.start(self.view()))
-        while not (self.pushes >= limits[0] or self.updates >= limits[1]
-                   or self.samples >= limits[2] or self.now >= limits[3]
-                   or (self.accuracy and self.accuracy[-1][2] >= target)):
-            if not self._events:
-                raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
-                                  f"granted (pushes so far: {self.pushes})")
-            self._event(policy)
-        self._drain(policy)
+        with training_with(self.trainer):
+            self._apply(policy.start(self.view()))
+            while not (self.pushes >= limits[0] or self.updates >= limits[1]
+                       or self.samples >= limits[2] or self.now >= limits[3]
+                       or (self.accuracy and self.accuracy[-1][2] >= target)):
+                if not self._events:
+                    raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
+                                      f"granted (pushes so far: {self.pushes})")
+                self._event(policy)
+            self._drain(policy)
         return SimResult(policy.describe(), policy.stats(), self.now, self.pushes, self.updates,
                          self.samples, self.dropped, self.n, list(self.log), list(self.counts),
                          list(self.accuracy), self.lr)

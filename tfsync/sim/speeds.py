@@ -7,7 +7,9 @@ One :class:`SpeedModel` covers the cases of paper 004 §4 and of the issues:
   N(``straggle_mean``, ``straggle_std``) seconds (clipped at 0); mean and std may be
   per-worker sequences (paper 004 §4: some workers sleep, others never do);
 - trace-driven: a worker placed on a traced machine gets the CPU share the machine's
-  other load leaves it, ``1 - util(t)``, so its compute time is divided by that share;
+  other load leaves it, ``share(w, t) = max(1 - util(t) / 100, min_share)``, so its
+  compute time is divided by the share at the step's start (traces: tfsync.sim.traces;
+  ``contention`` is what a resource monitor reads, tfsync.sim.monitor);
 - ``jitter``: log-normal noise on every step (sigma), as real step times have.
 
 Draws come from one random stream per worker, taken in step order, so worker w's k-th
@@ -17,65 +19,12 @@ on the same luck.
 
 from __future__ import annotations
 
-import csv
 import math
-import os
 import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
-
-
-@dataclass(frozen=True)
-class CpuTrace:
-    """CPU utilisation (percent) of one machine over time, sampled at ``times`` (s)."""
-
-    name: str
-    times: np.ndarray
-    util: np.ndarray
-
-    def at(self, t: float) -> float:
-        """Utilisation at trace time ``t`` (wraps around the trace's span)."""
-        span = float(self.times[-1] - self.times[0]) or 1.0
-        t = self.times[0] + (t % span)
-        i = int(np.searchsorted(self.times, t, side="right")) - 1
-        return float(self.util[max(i, 0)])
-
-
-def load_cpu_traces(path: str, limit: int | None = None) -> list[CpuTrace]:
-    """CPU traces from ``../shared/data/traces`` formats: the Alibaba 2018
-    ``machine_usage.csv`` (one trace per machine id), a Bitbrains VM ``N.csv`` (or a
-    folder of them), or a data-centre aggregate CSV with a ``cpu_util_percent`` column."""
-    if os.path.isdir(path):
-        files = sorted((f for f in os.listdir(path) if f.endswith(".csv")),
-                       key=lambda f: (len(f), f))
-        traces = [t for f in files for t in load_cpu_traces(os.path.join(path, f))]
-        return traces[:limit] if limit else traces
-    with open(path, newline="") as f:
-        head = f.readline()
-    if ";" in head:  # Bitbrains: "Timestamp [ms];\tCPU cores;\t...;\tCPU usage [%];..."
-        rows = np.genfromtxt(path, delimiter=";", skip_header=1, usecols=(0, 4))
-        traces = [CpuTrace(os.path.basename(path), rows[:, 0] - rows[0, 0], rows[:, 1])]
-    elif "cpu_util_percent" in head:  # data-centre aggregate, one row per 30 s / 300 s
-        with open(path, newline="") as f:
-            util = np.array([float(r["cpu_util_percent"]) for r in csv.DictReader(f)])
-        step = 300.0 if "300s" in path else 30.0
-        traces = [CpuTrace(os.path.basename(path), np.arange(len(util)) * step, util)]
-    else:  # Alibaba machine_usage: machine_id, time_stamp, cpu_util_percent, ...
-        by_machine: dict[str, list[tuple[float, float]]] = {}
-        with open(path, newline="") as f:
-            for row in csv.reader(f):
-                if len(row) > 2 and row[2]:
-                    by_machine.setdefault(row[0], []).append((float(row[1]), float(row[2])))
-        traces = []
-        for name, rows in by_machine.items():
-            rows.sort()
-            a = np.array(rows)
-            traces.append(CpuTrace(name, a[:, 0] - a[0, 0], a[:, 1]))
-    if not traces or any(len(t.times) < 2 for t in traces):
-        raise ValueError(f"{path}: no CPU trace with at least two samples found")
-    return traces[:limit] if limit else traces
+from .traces import CpuTrace, TraceError, load_cpu_traces  # noqa: F401 - re-exported
 
 
 def _of(value, worker: int) -> float:
@@ -99,6 +48,7 @@ class SpeedModel:
     min_share: float = 0.05  # a machine never leaves a worker less than this CPU share
     seed: int = 0
     _rngs: dict = field(default_factory=dict, init=False, repr=False)
+    _loads: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.fixed < 0 or self.per_sample < 0 or self.fixed + self.per_sample <= 0:
@@ -117,14 +67,35 @@ class SpeedModel:
     def factor(self, worker: int) -> float:
         return self.factors[worker % len(self.factors)] if self.factors else 1.0
 
+    def _trace_time(self, worker: int, now: float) -> float:
+        # Workers sharing a trace start at different points of it.
+        return now * self.trace_scale + (worker // len(self.traces)) * 3600.0
+
+    def share(self, worker: int, now: float) -> float:
+        """The CPU share worker ``worker``'s machine leaves it at simulated time ``now``:
+        ``max(1 - util / 100, min_share)`` of its trace, 1 without traces."""
+        if not self.traces:
+            return 1.0
+        trace = self.traces[worker % len(self.traces)]
+        return max(1.0 - trace.at(self._trace_time(worker, now)) / 100.0, self.min_share)
+
+    def contention(self, worker: int, t0: float, t1: float | None = None) -> float:
+        """Percent of the worker's CPU other load takes, ``100 * (1 - share)``, at ``t0``
+        or averaged over [t0, t1]: the engine monitor's ``cpu`` (tfsync.sim.monitor)."""
+        if not self.traces:
+            return 0.0
+        if t1 is None or t1 <= t0:
+            return 100.0 * (1.0 - self.share(worker, t0))
+        i = worker % len(self.traces)
+        load = self._loads.get(i)
+        if load is None:  # what the other load can take: all but min_share
+            load = self._loads[i] = self.traces[i].clipped(100.0 * (1.0 - self.min_share))
+        return load.mean(self._trace_time(worker, t0), self._trace_time(worker, t1))
+
     def step_time(self, worker: int, batch_size: int, now: float) -> float:
         t = (self.fixed + self.per_sample * batch_size) * self.factor(worker)
         if self.traces:
-            trace = self.traces[worker % len(self.traces)]
-            # Workers sharing a trace start at different points of it.
-            offset = (worker // len(self.traces)) * 3600.0
-            share = max(1.0 - trace.at(now * self.trace_scale + offset) / 100.0, self.min_share)
-            t /= share
+            t /= self.share(worker, now)
         if self.jitter or self.straggle_p:
             r = self.rng(worker)
             if self.jitter:
