@@ -22,11 +22,11 @@ Batch normalization works under the engine: in a step (`training=True`) each wor
 normalizes with its own batch's statistics and assigns the layer's moving mean and
 variance (non-trainable variables on the PS) as it runs, so the moving averages follow
 every worker's batches, in every protocol; the optimizer updates only the trainable
-variables. Evaluation (`training=False`) uses the moving averages. Two things to know:
-the moving averages are not part of BSP's aggregated update (each worker's step moves
-them at once, as in native ParameterServerStrategy training), and weight decay through
-`kernel_regularizer` would not be seen (tfsync trains the loss `train.loss` computes,
-not `model.losses`): give it as the optimizer's `weight_decay` instead.
+variables. Evaluation (`training=False`) uses the moving averages. The moving averages
+are not part of BSP's aggregated update (each worker's step moves them at once, as in
+native ParameterServerStrategy training). Weight decay may be a `kernel_regularizer`
+(its `model.losses` are added to each step's loss, as `model.fit` adds them) or the
+optimizer's `weight_decay`.
 """
 
 from __future__ import annotations

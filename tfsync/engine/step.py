@@ -32,6 +32,8 @@ def make_step_fn(model, control: PSControl, loss_fn):
             x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+                if model.losses:  # kernel_regularizer, add_loss: as model.fit adds them
+                    loss += tf.add_n(model.losses)
             grads = tape.gradient(loss, variables)
             rate = tf.cond(token[MODE] == MODE_AGGREGATE,
                            lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
