@@ -160,7 +160,7 @@ def test_config_signature_ignores_what_a_search_varies():
     sig = config_signature(base.to_dict())
     same = JobConfig.from_dict({"job": {"name": "other", "seed": 7, "run_dir": "x"}, "cluster": {"workers": 3},
                                 "data": {"path": "/elsewhere.npz"}, "protocol": [{"name": "asp"}],
-                                "train": {"eval_every": 50, "checkpoint_every": 10},
+                                "train": {"eval_every": 50, "checkpoint_every": 10, "metrics": ["mae"]},
                                 "switch": {"point": "job", "method": "restart"},
                                 "inject": [{"worker": 1}]})
     assert config_signature(same.to_dict()) == sig
