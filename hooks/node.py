@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -218,6 +219,12 @@ def main(argv=None) -> int:
         print(f"tfsync hook: {e}", file=sys.stderr)
         return 2
     print(f"tfsync hook listening on port {port}", flush=True)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
+        signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C
     try:
         server.wait_for_termination()
     except KeyboardInterrupt:

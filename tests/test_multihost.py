@@ -45,7 +45,7 @@ def two_hooks(tmp_path):
         yield [f"127.0.0.1:{p}" for p in ports], token_file, hooks
     finally:
         for h in hooks:
-            h.send_signal(signal.SIGINT)
+            h.send_signal(signal.SIGTERM)
         for h in hooks:
             try:
                 h.wait(timeout=20)
