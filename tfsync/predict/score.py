@@ -33,6 +33,7 @@ import random
 
 import numpy as np
 
+from ..sim.traces import TraceError, number
 from . import get
 from .trainer import NarxTrainer
 
@@ -42,12 +43,8 @@ LEARNED = ("narx", "rnn", "lstm")
 COLUMNS = ["predictor", "worker", "steps", "rmse", "nrmse_pct", "mean_speed", "ratio_to_ema", "fits"]
 
 
-class SeriesError(ValueError):
+class SeriesError(TraceError):
     """A series file cannot be scored: one line ``file:line: problem``."""
-
-    def __init__(self, source: str, line: int | None, problem: str):
-        self.source, self.line, self.problem = source, line, problem
-        super().__init__(f"{source}:{line}: {problem}" if line else f"{source}: {problem}")
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -94,13 +91,7 @@ def _value(path: str, line: int, row: dict, key: str, required: bool = False) ->
         if required:
             raise SeriesError(path, line, f"{key} is empty")
         return None
-    try:
-        v = float(raw)
-    except ValueError:
-        raise SeriesError(path, line, f"{key} {raw!r} is not a number") from None
-    if not math.isfinite(v):
-        raise SeriesError(path, line, f"{key} {raw!r} is not a finite number")
-    return v
+    return number(path, line, raw, key, SeriesError)
 
 
 def series_from_trace(trace, *, every: float | None = None, speed: float = 1000.0, jitter: float = 0.05,

@@ -270,12 +270,12 @@ def _read(path: str, layout: _Layout, step: float | None) -> dict[str, list[tupl
                     raise TraceError(path, None, "has no time column: pass step= (seconds between rows)")
                 t = row * float(step)
             else:
-                t = _number(path, n, fields[layout.time], "time")
+                t = number(path, n, fields[layout.time], "time")
             row += 1
             raw = fields[layout.cpu]
             if raw == "":  # a missing sample: its time joins a gap
                 continue
-            util = _number(path, n, raw, layout.cpu_name) * layout.factor
+            util = number(path, n, raw, layout.cpu_name) * layout.factor
             if not 0.0 <= util <= 100.0:
                 raise TraceError(path, n, f"{layout.cpu_name} {raw} is {util:g} %, outside [0, 100]")
             name = fields[layout.machine] if layout.machine is not None else default
@@ -283,13 +283,15 @@ def _read(path: str, layout: _Layout, step: float | None) -> dict[str, list[tupl
     return out
 
 
-def _number(path: str, line: int, raw: str, what: str) -> float:
+def number(path: str, line: int, raw: str, what: str, error: type | None = None) -> float:
+    """``raw`` as a finite float, or ``error`` (a TraceError class) naming file, line and field."""
+    error = error or TraceError
     try:
         v = float(raw)
     except ValueError:
-        raise TraceError(path, line, f"{what} {raw!r} is not a number") from None
+        raise error(path, line, f"{what} {raw!r} is not a number") from None
     if not math.isfinite(v):
-        raise TraceError(path, line, f"{what} {raw!r} is not a finite number")
+        raise error(path, line, f"{what} {raw!r} is not a finite number")
     return v
 
 
