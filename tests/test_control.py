@@ -5,6 +5,7 @@ loopback, real TF tasks, the real job store)."""
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,6 +57,16 @@ def kill_if_running(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.communicate()
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Stop a tfsync process as Ctrl-C does (it stops its jobs or tasks), or kill it after ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def wait_for(what, check, timeout=90.0):

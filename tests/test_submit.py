@@ -11,7 +11,7 @@ import sys
 import grpc
 import pytest
 
-from test_control import DATA, JOB, tfsync, wait_for
+from test_control import DATA, JOB, interrupt, tfsync, wait_for
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.cluster import free_ports
 from tfsync.manager import auth, transport
@@ -33,12 +33,7 @@ def manager(tmp_path):
         assert proc.poll() is None, (tmp_path / "manager.out").read_text()
         yield address, env, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        interrupt(proc)
 
 
 def test_submit_follow_stop_and_resume(tmp_path, manager):

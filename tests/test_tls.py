@@ -6,14 +6,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from test_control import DATA, JOB, tfsync, wait_for
+from test_control import DATA, JOB, interrupt, tfsync, wait_for
 from tfsync.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks.node import serve as serve_hook
@@ -214,15 +213,6 @@ def _start(cmd, out, env, ready):
     return proc, line
 
 
-def _end(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 @pytest.mark.cluster
 def test_a_submitted_job_runs_over_tls_only(tmp_path):
     cert, key = make_cert(tmp_path)
@@ -267,4 +257,4 @@ def test_a_submitted_job_runs_over_tls_only(tmp_path):
         assert os.listdir(tmp_path / "node")  # the tasks ran on the TLS hook (their logs)
     finally:
         for p in reversed(procs):
-            _end(p)
+            interrupt(p)
