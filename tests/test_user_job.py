@@ -4,6 +4,7 @@ line exactly as the bundled MNIST job is (issue 16)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
 
 pytestmark = pytest.mark.cluster
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 
 MODULE = '''
 import numpy as np
@@ -119,3 +121,17 @@ def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
     run = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "found by `tfsync search`" in run.stderr, run.stderr[-2000:]
+
+
+def test_searching_a_job_without_accuracy_is_refused_in_one_line(tmp_path):
+    """A regression job has no test accuracy to compare: the search says so (it failed
+    with a TypeError traceback after its first trial)."""
+    job = tmp_path / "project" / "job.toml"
+    job.parent.mkdir()
+    shutil.copy(os.path.join(EXAMPLES, "regression", "model.py"), job.parent / "model.py")
+    job.write_text(open(os.path.join(EXAMPLES, "regression", "job.toml")).read().replace("epochs = 4", "epochs = 1"))
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("tfsync: error:") and "reports none" in r.stderr

@@ -198,6 +198,9 @@ def cmd_search(args) -> int:
             run = seed - settings.seed
             tcfg = trial_config(cfg, fraction, run)
             summary = run_trial_process(tcfg, args.data)
+            if summary.get("converged_accuracy") is None:
+                raise ValueError(f"{args.job}: tfsync search compares test accuracy, and this job reports none "
+                                 "(its labels are not class ids); searching on train.metrics is not built yet")
             curve = [[e["time"], e["accuracy"]] for e in summary.get("evals", [])]
             return TrialResult(float(summary["converged_accuracy"]), float(summary["wall_s"]),
                                {"run_dir": tcfg.job.run_dir, "test_accuracy": summary.get("test_accuracy"),
@@ -216,6 +219,9 @@ def cmd_search(args) -> int:
             store.set_job_state(job.id, "stopped")
             return _fail(f"search interrupted; {done['n']} trials are stored. Run the same command to resume",
                          130)
+        except ValueError as e:
+            store.set_job_state(job.id, "failed")
+            return _fail(str(e), EXIT_BAD_INPUT)
         except RuntimeError as e:
             store.set_job_state(job.id, "failed")
             return _fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
