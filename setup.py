@@ -32,7 +32,8 @@ setup(
     ],
     extras_require={
         # grpcio-tools is pinned: tests/test_api.py regenerates tfsync/api/v1 and compares bytes.
-        "test": ["pytest>=8", "grpcio-tools==1.85.1"],
+        # pytest-timeout ends a test that runs away (one did for an hour in CI) with its stack.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1"],
         "plots": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},
