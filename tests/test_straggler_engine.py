@@ -32,7 +32,7 @@ until = 0.8
 name = "asp"
 [switch]
 stragglers = "{policy}"
-straggler_window_s = 0.5
+straggler_window_s = 1.0
 straggler_k = 2
 readmit_after_s = 1000
 [[inject]]
