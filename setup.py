@@ -12,7 +12,8 @@ setup(
     python_requires=">=3.10",
     packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
               "tfsync.datasets", "tfsync.sim", "tfsync.rl", "tfsync.manager", "tfsync.hooks",
-              "tfsync.api", "tfsync.api.v1", "tfsync.predict", "tfsync.batching", "tfsync.inject"],
+              "tfsync.api", "tfsync.api.v1", "tfsync.predict", "tfsync.batching", "tfsync.inject",
+              "tfsync.report"],
     # The design card keeps manager/ and hooks/ at the top of the repository; users
     # import them only as tfsync.manager and tfsync.hooks.
     package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},
@@ -29,12 +30,18 @@ setup(
         # imported NumPy; env variables only work before that import.
         "threadpoolctl>=3",
         "numpy>=1.26",
+        # Every run ends with its report (tfsync.report): figures drawn with matplotlib.
+        "matplotlib>=3.8",
+        # TF 2.21 no longer brings it: `tensorboard --logdir runs/` and the Keras callback need it.
+        "tensorboard>=2.21,<2.22",
+        # The live progress bar of `tfsync run` (already installed with TF's keras 3).
+        "rich>=13",
     ],
     extras_require={
         # grpcio-tools is pinned: tests/test_api.py regenerates tfsync/api/v1 and compares bytes.
         # pytest-timeout ends a test that runs away (one did for an hour in CI) with its stack.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1"],
-        "plots": ["matplotlib>=3.8"],
+        "plots": ["matplotlib>=3.8"],  # now a base dependency; the extra kept for old instructions
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},
 )

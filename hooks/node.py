@@ -203,7 +203,9 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Run this node's tfsync hook agent (a NodeHook gRPC server).")
+    p = argparse.ArgumentParser(prog="tfsync hook",  # also for python -m tfsync.hooks.node
+                                description="Run this node's tfsync hook agent (a NodeHook gRPC server): it starts "
+                                            "and stops the TF tasks of the jobs that managers send it.")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (default: loopback, a free port)")
     p.add_argument("--token-file", required=True, help="the job token file (mode 0600)")
     p.add_argument("--log-dir", default=None, help="where task logs go")

@@ -1,6 +1,7 @@
 """`tfsync status | metrics | switch | stop | checkpoint | batch-sizes | hook`: talk to a running job's
 manager, or run a node hook. A job is named by its job file or its run directory; its
-control files (``control/manager.json``, ``control/token``) are read from there."""
+control files (``control/manager.json``, ``control/token``) are read from there. `tfsync
+status` of a job no manager answers for reads the job store instead (``jobs_cli``)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,35 @@ class ControlError(RuntimeError):
     pass
 
 
-def locate(target: str) -> tuple[dict, str]:
-    """(manager.json contents, token) of the job at ``target`` (job file or run dir)."""
-    from tfsync.manager.auth import read_token
+class NotRunning(ControlError):
+    """No manager answers for the job: none was started, or it has ended. ``info``: the
+    manager.json left behind, if any (its job_id and store say where to look it up)."""
 
+    def __init__(self, message: str, info: dict | None = None):
+        super().__init__(message)
+        self.info = info or {}
+
+
+def run_dir_of(target: str) -> Path:
+    """The run directory of ``target``: a job file's run_dir, else ``target`` itself."""
     path = Path(target)
     if path.is_file():
         from tfsync.config import ConfigError, load_job
         try:
-            path = Path(load_job(str(path)).job.run_dir)
+            return Path(load_job(str(path)).job.run_dir)
         except ConfigError as e:
             raise ControlError(str(e)) from None
+    return path
+
+
+def locate(target: str) -> tuple[dict, str]:
+    """(manager.json contents, token) of the job at ``target`` (job file or run dir)."""
+    from tfsync.manager.auth import read_token
+
+    path = run_dir_of(target)
     info = path / "control" / "manager.json"
     if not info.is_file():
-        raise ControlError(f"{target}: no running job there (no {info}); start it with `tfsync run JOB`")
+        raise NotRunning(f"{target}: no running job there (no {info}); start it with `tfsync run JOB`")
     try:
         found = json.loads(info.read_text())
         if not isinstance(found, dict) or not {"address", "job_id"} <= found.keys():
@@ -74,21 +90,29 @@ def _stub(args):
         transport.wait_ready(channel, 5.0, f"the manager of job {info['job_id']} at {info['address']}",
                              target=info["address"], tls=tls)
     except transport.TransportError as e:
-        raise ControlError(f"{e} (the run may have ended)" if "TLS" not in str(e) else str(e)) from None
+        if "TLS" in str(e):
+            raise ControlError(str(e)) from None
+        raise NotRunning(f"{e} (the run may have ended)", info) from None
     return manager_pb2_grpc.ManagerStub(channel), info, grpc
 
 
-def _call(args, make):
-    """Send one control call; print the answer (JSON with --json)."""
+def _call(args, make, ended=None):
+    """Send one control call; print the answer (JSON with --json). ``ended(args, NotRunning)``
+    answers instead where no manager does (default: one line, exit 2)."""
     from google.protobuf.json_format import MessageToDict
 
+    info = {}
     try:
         stub, info, grpc = _stub(args)
         reply = make(stub, info["job_id"])
+    except NotRunning as e:
+        return ended(args, e) if ended else _fail(str(e), EXIT_BAD_INPUT)
     except ControlError as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     except Exception as e:  # grpc.RpcError: the manager's own message
         if hasattr(e, "code"):
+            if ended and e.code().name == "UNAVAILABLE":  # it ended after it answered wait_ready
+                return ended(args, NotRunning(f"the manager of job {info['job_id']} has gone: {e.details()}", info))
             return _fail(f"{e.code().name}: {e.details()}", EXIT_BAD_INPUT if e.code().name in
                          ("INVALID_ARGUMENT", "NOT_FOUND") else EXIT_FAILED)
         raise
@@ -108,7 +132,8 @@ def _text(d: dict) -> str:
 
 def cmd_status(args):
     from tfsync.api.v1 import manager_pb2
-    return _call(args, lambda s, j: s.GetStatus(manager_pb2.GetStatusRequest(job_id=j), timeout=10))
+    from tfsync.manager.jobs_cli import show_ended
+    return _call(args, lambda s, j: s.GetStatus(manager_pb2.GetStatusRequest(job_id=j), timeout=10), show_ended)
 
 
 def _protocol(name: str) -> str:
@@ -249,7 +274,7 @@ def cmd_submit(args):
     from tfsync.manager import auth, transport
 
     try:
-        cfg = load_job(args.job)
+        cfg = load_job(args.job, overrides=args.set)
         paths = {"run_dir": os.path.abspath(cfg.job.run_dir)}
         data = dataclasses.replace(cfg.data, path=os.path.abspath(args.data or cfg.data.path)) \
             if (args.data or cfg.data.path) else cfg.data
@@ -286,11 +311,11 @@ def tls_options(p) -> None:
 
 
 def add_commands(sub) -> None:
-    def job_command(name, help_, func):
+    def job_command(name, help_, func, target_help="the job file, or the run directory"):
         p = sub.add_parser(name, help=help_, description=help_ + ". The job is named by its job file "
                            "or its run directory; the command reaches its manager on loopback with "
                            "the job's token (run_dir/control/token).")
-        p.add_argument("target", metavar="JOB", help="the job file, or the run directory")
+        p.add_argument("target", metavar="JOB", help=target_help)
         p.add_argument("--json", action="store_true", help="print the answer as JSON")
         tls_options(p)
         p.set_defaults(func=func)
@@ -298,7 +323,14 @@ def add_commands(sub) -> None:
 
     from tfsync.policy import catalogue
 
-    job_command("status", "show a running job's protocol, step, loss and batch sizes", cmd_status)
+    stat = job_command("status", "show a running job's protocol, step, loss and batch sizes; an ended "
+                       "job's final state and results", cmd_status,
+                       "the job file, or the run directory; for an ended job also its id or name")
+    stat.description += (" Where no manager answers (the job has ended), the job is looked up in the job store "
+                         "(by the run directory, or by a job id or name as JOB) and its final state and "
+                         "results are shown.")
+    stat.add_argument("--store", help="the job store to look an ended job up in (default: the one the job's "
+                                      "manager.json names, else $TFSYNC_HOME/jobs.db)")
     sw = job_command("switch", "switch a running job to another protocol at its next step boundary", cmd_switch)
     protocols = catalogue.names()
     sw.add_argument("--to", required=True, type=_protocol, choices=protocols, metavar="PROTOCOL",
@@ -345,9 +377,13 @@ def add_commands(sub) -> None:
     sb.add_argument("--token-file", help="the manager's token file (default $TFSYNC_HOME/manager.token, "
                                          "where `tfsync manager` puts it)")
     sb.add_argument("--data", help="data path (overrides data.path)")
+    from tfsync.config import OVERRIDE_HELP
+    sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     sb.add_argument("--json", action="store_true", help="print the job's status as JSON")
     tls_options(sb)
     sb.set_defaults(func=cmd_submit)
+    from tfsync.manager.jobs_cli import add_commands as add_store_commands
+    add_store_commands(sub)
     # `tfsync hook ...` is handed to tfsync.hooks.node.main whole (tfsync.cli.main); listed here for --help.
     sub.add_parser("hook", help="run this node's hook agent (starts its TF tasks for a manager); "
                                 "`tfsync hook --help` for its options", add_help=False)

@@ -254,6 +254,11 @@ class Store:
         rows = self._rows("SELECT * FROM steps WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, from_step))
         return [StepSummary(r[0], r[1], r[2], r[3], r[4], r[5], tuple(json.loads(r[6]))) for r in rows]
 
+    def last_step(self, run_id: int) -> StepSummary | None:
+        """The run's newest step summary (None before its first), without reading the others."""
+        rows = self._rows("SELECT * FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,))
+        return StepSummary(*rows[0][:6], tuple(json.loads(rows[0][6]))) if rows else None
+
     def add_event(self, run_id: int, kind: str, detail: dict | None = None, at: float | None = None) -> Event:
         _check(kind, EVENT_KINDS, "event kind")
         event = Event(run_id, kind, time.time() if at is None else at, detail or {})

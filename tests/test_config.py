@@ -206,3 +206,104 @@ def test_load_job_file_errors(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_job(val)
     assert str(e.value) == f"{val}: train.batch_size = -3: must be an integer >= 1"
+
+
+# ---- --set KEY=VALUE: load_job(path, overrides) ----
+
+def _user_job(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nfn = "m.py:build"\nargs = {units = 4, act = "relu"}\n\n'
+                   '[train]\nloss = "MeanSquaredError"\nepochs = 1.0\n\n'
+                   '[[protocol]]\nname = "bsp"\nuntil = 0.5\n\n[[protocol]]\nname = "ssp"\nstaleness = 3\n')
+    return job
+
+
+def test_set_overrides_nested_values_and_the_signature(tmp_path, monkeypatch):
+    from tfsync.switch.trials import config_signature
+    job = _user_job(tmp_path)
+    before = job.read_text()
+    base = load_job(job)
+    c = load_job(job, overrides=["train.epochs=2", "model.args.units=8", "model.args.layers=[16, 8]",
+                                 "cluster.workers=4", "data.validation=0.1", 'job.name="exp-1"', "switch.lr=constant"])
+    assert c.train.epochs == 2.0 and c.cluster.workers == 4 and c.data.validation == 0.1
+    assert c.model.args == {"units": 8, "act": "relu", "layers": [16, 8]}  # the rest of the table kept
+    assert (c.job.name, c.job.run_dir, c.switch.lr) == ("exp-1", "runs/exp-1", "constant")  # bare word: a string
+    assert job.read_text() == before and load_job(job) == base  # the file is not touched
+    assert load_job(job, overrides=["model.args={units = 2}"]).model.args == {"units": 2}  # a whole table
+    # what a run records (and the recurring-job signature) is the overridden job
+    assert c.to_dict()["train"]["epochs"] == 2.0
+    assert config_signature(load_job(job, overrides=["train.epochs=2"]).to_dict()) != config_signature(base.to_dict())
+    assert config_signature(load_job(job, overrides=["train.epochs=1.0"]).to_dict()) == config_signature(base.to_dict())
+    # later --set wins; file references in a --set are relative to the working directory
+    assert load_job(job, overrides=["train.epochs=2", "train.epochs=3"]).train.epochs == 3.0
+    assert c.model.fn == f"{tmp_path}/m.py:build"
+    (tmp_path / "w").mkdir()
+    monkeypatch.chdir(tmp_path / "w")
+    assert load_job(job, overrides=["model.fn=n.py:make"]).model.fn == f"{Path.cwd()}/n.py:make"
+    assert load_job(job, overrides=["train.epochs=2"]).model.fn == f"{tmp_path}/m.py:build"  # the file's: its dir
+
+
+def test_set_indexes_arrays_of_tables(tmp_path):
+    job = _user_job(tmp_path)
+    c = load_job(job, overrides=["protocol.0.until=0.3", "protocol.1.staleness=5"])
+    assert (c.protocol[0].name, c.protocol[0].until) == ("bsp", 0.3)
+    assert c.protocol[1].settings["staleness"] == 5
+    c = load_job(job, overrides=['protocol.1={name = "asp"}'])
+    assert [p.name for p in c.protocol] == ["bsp", "asp"]
+    c = load_job(EXAMPLE, overrides=['protocol=[{name = "ssp", staleness = 2}]'])
+    assert [(p.name, p.settings["staleness"]) for p in c.protocol] == [("ssp", 2)]
+
+
+@pytest.mark.parametrize("given, field", [
+    ("train.epochs=abc", "train.epochs"),
+    ("cluster.workers=0", "cluster.workers"),
+    ("protocol.0.until=2", "protocol[0].until"),
+    ("protocol.1.staleness=-1", "protocol[1].staleness"),
+    ("train.batchsize=3", "train.batchsize"),
+    ("model.args.units=[1, {a = [[[[1]]]]}]", None),  # fine: nested, but not too deep
+])
+def test_set_bad_value_is_the_files_one_line_error(tmp_path, given, field):
+    job = _user_job(tmp_path)
+    if field is None:
+        load_job(job, overrides=[given])
+        return
+    with pytest.raises(ConfigError) as e:
+        load_job(job, overrides=[given])
+    msg = str(e.value)
+    assert e.value.field == field and "\n" not in msg, msg
+    assert msg.startswith(f"{job}: {field}") and msg.endswith(f"(given by --set {given.split('=')[0]})"), msg
+
+
+@pytest.mark.parametrize("given, why", [
+    ("train.epochs", "expected KEY=VALUE"),
+    ("=2", "empty KEY"),
+    ("  =2", "empty KEY"),
+    ("train..epochs=2", "KEY must be"),
+    ("train.epochs.x=2", "train.epochs is a float, not a table"),
+    ("model.fn.x=2", "model.fn is a string, not a table"),
+    ("train.0=2", "train is a table, not an array"),
+    ("train.epochs.0=2", "train.epochs is a float, not an array"),
+    ("protocol.2.until=0.9", "protocol has 2 entries (0 .. 1); no entry 2"),
+    ("inject.0.worker=1", "inject is not in the job file"),
+    ("0=1", "KEY starts with an index"),
+    ("job.name=[1, 2", "VALUE is not a TOML value"),
+    ('job.name="x', "VALUE is not a TOML value"),
+    ("job.name=1\nx = 2", "VALUE spans lines"),
+])
+def test_malformed_set_is_one_line_naming_it(tmp_path, given, why):
+    with pytest.raises(ConfigError) as e:
+        load_job(_user_job(tmp_path), overrides=["train.batch_size=32", given])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--set ") and why in msg, msg
+    assert given.split("=")[0].split("\n")[0].strip()[:5] in msg
+
+
+def test_set_values_are_toml_and_bare_words_are_strings():
+    from tfsync.config import parse_override
+    values = {"2": 2, "0.5": 0.5, "true": True, '"text"': "text", "'lit'": "lit", "[1, 2]": [1, 2],
+              "{a = 1}": {"a": 1}, "adam": "adam", "runs/x-1": "runs/x-1", "m.py:f": "m.py:f", " 3 ": 3, "": ""}
+    for text, value in values.items():
+        o = parse_override(f"k={text}")
+        assert o.value == value and type(o.value) is type(value), text
+    o = parse_override('model.args."a.b".0 = 1')
+    assert o.path == ("model", "args", "a.b", 0) and o.field == "model.args.a.b[0]" and o.value == 1

@@ -7,6 +7,7 @@ its own model and SyncSwitch on it. A watchdog turns a BSP deadlock into a loud 
 import faulthandler
 import gc
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +224,21 @@ def test_rejects_a_worker_count_other_than_the_clusters(strategy):
         SyncSwitch(strategy, 3)
     with pytest.raises(ValueError, match="switch_at"):
         SyncSwitch(strategy, N, switch_at=1.5)
+
+
+def test_keras_tensorboard_callback_runs_beside_sync_switch(strategy, mnist, tmp_path):
+    """`tensorboard` is installed with tfsync (TF 2.21 no longer brings it: the callback raised
+    TBNotInstalledError): Keras's own TensorBoard callback logs a SyncSwitch fit, per epoch."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    x, y, _, _ = mnist
+    sync, model = _build(strategy, 0.05, 0.0, switch_at=0.5)
+    board = keras.callbacks.TensorBoard(log_dir=str(tmp_path / "tb"), update_freq="epoch")
+    model.fit(_creator(x, y, 32), epochs=2, steps_per_epoch=8, callbacks=[sync.callback(), board], verbose=0)
+    acc = EventAccumulator(str(tmp_path / "tb" / "train"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"]) | set(acc.Tags()["tensors"])
+    assert {"epoch_loss", "epoch_accuracy"} <= tags, tags
+    values = acc.Scalars("epoch_loss") if "epoch_loss" in acc.Tags()["scalars"] else \
+        [types.SimpleNamespace(step=e.step, value=float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors("epoch_loss")]
+    assert [e.step for e in values] == [0, 1] and all(np.isfinite(e.value) for e in values)

@@ -90,6 +90,14 @@ def test_resume_point_is_the_newest_checkpoint_and_last_step(db):
     assert (point.run_id, point.checkpoint_path, point.checkpoint_step, point.last_step) == (r1.id, "ckpt-9", 9, 11)
 
 
+def test_last_step_is_the_newest_of_its_run(db):
+    job = db.create_job("j", "s", {})
+    r1, r2 = db.start_run(job.id), db.start_run(job.id, "resume")
+    assert db.last_step(r1.id) is None
+    db.add_steps(_steps(r1.id, 5, 3) + _steps(r1.id, 0, 2) + _steps(r2.id, 20, 1))
+    assert db.last_step(r1.id) == _steps(r1.id, 7, 1)[0] and db.last_step(r2.id).step == 20
+
+
 def test_runs_by_signature_spans_jobs(db):
     a, b, other = db.create_job("a", "sig", {}), db.create_job("b", "sig", {}), db.create_job("c", "x", {})
     ra, rb = db.start_run(a.id, "trial", {"switch_at": 0.5}), db.start_run(b.id, "trial", {"switch_at": 0.25})

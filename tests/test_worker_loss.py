@@ -71,7 +71,7 @@ def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     assert events == ["worker_lost", "worker_rejoined"] * 2
     back = [r for r in recs if r.get("event") == "worker_rejoined"]
     for ev in back:  # the restarted worker trains again
-        assert any(r["worker"] == ev["worker"] and r["time"] + s["started_at"] > ev["time"] for r in steps)
+        assert any(r["worker"] == ev["worker"] and r["time"] > ev["time"] for r in steps)  # one time base
     bsp_rounds = [r["round"] for r in steps if r["protocol"] == "bsp" and not r.get("dropped")]
     short = [k for k in set(bsp_rounds) if bsp_rounds.count(k) != 2]
     assert len(short) <= 1 and all(bsp_rounds.count(k) == 1 for k in short)  # only the round of the loss

@@ -11,51 +11,17 @@ import signal
 import sys
 import time
 
+from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
+
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
-
-
-class Progress:
-    """A one-line progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
-
-    def __init__(self, stream=sys.stderr, interval: float = 0.2):
-        self.stream, self.interval = stream, interval
-        self.tty = stream.isatty()
-        self._last, self._decile, self._t0 = 0.0, -1, time.time()
-
-    def __call__(self, engine, policy, total: int) -> None:
-        now = time.time()
-        s = engine.state
-        frac = min(1.0, s.samples / max(total, 1))
-        if self.tty and now - self._last < self.interval:
-            return
-        if not self.tty and int(frac * 10) == self._decile:
-            return
-        self._last, self._decile = now, int(frac * 10)
-        workers = {}
-        for p in reversed(engine.history):
-            workers.setdefault(p.worker, p)
-        speed = "  ".join(f"w{w} b={p.batch_size} {p.samples_per_s:,.0f}/s" for w, p in sorted(workers.items()))
-        loss = engine.history[-1].loss if engine.history else float("nan")
-        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
-        line = (f"[{bar}] {frac:4.0%} {s.samples}/{total} samples  {policy.name}  "
-                f"{s.pushes / max(now - self._t0, 1e-9):.1f} steps/s  {speed}  loss {loss:.3f}")
-        if self.tty:
-            self.stream.write("\r" + line[:200].ljust(120))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def format_summary(s: dict) -> str:
     acc = s.get("test_accuracy")
     lines = [
         f"done in {s['wall_s']:.1f} s (cluster start {s['init_s']:.1f} s): {s['pushes']} steps, "
-        f"{s['updates']} updates, {s['pushes_per_s']:.1f} steps/s, {s['samples_per_s']:.0f} samples/s"
+        f"{s['updates']} updates, {s['pushes_per_s']:.1f} steps/s, {s['samples_per_s']:.0f} samples/s "
+        f"over {s.get('train_s', s['wall_s']):.1f} s of training"
         + (f", test accuracy {acc:.2%}" if acc is not None else "")
         + (f", test loss {s['test_loss']:.4g}" if s.get("test_loss") is not None else ""),
     ]
@@ -73,7 +39,7 @@ def cmd_run(args) -> int:
     from .data import DataError
 
     try:
-        cfg = load_job(args.job)
+        cfg = load_job(args.job, overrides=args.set)
         if args.run_dir:
             import dataclasses
             cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=args.run_dir))
@@ -107,7 +73,9 @@ def cmd_run(args) -> int:
         moved = set_aside_previous_run(cfg.job.run_dir)
         if moved:
             print(f"the previous run's outputs in {cfg.job.run_dir} were moved to {moved}", file=sys.stderr)
+    from .progress import Progress
     progress = None if (args.json or args.quiet) else Progress()
+
     manager, state, summary = None, "failed", None
     try:
         if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome
@@ -143,12 +111,25 @@ def cmd_run(args) -> int:
             manager.finish(state, summary)
     if progress:
         progress.done()
+    report = _report(cfg.job.run_dir)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary))
         print(f"run directory: {os.path.abspath(cfg.job.run_dir)}")
+        print(f"report: {report}" if report else f"report: `tfsync report {cfg.job.run_dir}` (it failed here)")
     return 0
+
+
+def _report(run_dir: str) -> str | None:
+    """The run's report.html (tfsync.report), or None and a one-line warning: a report
+    that cannot be drawn does not fail a finished run."""
+    try:
+        from .report import write_report
+        return os.path.abspath(write_report([run_dir]))
+    except Exception as e:  # noqa: BLE001  (matplotlib missing, a figure that cannot be drawn, ...)
+        logging.getLogger("tfsync.report").warning("no report: %s", e)
+        return None
 
 
 def _fail(message: str, code: int) -> int:
@@ -157,11 +138,19 @@ def _fail(message: str, code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The epilog keeps its lines (a table); the description is wrapped here for the same reason.
     p = argparse.ArgumentParser(
-        prog="tfsync",
-        description="Parameter-server training with per-worker synchronization control "
-                    "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.")
+        prog="tfsync", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Parameter-server training with per-worker synchronization control\n"
+                    "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
+        epilog="exit codes:\n"
+               "  0    done (for `run`: the job trained to the end or was stopped by `tfsync stop`)\n"
+               f"  {EXIT_FAILED}    a run failed (a task, the cluster, the job store or the network)\n"
+               f"  {EXIT_BAD_INPUT}    bad input: the job file or a --set, data, options, a job that is not there\n"
+               f"  {EXIT_INTERRUPTED}  interrupted (Ctrl-C or SIGTERM): every task stopped, checkpoints kept\n"
+               "\n`tfsync COMMAND --help` describes a command.")
     from . import __version__
+    from .config import OVERRIDE_HELP
     p.add_argument("--version", action="version", version=f"tfsync {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -178,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("job", help="path to the job file (TOML)")
         q.add_argument("--data", help="data path (overrides data.path): a Keras .npz or an MNIST IDX folder")
         q.add_argument("--run-dir", help="run directory (overrides job.run_dir)")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
         q.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
         q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
         q.add_argument("--no-manager", action="store_true",
@@ -199,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_control_commands(sub)
     from .predict.cli import add_commands as add_predict_commands
     add_predict_commands(sub)
+    from .report.cli import add_commands as add_report_commands
+    add_report_commands(sub)
     return p
 
 
@@ -209,6 +201,7 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not a log line per failed TLS handshake; tfsync says why
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["hook"]:
         from .hooks.node import main as hook_main
@@ -219,13 +212,13 @@ def main(argv=None) -> int:
     # a paused (injected) worker continued first, the job store told
     signal.signal(signal.SIGTERM, _interrupt)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
+    if args.verbose:  # TF's start-up lines and gRPC logs too (tfsync.quiet)
+        os.environ[ENV_VERBOSE] = "1"
+    if from_command_line:  # the process is tfsync's: not a program (or a test) calling main()
+        native_logs_off()
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    if level > logging.INFO:
-        # Teardown of a generation makes TF log every closure it cancels; tfsync reports
-        # failures itself, in one line.
-        logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
-        logging.getLogger("absl").setLevel(logging.CRITICAL)
+    quiet_tf_loggers()
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -14,7 +14,7 @@ import math
 import os
 import re
 import tomllib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import usercode
 from .policy import catalogue
@@ -237,8 +237,16 @@ class JobConfig:
         return out
 
 
-def load_job(path: str | os.PathLike) -> JobConfig:
-    """Read and validate a TOML job file (or its JSON form, ``JobConfig.to_dict``, for a .json path)."""
+def load_job(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobConfig:
+    """Read and validate a TOML job file (or its JSON form, ``JobConfig.to_dict``, for a .json path).
+
+    ``overrides``: ``"KEY=VALUE"`` texts (``tfsync run --set``), each replacing one value of
+    the file before it is validated: KEY a dotted path into its tables (``train.epochs``,
+    ``model.args.units``, ``protocol.0.until`` for an entry of an array of tables), VALUE a
+    TOML value (``2``, ``0.5``, ``true``, ``"text"``, ``[1, 2]``, ``{a = 1}``; a bare word is
+    a string). File references in an override are relative to the working directory, those
+    of the file to its directory. A malformed override is a ConfigError naming it.
+    """
     try:
         with open(path, "rb") as f:
             d = json.load(f) if os.fspath(path).endswith(".json") else tomllib.load(f)
@@ -257,7 +265,153 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         raise ConfigError(f"{path}: arrays or tables nested too deeply; a job file nests a few levels") from None
     except ValueError as e:  # a NUL in the path, a JSON integer past Python's digit limit
         raise ConfigError(f"{path}: cannot read job file: {str(e).splitlines()[0]}") from None
-    return JobConfig.from_dict(_absolute_refs(d, os.path.dirname(os.path.abspath(path))), source=os.fspath(path))
+    d = _absolute_refs(d, os.path.dirname(os.path.abspath(path)))
+    given = [parse_override(text) for text in overrides]
+    if given:
+        d = _absolute_refs(apply_overrides(d, given), os.getcwd())
+    try:
+        return JobConfig.from_dict(d, source=os.fspath(path))
+    except ConfigError as e:
+        by = _overridden_by(e.field, given)
+        if by is None:
+            raise
+        raise ConfigError(f"{e} (given by --set {by.key})", e.field) from None
+
+
+OVERRIDE_HELP = ("override one value of the job file: KEY a dotted path into its tables (train.epochs, "
+                 "model.args.units, protocol.0.until for [[protocol]] entry 0), VALUE a TOML value (2, 0.5, "
+                 "true, '\"text\"', '[1, 2]', '{a = 1}'; a bare word is a string); repeat for more")
+_KEY_PART = re.compile(r'\s*(?:"([^"\\\x00-\x1f]*)"|([A-Za-z0-9_-]+))\s*')
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One ``--set KEY=VALUE``: the path (str keys, int indices into arrays) and the value."""
+
+    key: str                       # as given, trimmed
+    path: tuple[str | int, ...]
+    value: Any
+    text: str                      # the whole --set, for messages
+
+    @property
+    def field(self) -> str:
+        """The path as error messages name fields: ``protocol[0].until``."""
+        out = ""
+        for part in self.path:
+            out += f"[{part}]" if type(part) is int else (f".{_key(part)}" if out else _key(part))
+        return out
+
+
+def _override_error(text: str, why: str) -> ConfigError:
+    return ConfigError(f"--set {_fmt(text)}: {why}")
+
+
+def parse_override(text: str) -> Override:
+    """``"KEY=VALUE"`` as an Override; ConfigError naming the --set when it is malformed.
+    A bare numeric part of KEY is an index into an array; quote it ("0") for a key."""
+    if type(text) is not str:
+        raise _override_error(str(text), "expected KEY=VALUE")
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise _override_error(text, "expected KEY=VALUE, e.g. --set train.epochs=2")
+    if not key:
+        raise _override_error(text, "empty KEY; expected KEY=VALUE, e.g. --set train.epochs=2")
+    path: list[str | int] = []
+    pos = 0
+    while True:
+        m = _KEY_PART.match(key, pos)
+        if not m or m.end() == pos:
+            raise _override_error(text, "KEY must be dotted names (letters, digits, '_', '-', or \"quoted\") "
+                                  "and array indices, e.g. model.args.units or protocol.0.until")
+        quoted, bare = m.group(1), m.group(2)
+        path.append(quoted if quoted is not None else int(bare) if bare.isdigit() else bare)
+        pos = m.end()
+        if pos == len(key):
+            break
+        if key[pos] != ".":
+            raise _override_error(text, f"unexpected {key[pos]!r} in KEY; parts are separated by '.'")
+        pos += 1
+    if type(path[0]) is int:
+        raise _override_error(text, "KEY starts with an index; the job file is a table: start with its "
+                              "section, e.g. protocol.0.until")
+    return Override(key, tuple(path), _override_value(text, value), text)
+
+
+def _override_value(text: str, value: str) -> Any:
+    """VALUE read as a TOML value; a bare word that is not one is the string itself."""
+    try:
+        parsed = tomllib.loads(f"v = {value}")
+        if set(parsed) == {"v"}:
+            return parsed["v"]
+        raise tomllib.TOMLDecodeError("more than one value")
+    except RecursionError:
+        raise _override_error(text, "VALUE nests arrays or tables too deeply") from None
+    except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: an integer past the digit limit
+        stripped = value.strip()
+        if "\n" in value:
+            raise _override_error(text, "VALUE spans lines; give one TOML value on one line") from None
+        if stripped[:1] in ('"', "'", "[", "{"):
+            why = str(e).splitlines()[0] if str(e) else "invalid"
+            raise _override_error(text, f"VALUE is not a TOML value ({why}); quote it for the shell, "
+                                  "e.g. --set 'job.name=\"x\"' or --set 'model.args={units = 8}'") from None
+        return stripped
+
+
+def apply_overrides(d: Any, overrides: Sequence[Override]) -> Any:
+    """A copy of the job dict ``d`` with each override applied in order (tables missing on
+    the way are created; an array index must exist). ConfigError naming the --set when its
+    KEY does not fit the document."""
+    d = _copy_doc(d)
+    for o in overrides:
+        node, where = d, []
+        for i, part in enumerate(o.path):
+            last = i == len(o.path) - 1
+            here = ".".join(str(p) for p in where) or "the job file"
+            if type(part) is int:
+                if not isinstance(node, list):
+                    raise _override_error(o.text, f"{here} is {_article(node)}, not an array; index {part} "
+                                          "applies to an array of tables such as protocol")
+                if part >= len(node):
+                    raise _override_error(o.text, f"{here} has {len(node)} entr{'y' if len(node) == 1 else 'ies'} "
+                                          f"(0 .. {len(node) - 1}); no entry {part}")
+            elif not isinstance(node, dict):
+                raise _override_error(o.text, f"{here} is {_article(node)}, not a table; it has no key {_key(part)}")
+            if last:
+                node[part] = o.value
+                break
+            if isinstance(node, dict) and part not in node:
+                if type(o.path[i + 1]) is int:
+                    raise _override_error(o.text, f"{'.'.join(map(str, [*where, part]))} is not in the job file, "
+                                          f"so there is no entry {o.path[i + 1]}; set the whole array instead")
+                node[part] = {}
+            node = node[part]
+            where.append(part)
+    return d
+
+
+def _copy_doc(v: Any) -> Any:
+    """A copy of the tables and arrays of a document (values shared)."""
+    if isinstance(v, dict):
+        return {k: _copy_doc(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy_doc(x) for x in v]
+    return v
+
+
+def _article(v: Any) -> str:
+    t = _toml_type(v)
+    return ("an " if t[:1] in "aeiou" else "a ") + t
+
+
+def _overridden_by(field: str | None, overrides: Sequence[Override]) -> Override | None:
+    """The last override that set ``field``, a value inside it, or a table or array around it."""
+    if not field:
+        return None
+
+    def inside(a: str, b: str) -> bool:  # field a is b or within it
+        return a == b or a.startswith(b + ".") or a.startswith(b + "[")
+    return next((o for o in reversed(overrides) if inside(field, o.field) or inside(o.field, field)), None)
 
 
 def check_field(field: str, value: Any, source: str | None = None) -> Any:

@@ -145,7 +145,8 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         if injector is not None:
             injector.stop()
     if injector is not None:
-        summary["injected"] = [{"time": round(t, 3), "what": what, "worker": w} for t, what, w in injector.log]
+        base = (engine.train_started or engine.recorder.origin) - engine.recorder.origin  # on the run's time base
+        summary["injected"] = [{"time": round(base + t, 3), "what": what, "worker": w} for t, what, w in injector.log]
         engine.recorder.summary(summary)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))
     return summary

@@ -12,10 +12,12 @@ from .policy.base import Push
 
 
 def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: int,
-                protocol: str, lr: float) -> dict:
+                protocol: str, lr: float, predicted: float | None = None) -> dict:
     """``time``: seconds since the run began; ``pushes``/``updates``/``samples``: the run's
-    counters after this push; ``staleness``: updates by others while the step ran."""
-    return {
+    counters after this push; ``staleness``: updates by others while the step ran;
+    ``predicted``: the speed (samples/s) the policy predicted for this step (LB-BSP), kept
+    only where there is one."""
+    record = {
         "time": round(time, 6), "pushes": pushes, "updates": updates, "samples": samples,
         "worker": push.worker, "step": push.step, "protocol": protocol, "batch_size": push.batch_size,
         "start": push.start, "end": push.end, "compute_s": round(push.compute_time, 6),
@@ -23,6 +25,9 @@ def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: 
         "round": push.round, "dropped": push.dropped, "version": push.version,
         "staleness": push.pushes_during, "lr": lr,
     }
+    if predicted is not None:
+        record["predicted"] = round(float(predicted), 3)
+    return record
 
 
 def write_jsonl(path: str, records: Iterable[dict]) -> str:

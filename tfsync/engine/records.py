@@ -1,6 +1,12 @@
 """What a run writes to its directory: ``metrics.jsonl`` (one line per push, and events
 such as ``eval``), TensorBoard scalars (``tb/``) and ``summary.json`` at the end.
 
+One time base: every time in ``metrics.jsonl`` (``time`` of pushes and events, a push's
+``start`` and ``end``) is in seconds since the run first started, the Unix time that the
+file's first line gives. That line is ``{"event": "run", "schema": 2, "time": 0.0,
+"started_at": UNIX_TIME, ...}``; a `tfsync resume` appends another ``run`` line (its
+``time``: when it started, on the same base, so the time it was down shows as a gap).
+
 ``metrics.jsonl`` holds what counted: when training goes back to a checkpoint (a lost PS,
 `tfsync resume`), the push records after it are moved to ``metrics.discarded.jsonl``
 (each marked ``"discarded": why``) and a ``rewind`` event says how many, so the push
@@ -18,6 +24,8 @@ import json
 import os
 import socket
 import time
+
+import numpy as np
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
@@ -45,9 +53,20 @@ class EventWriter:
                                              for k, v in values.items()])
         self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
+    def text(self, step: int, tag: str, text: str) -> None:
+        """A text summary (TensorBoard's Text tab), e.g. the protocol at a switch."""
+        tensor = tf.make_tensor_proto(np.array(text, dtype=object))
+        meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=meta)
+        self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=[value])))
+
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+
+
+SCHEMA = 2  # of metrics.jsonl; 2: one time base and a ``run`` line first
+LOSS_EMA = 0.1  # the weight of a push's loss in TensorBoard's train/loss
 
 
 class RunRecorder:
@@ -57,16 +76,44 @@ class RunRecorder:
         self._path = os.path.join(run_dir, "metrics.jsonl")
         self._metrics = self._open()
         self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
+        self.origin = time.time()  # the time base: the run's first start (``begin``)
+        self._loss = None  # train/loss: the pushes' losses, averaged over about 1 / LOSS_EMA pushes
+
+    def begin(self, now: float, resume: bool = False, **fields) -> None:
+        """The run (or its resumption, ``resume``) starts at Unix time ``now``: write its
+        ``run`` line; a resumed run keeps the time base of the file's first ``run`` line."""
+        first = run_header(self._path) if resume else None
+        self.origin = float(first["started_at"]) if first else now
+        self._write({"event": "run", "schema": SCHEMA, "time": round(now - self.origin, 4), "started_at": now,
+                     "resumed": first is not None, **fields})
+
+    def since(self, now: float | None = None) -> float:
+        """Seconds since the run first started (``now``: a Unix time; default: now)."""
+        return (time.time() if now is None else now) - self.origin
 
     def push(self, record: dict) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
+        """A push record (``pushlog.push_record``; ``time`` already on the run's base, the
+        worker's ``start`` and ``end`` Unix times, put on it here)."""
+        times = {k: round(record[k] - self.origin, 6) for k in ("start", "end") if k in record}
+        self._metrics.write(json.dumps({**record, **times}) + "\n")
         if self._tb is not None:
-            w = record["worker"]
-            self._tb.scalars(record["pushes"], {
-                f"loss/worker{w}": record["loss"],
-                f"samples_per_s/worker{w}": record["samples_per_s"],
-                f"batch_size/worker{w}": record["batch_size"],
-            })
+            w, loss = record["worker"], record["loss"]
+            values = {f"loss/worker{w}": loss, f"samples_per_s/worker{w}": record["samples_per_s"],
+                      f"batch_size/worker{w}": record["batch_size"], "train/staleness": record["staleness"],
+                      "train/lr": record["lr"], "train/samples": record["samples"]}
+            if loss is not None and np.isfinite(loss) and not record["dropped"]:
+                self._loss = loss if self._loss is None else (1 - LOSS_EMA) * self._loss + LOSS_EMA * loss
+                values["train/loss"] = self._loss
+            self._tb.scalars(record["pushes"], {k: v for k, v in values.items() if v is not None})
+
+    def phase(self, start: dict, pushes: int, index: int) -> None:
+        """A ``phase`` event; in TensorBoard, the protocol as text (``protocol``) and as the
+        scalar ``train/phase`` (0, 1, 2, ...: a step where it changes marks the switch)."""
+        self.event("phase", **start)
+        if self._tb is not None:
+            self._tb.text(pushes, "protocol", f"{start['protocol']} from sample {start['samples']} "
+                                              f"(update {start['updates']}, {start['time']:.1f} s)")
+            self._tb.scalars(pushes, {"train/phase": index})
 
     def evaluation(self, record: dict, step: int) -> None:
         """An ``eval`` event (``Evaluation.to_dict``) and its numbers as TensorBoard scalars
@@ -77,7 +124,11 @@ class RunRecorder:
             self._tb.scalars(step, {f"test/{k}": v for k, v in values.items() if v is not None})
 
     def event(self, kind: str, **fields) -> None:
-        self._metrics.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
+        """An event line: ``time`` is now on the run's time base unless ``fields`` give it."""
+        self._write({"event": kind, "time": round(self.since(), 4), **fields})
+
+    def _write(self, record: dict) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
 
     def _open(self):
@@ -118,6 +169,20 @@ class RunRecorder:
             self._tb = None
 
 
+def run_header(path: str) -> dict | None:
+    """The first ``run`` line of a ``metrics.jsonl`` (None: none, or a file older than schema 2)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if '"run"' in line:
+                    rec = json.loads(line)
+                    if rec.get("event") == "run":
+                        return rec
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def last_checkpoint(run_dir: str) -> dict | None:
     """The newest checkpoint event in ``run_dir/metrics.jsonl`` whose files still exist
     (path, updates, samples, pushes, round), or None: where `tfsync resume` restarts."""
@@ -138,7 +203,8 @@ def last_checkpoint(run_dir: str) -> dict | None:
     return found
 
 
-PREVIOUS_OUTPUTS = ("metrics.jsonl", "metrics.discarded.jsonl", "summary.json", "tb", "checkpoints", "logs")
+PREVIOUS_OUTPUTS = ("metrics.jsonl", "metrics.discarded.jsonl", "summary.json", "tb", "checkpoints", "logs",
+                    "report.html", "report_files")
 
 
 def set_aside_previous_run(run_dir: str) -> str | None:

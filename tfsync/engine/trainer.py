@@ -36,6 +36,7 @@ from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
 from .recovery import recover_lost_ps, recover_lost_workers
+from ..quiet import quiet_tf_loggers
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class Engine:
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None):
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
+        quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.quiet)
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
         # makes each generation's cluster: LocalCluster (task processes of this one), or
@@ -123,6 +125,7 @@ class Engine:
         self._wake_at: float | None = None
         self._lr_scale = 1.0
         self._t0 = time.time()
+        self.train_started: float | None = None
         self.base_lr = base_lr
         self._ckpt_manager = None
         self._last_ckpt_updates = 0
@@ -370,8 +373,9 @@ class Engine:
                     arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
                     version=int(version), pushes_during=during)
         self.history.append(push)
-        record = push_record(push, time=now - self._t0, pushes=s.pushes, updates=s.updates,
-                             samples=s.samples, protocol=policy.name, lr=float(rate))
+        record = push_record(push, time=self.recorder.since(now), pushes=s.pushes, updates=s.updates,
+                             samples=s.samples, protocol=policy.name, lr=float(rate),
+                             predicted=policy.predicted_speed(w))
         self.recorder.push(record)
         t = time.perf_counter()
         self.controller.record(record)
@@ -448,11 +452,11 @@ class Engine:
         if stats_of_previous is not None and self.timeline:
             self.timeline[-1]["stats"] = stats_of_previous
         start = {"protocol": phase.policy.name, "samples": self.state.samples,
-                 "updates": self.state.updates, "time": round(time.time() - self._t0, 4),
+                 "updates": self.state.updates, "time": round(self.recorder.since(), 4),
                  "policy": phase.policy.describe(), "lr_scale": phase.lr_scale,
                  "lr": None if self.base_lr is None else self.base_lr * phase.lr_scale}
         self.timeline.append(start)
-        self.recorder.event("phase", **start)
+        self.recorder.phase(start, self.state.pushes, len(self.timeline) - 1)
         return start
 
     def _check_live(self, policy: Policy) -> None:
@@ -533,14 +537,18 @@ class Engine:
             raise ValueError("run() needs at least one phase")
         self._closing = False
         self._t0 = time.time()
+        self.recorder.begin(self._t0, resume=resume is not None, workers=self.workers, ps=self.ps)
         if resume:
             restore = resume["path"]
             self.state.round = int(resume.get("round", 0))
             self.rewind(resume, "resume")
             self.recorder.event("resume", **resume)
         try:
+            if hasattr(self.progress, "starting"):
+                self.progress.starting(self)
             self._open_generation(self._launch(), restore=restore)
-            t_init = time.time() - self._t0
+            self.train_started = time.time()  # rates over training time start here (tfsync.progress)
+            t_init = self.train_started - self._t0
             if self.on_start is not None:
                 self.on_start()
             self._set_config(phases[0])
@@ -605,7 +613,7 @@ class Engine:
             self._log_eval(e)
         s = self.state
         if ev.due(s.pushes):
-            ev.request(self._gen, s.pushes, s.updates, s.samples, time.time() - self._t0)
+            ev.request(self._gen, s.pushes, s.updates, s.samples, self.recorder.since())
 
     def _log_eval(self, e: Evaluation) -> None:
         self.evals.append(e)
@@ -616,6 +624,7 @@ class Engine:
 
     def _summary(self, wall: float, t_init: float, total: int) -> dict:
         s = self.state
+        train = max(wall - t_init, 1e-9)
         self._final_weights = self._gen.weights()
         final = self.test_scores()
         acc = final["accuracy"]
@@ -625,14 +634,16 @@ class Engine:
                 self._log_eval(e)
             t = time.perf_counter()
             last = final if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
-            self._log_eval(Evaluation(s.updates, s.samples, wall, last["accuracy"], time.perf_counter() - t,
+            self._log_eval(Evaluation(s.updates, s.samples, self.recorder.since(), last["accuracy"], time.perf_counter() - t,
                                       last["loss"], last["metrics"], s.pushes))
         curve = [e.accuracy for e in self.evals if e.accuracy is not None]
         return {
-            "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3), "workers": self.workers, "ps": self.ps,
+            "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3),
+            "time_base": round(self.recorder.origin, 3), "workers": self.workers, "ps": self.ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
-            "workload_samples": total, "pushes_per_s": round(s.pushes / wall, 3),
-            "samples_per_s": round(s.samples / wall, 3), "test_accuracy": acc, "test_loss": final["loss"],
+            # rates over training time: the cluster's start (init_s) left out
+            "train_s": round(train, 3), "workload_samples": total, "pushes_per_s": round(s.pushes / train, 3),
+            "samples_per_s": round(s.samples / train, 3), "test_accuracy": acc, "test_loss": final["loss"],
             **{f"test_{k}": v for k, v in final["metrics"].items()},
             "timeline": self.timeline, "switches": self.switches, "checkpoints": self.checkpoints,
             "clocks": list(s.clocks), "control_s": round(self._control_s, 6), "recoveries": self.recovery_log,

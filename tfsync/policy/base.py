@@ -201,6 +201,11 @@ class BatchSizer:
     def sizes(self, view: ClusterView) -> dict[int, int]:
         return {w: self.size(w, view) for w in sorted(view.members)}
 
+    def predicted(self, worker: int) -> float | None:
+        """The speed (samples/s) this sizer last predicted for ``worker``, for the record
+        (LB-BSP); None for a sizer that predicts nothing."""
+        return None
+
     def max_batch(self, workers: int) -> int:
         """The largest batch size this sizer may grant to one of ``workers`` workers (the
         engine's input pipeline holds that many examples per step)."""
@@ -270,6 +275,10 @@ class Policy:
     def max_batch(self, workers: int) -> int:
         """The largest batch size this policy may grant (its sizer's)."""
         return self.sizer.max_batch(workers)
+
+    def predicted_speed(self, worker: int) -> float | None:
+        """The speed its sizer predicted for ``worker``'s current step (None: no prediction)."""
+        return self.sizer.predicted(worker)
 
     def stats(self) -> dict:
         """Counters the policy keeps (e.g. FluentPS's delayed pull requests), for summaries."""

@@ -84,6 +84,7 @@ class LBBSPSizer(BatchSizer):
         self.predictors: dict = {}
         self.comm: dict[int, EMA] = {}
         self.current: dict[int, int] | None = None  # the sizes last granted
+        self.last_speeds: dict[int, float] = {}  # the predictions they were chosen from
         self._plan: dict[int, int] | None = None  # non-blocking: sizes for the next round
         self._future: concurrent.futures.Future | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -161,7 +162,12 @@ class LBBSPSizer(BatchSizer):
         return self.hysteresis.choose(current, proposed, times)
 
     def _snapshot(self, workers):
-        return self.predictions(workers), {w: e.predict() for w, e in self.comm.items() if e.count}
+        self.last_speeds = self.predictions(workers)
+        return self.last_speeds, {w: e.predict() for w, e in self.comm.items() if e.count}
+
+    def predicted(self, worker: int) -> float | None:
+        """The speed the sizes now granted were chosen from."""
+        return self.last_speeds.get(worker)
 
     def sizes(self, view: ClusterView) -> dict[int, int]:
         t0 = time.perf_counter()

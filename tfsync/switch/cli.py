@@ -37,6 +37,10 @@ def add_commands(sub) -> None:
     s.add_argument("--beta", type=float, default=0.01, help="accuracy margin below the target (default 0.01)")
     s.add_argument("--target", type=float, help="target accuracy A (default: the mean of R BSP runs)")
     s.add_argument("--data", help="data path (overrides data.path)")
+    from ..config import OVERRIDE_HELP
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=OVERRIDE_HELP + " (the job's signature is that of the overridden job: give `tfsync run` "
+                        "the same --set to use the answer)")
     s.add_argument("--store", help="job store (default $TFSYNC_HOME/jobs.db)")
     s.add_argument("--show", action="store_true", help="print the stored result for this job and exit")
     s.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -46,6 +50,12 @@ def add_commands(sub) -> None:
 def _fail(message: str, code: int) -> int:
     print(f"tfsync: error: {message}", file=sys.stderr)
     return code
+
+
+def _job_words(args) -> str:
+    """The job file and its --set options as a command line repeats them."""
+    import shlex
+    return " ".join(shlex.quote(w) for w in [args.job, *(f"--set={t}" for t in args.set)])
 
 
 def default_store() -> str:
@@ -167,7 +177,7 @@ def cmd_search(args) -> int:
     from .trials import JobStoreTrials, TrialResult, config_signature
 
     try:
-        cfg = load_job(args.job)
+        cfg = load_job(args.job, overrides=args.set)
         settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=args.target,
                                   seed=0)
     except (ConfigError, ValueError) as e:
@@ -179,7 +189,7 @@ def cmd_search(args) -> int:
             if found is None:
                 trials = [r for r, _ in store.runs_by_signature(signature) if r.kind == "trial"]
                 return _fail(f"no switch point stored for {args.job} (signature {signature}; {len(trials)} "
-                             f"trial runs stored); run `tfsync search {args.job}`", EXIT_FAILED)
+                             f"trial runs stored); run `tfsync search {_job_words(args)}`", EXIT_FAILED)
             fraction, detail, when = found
             if args.json:
                 print(json.dumps({"signature": signature, "stored": when, **detail}, indent=2))
@@ -232,5 +242,5 @@ def cmd_search(args) -> int:
         print(json.dumps({"signature": signature, **detail}, indent=2))
     else:
         print(format_result(detail, signature))
-        print(f"stored; `tfsync run {args.job}` now switches at this point (switch.point = \"auto\")")
+        print(f"stored; `tfsync run {_job_words(args)}` now switches at this point (switch.point = \"auto\")")
     return 0

@@ -1,0 +1,135 @@
+"""The report and the progress display without a cluster: run directories written here
+as the engine writes them (schema 2) and as it wrote them before (schema 1: events in Unix
+time), bad input refused in one line, and the progress rates measured over training time."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from tfsync.cli import main
+from tfsync.progress import Progress
+from tfsync.report import ReportError, load_run, write_report
+from tfsync.report.plots import gapped, smooth
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_795_000_000.0
+
+
+def push(i, worker, t, protocol="bsp", **extra):
+    return {"time": t, "pushes": i, "updates": i // 2, "samples": 32 * i, "worker": worker, "step": i,
+            "protocol": protocol, "batch_size": 32, "start": t - 0.05, "end": t - 0.01, "compute_s": 0.04,
+            "samples_per_s": 800.0, "loss": 2.0 / i, "mode": "aggregate", "round": i // 2, "dropped": False,
+            "version": 0, "staleness": 0, "lr": 0.1, **extra}
+
+
+def write_run(path, schema=2):
+    """A run of 40 pushes, BSP then ASP by a restart switch, a checkpoint and an eval."""
+    path.mkdir()
+    origin = T0 if schema == 1 else 0.0  # schema 1: events and push start/end in Unix time
+    lines = [{"event": "run", "schema": 2, "time": 0.0, "started_at": T0}] if schema == 2 else []
+    lines.append({"event": "phase", "time": 5.0, "protocol": "bsp", "samples": 0, "updates": 0})
+    for i in range(1, 41):
+        p = push(i, i % 2, 5.0 + 0.1 * i, "bsp" if i <= 20 else "asp", predicted=900.0)
+        p["start"] += origin
+        p["end"] += origin
+        lines.append(p)
+        if i == 20:
+            lines += [{"event": "switch", "time": origin + 7.5, "index": 1, "from": "bsp", "to": "asp",
+                       "method": "restart", "samples": 640, "updates": 10, "drain_s": 0.01, "save_s": 0.1,
+                       "stop_old_s": 0.2, "start_new_s": 0.4, "overhead_s": 0.8},
+                      {"event": "checkpoint", "time": origin + 7.0, "path": "x", "updates": 10},
+                      {"event": "eval", "time": 7.0, "samples": 640, "updates": 10, "accuracy": 0.5, "loss": 1.0}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"cut short')
+    summary = {"started_at": T0, "wall_s": 10.0, "init_s": 5.0, "workers": 2, "ps": 1, "pushes": 40,
+               "updates": 20, "samples": 1280, "samples_per_s": 256.0, "test_accuracy": 0.5, "test_loss": 1.0,
+               "test_mae": 0.25, "meta": {"job": "toy"},
+               "timeline": [{"protocol": "bsp", "time": 5.0, "samples": 0},
+                            {"protocol": "asp", "time": 7.5, "samples": 640}],
+               "switches": [json.loads(json.dumps(lines[22 if schema == 2 else 21]))]}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+def test_a_run_is_read_on_one_time_base_whatever_its_schema(tmp_path, schema):
+    run = load_run(str(write_run(tmp_path / "run", schema)))
+    assert run.name == "toy" and run.workers == [0, 1] and run.protocols == ["bsp", "asp"]
+    assert len(run.pushes) == 40  # the line a crash cut short is left out
+    (sw,) = run.of("switch")
+    assert sw["time"] == pytest.approx(7.5) and run.of("checkpoint")[0]["time"] == pytest.approx(7.0)
+    assert all(p["start"] == pytest.approx(p["time"] - 0.05) for p in run.pushes)
+
+
+def test_the_report_has_every_figure_and_a_table_and_opens_offline(tmp_path):
+    out = write_report([str(write_run(tmp_path / "run"))])
+    assert out == str(tmp_path / "run" / "report.html")
+    page = open(out).read()
+    assert page.count("data:image/png;base64,") == 4 and "http" not in page
+    assert "bsp -&gt; asp" in page and "test mae" in page and "0.25" in page
+    assert sorted(p.name for p in (tmp_path / "run" / "report_files").iterdir()) == [
+        "loss.png", "switches.png", "timeline.png", "workers.png"]
+
+
+def test_report_refuses_bad_input_in_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip().endswith("no metrics.jsonl there; give the run directory of a `tfsync run`")
+    a, b = write_run(tmp_path / "a"), write_run(tmp_path / "b")
+    assert main(["report", str(a), str(b)]) == 2
+    assert "-o" in capsys.readouterr().err
+    (a / "summary.json").write_text("{not json")
+    with pytest.raises(ReportError, match="summary.json: not JSON"):
+        load_run(str(a))
+    assert main(["report", str(b), str(b / "summary.json"), "-o", str(tmp_path / "ab.html")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "ab.html")
+
+
+def test_smoothing_and_gaps():
+    assert list(smooth([1, 3, 5, 7], 2)) == [1, 2, 4, 6]
+    t, y = gapped([0, 0.1, 5, 5.1], [1, 2, 3, 4])
+    assert np.isnan(t[2]) and np.isnan(y[2]) and list(y[[0, 1, 3, 4]]) == [1, 2, 3, 4]
+
+
+def fake_engine(pushes, samples, started):
+    state = types.SimpleNamespace(pushes=pushes, samples=samples)
+    return types.SimpleNamespace(state=state, history=[], train_started=started, ps=1, workers=2, run_dir="r")
+
+
+def test_progress_rates_count_training_time_only(monkeypatch):
+    """A cluster that took 20 s to start does not lower the rate; ETA from the same rate."""
+    now = [1000.0]
+    monkeypatch.setattr("tfsync.progress.time.time", lambda: now[0])
+    out = io.StringIO()
+    progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="bsp")
+    engine = fake_engine(0, 0, started=990.0)  # training began 10 s ago, 20 s after the process
+    progress.starting(engine)
+    engine.state.pushes, engine.state.samples = 100, 3200
+    progress(engine, policy, 6400)
+    assert progress.rates(engine) == (10.0, 10.0, 320.0)
+    text = out.getvalue()
+    assert text.splitlines()[0].startswith("starting 1 PS + 2 workers")
+    assert "50% 3,200/6,400 samples  elapsed 0:10  eta 0:10  bsp  10.0 steps/s" in text
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (apt-get install chromium)")
+def test_the_report_renders_in_a_real_browser(tmp_path):
+    """experiments/report_screenshot.py: headless Chromium draws the page offline, figures included."""
+    from PIL import Image
+
+    page = write_report([str(write_run(tmp_path / "run"))])
+    shot = tmp_path / "shot.png"
+    script = os.path.join(os.path.dirname(__file__), "..", "experiments", "report_screenshot.py")
+    subprocess.run([sys.executable, script, page, str(shot), "--height", "1600"], check=True, timeout=180)
+    img = np.asarray(Image.open(shot).convert("RGB"))
+    assert img.shape[:2] == (1600, 1200)
+    colors = {tuple(c) for c in img[::4, ::4].reshape(-1, 3)}
+    assert len(colors) > 200  # plots drawn, not a blank or an error page
+    blue = np.all(np.abs(img.astype(int) - (0x48, 0x78, 0xa8)) < 12, axis=-1)
+    assert blue.sum() > 2000  # BSP's colour in the timeline and the curves

@@ -1,0 +1,124 @@
+"""One self-contained HTML page (figures embedded as PNG data, no script, no network) and
+the same figures as PNG files beside it. TF-free."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import time
+
+from .. import safefile
+from . import plots
+from .load import RunData, label, load_run
+
+CAPTIONS = {
+    "loss": "Training loss as the workers reported it (a trailing mean), and the test numbers of the "
+            "background evaluator (train.eval_every), against time and against samples. Dotted lines: "
+            "protocol switches of the first run.",
+    "timeline": "Which protocol ran when. Grey: the cluster starting. Black: a switch and what it cost. "
+                "Ticks: checkpoints; red crosses: recoveries (a lost task restarted, a rewind, a resume); "
+                "purple triangles: stragglers (detected or injected).",
+    "workers": "Per worker: speed per step (dashed: the speed LB-BSP predicted for that step), batch size, "
+               "staleness, and the time between pushing a step and starting the next (BSP's barrier waits; "
+               "near zero in ASP).",
+    "switches": "Each protocol switch's overhead, split into its parts.",
+}
+
+SUMMARY_ROWS = [
+    ("protocols", lambda r: " -> ".join(r.protocols)),
+    ("workers / PS", lambda r: f"{r.summary.get('workers', len(r.workers))} / {r.summary.get('ps', '?')}"),
+    ("wall time (s)", lambda r: _num(r.summary.get("wall_s"), ".1f")),
+    ("cluster start (s)", lambda r: _num(r.summary.get("init_s"), ".1f")),
+    ("steps / updates", lambda r: f"{r.summary.get('pushes', len(r.pushes))} / {r.summary.get('updates', '?')}"),
+    ("samples", lambda r: f"{r.summary.get('samples', 0):,}"),
+    ("samples/s (training time)", lambda r: _num(r.summary.get("samples_per_s"), ",.0f")),
+    ("test accuracy", lambda r: _num(r.summary.get("test_accuracy"), ".2%")),
+    ("test loss", lambda r: _num(r.summary.get("test_loss"), ".4g")),
+    ("switches", lambda r: ", ".join(f"{s['method']} {s.get('overhead_s', 0):.2f} s"
+                                     for s in r.summary.get("switches", [])) or "none"),
+    ("checkpoints", lambda r: str(len(r.summary.get("checkpoints", r.of("checkpoint"))))),
+    ("recoveries", lambda r: str(len(r.summary.get("recoveries", [])))),
+    ("records discarded by rewinds", lambda r: str(r.discarded)),
+    ("run directory", lambda r: r.path),
+]
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _metric_rows(runs: list[RunData]) -> list[tuple]:
+    """``test_<metric>`` rows for the metrics any run reported (beyond accuracy and loss)."""
+    keys = sorted({k for r in runs for k in r.summary if k.startswith("test_")} - {"test_accuracy", "test_loss"})
+    return [(k.replace("_", " ", 1), lambda r, k=k: _num(r.summary.get(k), ".4g")) for k in keys]
+
+
+def figures(runs: list[RunData]) -> list[tuple[str, str, object]]:
+    """(file stem, title, Figure) of every figure the runs have data for."""
+    out = [("loss", "Loss and test metrics", plots.loss_curves(runs)),
+           ("timeline", "Protocol timeline", plots.timeline(runs))]
+    for i, (run, name) in enumerate(zip(runs, label(runs))):
+        if run.pushes:
+            stem = "workers" if len(runs) == 1 else f"workers_{i + 1}"
+            out.append((stem, f"Workers: {name}" if len(runs) > 1 else "Workers", plots.workers(run)))
+    sw = plots.switch_overheads(runs)
+    if sw is not None:
+        out.append(("switches", "Switch overhead", sw))
+    return out
+
+
+def write_report(paths: list[str], out: str | None = None) -> str:
+    """The report of the runs at ``paths`` written to ``out`` (default: one run's
+    ``report.html`` in its directory), PNGs in ``<out without .html>_files/``; returns ``out``."""
+    runs = [load_run(p) for p in paths]
+    if out is None:
+        if len(runs) > 1:
+            raise ValueError("several runs: name the report file with -o/--output")
+        out = os.path.join(runs[0].path, "report.html")
+    png_dir = os.path.splitext(out)[0] + "_files"
+    safefile.make_dir(png_dir)
+    sections = []
+    for stem, title, fig in figures(runs):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        data = buf.getvalue()
+        with safefile.replacing(os.path.join(png_dir, stem + ".png"), binary=True) as f:
+            f.write(data)
+        caption = CAPTIONS.get(stem.split("_")[0], "")
+        sections.append(f'<section><h2>{html.escape(title)}</h2><p class="cap">{html.escape(caption)}</p>'
+                        f'<img alt="{html.escape(title)}" src="data:image/png;base64,'
+                        f'{base64.b64encode(data).decode()}"></section>')
+    safefile.write(out, _page(runs, sections))
+    return out
+
+
+def _table(runs: list[RunData]) -> str:
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in label(runs))
+    rows = []
+    for name, cell in SUMMARY_ROWS[:9] + _metric_rows(runs) + SUMMARY_ROWS[9:]:
+        tds = "".join(f"<td>{html.escape(cell(r))}</td>" for r in runs)
+        rows.append(f"<tr><th>{html.escape(name)}</th>{tds}</tr>")
+    return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _page(runs: list[RunData], sections: list[str]) -> str:
+    title = "tfsync report: " + ", ".join(label(runs))
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; font-size: 14px; }}
+tr th:first-child {{ background: #f4f4f4; }}
+img {{ max-width: 100%; }}
+.cap {{ color: #555; font-size: 14px; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="cap">Made by <code>tfsync report</code> on {when}. Times are seconds since each run started.</p>
+{_table(runs)}
+{"".join(sections)}
+</body></html>
+"""
