@@ -76,8 +76,9 @@ def test_unknown_section():
 
 def test_wrong_type():
     e = _error({"train": {"learning_rate": "0.1"}})
-    assert str(e) == ('job.toml: train.learning_rate = "0.1": must be a number > 0 '
-                      '(got string)')
+    assert str(e) == ('job.toml: train.learning_rate = "0.1": must be a number > 0, a schedule table '
+                      '{schedule = "ExponentialDecay", ...} or a "module:function" reference returning a '
+                      'tf_keras LearningRateSchedule (got string)')
     assert _error({"cluster": {"workers": True}}).field == "cluster.workers"
     assert _error({"train": {"batch_size": 64.0}}).field == "train.batch_size"
     assert _error({"train": 5}).field == "train"

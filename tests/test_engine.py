@@ -87,6 +87,32 @@ def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across
     assert len({r["lr"] for r in recs}) == 6
 
 
+def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_problem, tmp_path):
+    """BSP (x2 rate, aggregated) then ASP (applied on arrival) by a hot switch, with a rate
+    that decays every update: each BSP push records 2 x schedule(its update), and the ASP
+    pushes, applied in whatever order they reach the PS, record schedule(k) for exactly the
+    update numbers k that follow the switch, once each."""
+    import tf_keras as keras
+
+    def schedule():
+        return keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.8)
+
+    problem = (*tiny_problem[:3], lambda: keras.optimizers.SGD(schedule(), momentum=0.5), tiny_problem[4])
+    engine = _engine(problem, tmp_path)
+    phases = [Phase(BSP(FixedSizer([8, 8])), until=0.5, lr_scale=2.0),
+              Phase(ASP(FixedSizer([8, 8])), switch="hot", lr_scale=1.0)]
+    summary = engine.run(phases, total_samples=8 * 16)
+    recs = _records(tmp_path)
+    bsp = [r for r in recs if r["protocol"] == "bsp"]
+    asp = [r for r in recs if r["protocol"] == "asp"]
+    assert len(bsp) == 8 and len(asp) >= 8  # ASP's steps in flight at the end count too
+    assert summary["optimizer_iterations"] == summary["updates"] == 4 + len(asp)
+    for r in bsp:
+        assert r["lr"] == pytest.approx(2 * float(schedule()(r["updates"])), rel=1e-6)
+    want = [float(schedule()(k)) for k in range(4, 4 + len(asp))]
+    assert sorted(r["lr"] for r in asp) == pytest.approx(sorted(want), rel=1e-6)
+
+
 @pytest.mark.parametrize("data", ["arrays", "dataset factory"])
 def test_float_targets_stay_floats_and_bsp_regression_equals_the_single_process_reference(tiny_problem, tmp_path,
                                                                                          data):

@@ -173,3 +173,68 @@ def test_the_tfrecord_example_trains_from_a_dataset_factory_read_on_the_workers(
     assert summary["samples"] >= 6000 and summary["test_accuracy"] > 0.8
     assert len(list((project / "shards").glob("train-*.tfrecord"))) == 4
     assert not (tmp_path / "run" / "data").exists()
+
+
+SCHEDULES = '''
+import tf_keras as keras
+
+
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, peak, steps):
+        self.peak, self.steps = peak, steps
+
+    def __call__(self, step):
+        import tensorflow as tf
+        return self.peak * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / self.steps)
+
+    def get_config(self):
+        return {"peak": self.peak, "steps": self.steps}
+
+
+def warmup(peak=0.1, steps=10):
+    return Warmup(peak, steps)
+
+
+def half():
+    return 0.5
+
+
+def plain(step):
+    return 0.1
+'''
+
+
+@pytest.mark.unit
+def test_a_learning_rate_schedule_of_the_users_own_from_a_job_file(tmp_path, monkeypatch):
+    """train.learning_rate = "file.py:function" or {schedule = "file.py:function", options}:
+    resolved against the job file, called, and used by the optimizer; what is not a number
+    or a LearningRateSchedule is one line naming the field."""
+    from tfsync.engine.tfcompat import lr_schedule
+    from tfsync.workload import build_optimizer
+
+    path = job_file(tmp_path)
+    (path.parent / "schedules.py").write_text(SCHEDULES)
+    text = path.read_text()
+    old = 'learning_rate = {schedule = "ExponentialDecay", initial_learning_rate = 0.01, decay_steps = 20, decay_rate = 0.5}'
+    monkeypatch.chdir("/")
+    path.write_text(text.replace(old, 'learning_rate = {schedule = "schedules.py:warmup", peak = 0.2, steps = 4}'))
+    t = load_job(path).train
+    assert t.learning_rate["schedule"] == str(path.parent / "schedules.py") + ":warmup"
+    opt = build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, t.optimizer_args)
+    assert [round(float(lr_schedule(opt)(k)), 4) for k in (0, 1, 3, 9)] == [0.05, 0.1, 0.2, 0.2]
+    path.write_text(text.replace(old, 'learning_rate = "schedules.py:half"'))
+    t = load_job(path).train
+    opt = build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, {})
+    assert lr_schedule(opt) is None and opt.learning_rate.numpy() == 0.5
+    path.write_text(text.replace(old, 'learning_rate = "schedules.py:plain"'))
+    t = load_job(path).train
+    with pytest.raises(UserCodeError, match=r"train.learning_rate: .*plain\(\) raised TypeError"):
+        build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, {})
+    (path.parent / "callables.py").write_text(SCHEDULES + "\n\ndef fn():\n    return plain\n")
+    path.write_text(text.replace(old, 'learning_rate = "callables.py:fn"'))
+    t = load_job(path).train
+    with pytest.raises(UserCodeError, match="train.learning_rate: got function .*subclass LearningRateSchedule"):
+        build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, {})
+    path.write_text(text.replace(old, 'learning_rate = "fast"'))
+    with pytest.raises(ConfigError, match='train.learning_rate = "fast": must be a number > 0, a schedule table'):
+        load_job(path)

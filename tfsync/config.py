@@ -425,10 +425,13 @@ def _absolute_refs(d: Any, base_dir: str) -> Any:
     if not isinstance(d, dict):
         return d
     d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for sec, key in (("model", "fn"), ("data", "fn"), ("train", "optimizer"), ("train", "loss")):
+    for sec, key in (("model", "fn"), ("data", "fn"), ("train", "optimizer"), ("train", "loss"),
+                     ("train", "learning_rate")):
         v = (d.get(sec) or {}).get(key) if isinstance(d.get(sec), dict) else None
         if isinstance(v, str):
             d[sec][key] = usercode.absolute(v, base_dir)
+        elif isinstance(v, dict) and isinstance(v.get("schedule"), str):  # {schedule = "file.py:fn", ...}
+            d[sec][key] = {**v, "schedule": usercode.absolute(v["schedule"], base_dir)}
     metrics = d["train"].get("metrics") if isinstance(d.get("train"), dict) else None
     if isinstance(metrics, list):  # train.metrics = ["file.py:fn", {metric = "file.py:Cls", ...}]
         d["train"]["metrics"] = [
@@ -551,11 +554,21 @@ _ARGS = _rule(lambda: f"a table of keyword arguments (TOML values, nested at mos
 
 
 def _learning_rate(where: str, field: str, v: Any):
+    """A number, a schedule table ``{schedule = NAME or "module:function", options}``, or a
+    reference ``"module:function"`` (called without arguments): the callables return a
+    tf_keras LearningRateSchedule or a number, checked when the optimizer is built."""
+    if type(v) is str and usercode.check(v):
+        return v
     if type(v) is dict:
-        if v.get("schedule") not in SCHEDULES:
-            _bad(where, f"{field}.schedule", v.get("schedule"), "one of " + ", ".join(_fmt(n) for n in SCHEDULES)
-                 + " (tf_keras.optimizers.schedules), with its options beside it")
+        name = v.get("schedule")
+        if name not in SCHEDULES and not (type(name) is str and usercode.check(name)):
+            _bad(where, f"{field}.schedule", name, "one of " + ", ".join(_fmt(n) for n in SCHEDULES)
+                 + ' (tf_keras.optimizers.schedules) or a "module:function" returning a schedule, '
+                 "with its options beside it")
         return _ARGS(where, field, v)
+    if type(v) is str:
+        _bad(where, field, v, 'a number > 0, a schedule table {schedule = "ExponentialDecay", ...} or a '
+             '"module:function" reference returning a tf_keras LearningRateSchedule', False)
     return _number(0)(where, field, v)
 
 

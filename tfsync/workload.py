@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Callable
 
 import numpy as np
@@ -255,18 +256,39 @@ def _optimizer_fn(cfg: JobConfig) -> Callable:
     return lambda: build_optimizer(t.optimizer, t.learning_rate, t.base_momentum, t.optimizer_args)
 
 
+def _learning_rate(lr):
+    """``train.learning_rate`` as the optimizer takes it: a number, a tf_keras schedule by
+    name with its options, or what a "module:function" (with the table's options) returns."""
+    import tf_keras as keras
+
+    field = "train.learning_rate"
+    if isinstance(lr, str):
+        lr = usercode.call(lr, {}, field)
+    elif isinstance(lr, dict):
+        config = {k: v for k, v in lr.items() if k != "schedule"}
+        if usercode.check(lr["schedule"]):
+            lr = usercode.call(lr["schedule"], config, field)
+        else:
+            try:
+                lr = getattr(keras.optimizers.schedules, lr["schedule"])(**config)
+            except (TypeError, ValueError) as e:
+                raise UserCodeError(field, f"{lr['schedule']}: {usercode._one_line(e)}") from None
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return lr
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0:
+        return float(lr)
+    raise UserCodeError(field, f"got {type(lr).__name__} {lr!r:.60}; expected a number > 0 or a "
+                               "tf_keras.optimizers.schedules.LearningRateSchedule (a callable of the step "
+                               "is not one: subclass LearningRateSchedule, so checkpoints and the engine "
+                               "can evaluate it)")
+
+
 def build_optimizer(name: str, learning_rate, momentum: float, options: dict):
     """A tf_keras optimizer by name (or "module:function"), with ``learning_rate`` a
     number or a schedule table; refused where the engine could not honour it."""
     import tf_keras as keras
 
-    lr = learning_rate
-    if isinstance(lr, dict):
-        config = {k: v for k, v in lr.items() if k != "schedule"}
-        try:
-            lr = getattr(keras.optimizers.schedules, lr["schedule"])(**config)
-        except (TypeError, ValueError) as e:
-            raise UserCodeError("train.learning_rate", f"{lr['schedule']}: {usercode._one_line(e)}") from None
+    lr = _learning_rate(learning_rate)
     if usercode.check(name):
         opt = usercode.call(name, {"learning_rate": lr, **options}, "train.optimizer")
     else:
