@@ -1,9 +1,10 @@
 """The TF task processes of one node: started, watched, stopped and restarted by its hook.
 
 Commands are built here, never received: a request names a cluster spec, a job name and
-an index, and the hook runs ``python -m tfsync.engine.server`` for it exactly as
-``tfsync.engine.cluster.LocalCluster`` does (own session, log file, ``--parent-pid`` so a
-task exits when its hook dies). Only processes started here are ever signalled.
+an index, and the hook runs ``python -m tfsync.engine.server`` for it with the command
+line and environment ``tfsync.taskcmd`` builds for ``tfsync.engine.cluster.LocalCluster``
+too (own session, log file, ``--parent-pid`` so a task exits when its hook dies). Only
+processes started here are ever signalled.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 from tfsync import netns as netns_
-from tfsync import safefile
+from tfsync import safefile, taskcmd
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +33,8 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]+:(\d{1,5})")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The program of a task; the hook appends --cluster, --job, --index and --parent-pid.
-TASK_COMMAND = (sys.executable, "-m", "tfsync.engine.server")
+TASK_COMMAND = taskcmd.SERVER
 # The spec travels as one command-line argument: Linux takes at most 128 KiB in one.
 MAX_SPEC_BYTES = 120 * 1024
 
@@ -217,14 +216,10 @@ class TaskSupervisor:
         return out, notes
 
     def _launch(self, job_id, job, index, spec_json, env, address, netns="") -> Task:
-        cmd = [*self.task_command, "--cluster", spec_json, "--job", job, "--index", str(index),
-               "--parent-pid", str(os.getpid())]
+        cmd = taskcmd.task_command(spec_json, job, index, program=self.task_command)
         if netns:
             cmd = netns_.command_in(netns, cmd)
-        full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        full_env.pop("TF_CONFIG", None)
-        full_env.update(env)
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, full_env.get("PYTHONPATH")]))
+        full_env = taskcmd.task_env(env)
         log_dir = os.path.join(self.log_dir, job_id)
         made_dir = not os.path.isdir(log_dir)
         safefile.make_dir(log_dir)

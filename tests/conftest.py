@@ -5,6 +5,9 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# `tfsync run` draws its report at the end (about 1.5 s of matplotlib a run, some 40 runs
+# in the suite); tests/test_report.py turns it back on where the report is what it checks.
+os.environ.setdefault("TFSYNC_NO_REPORT", "1")
 
 import pytest  # noqa: E402
 

@@ -79,6 +79,7 @@ def wait_for(what, check, timeout=90.0):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+@pytest.mark.slow
 def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, job), contextlib.ExitStack() as cleanup:

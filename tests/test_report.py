@@ -63,7 +63,7 @@ FIGURES = {"loss", "timeline", "workers", "switches"}
 def start(tmp_path, text, *extra):
     run_dir, job = tmp_path / "run", tmp_path / "job.toml"
     job.write_text(text.format(run_dir=run_dir))
-    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"), TFSYNC_NO_REPORT="0")  # the report: on
     proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return proc, run_dir

@@ -73,6 +73,7 @@ def wait_for_checkpoints(run_dir, count: int = 2, timeout: float = 120.0) -> Non
     pytest.fail(f"fewer than {count} checkpoints within {timeout:.0f} s")
 
 
+@pytest.mark.slow
 def test_resume_after_the_manager_is_killed(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     with tfsync_run(tmp_path, JOB, env=env, output=subprocess.DEVNULL) as (run, run_dir, job):

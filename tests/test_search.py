@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from tfsync.switch.search import SearchSettings, binary_search, convergence_index, converged_accuracy
+from tfsync.curves import convergence_index, converged_accuracy
+from tfsync.switch.search import SearchSettings, binary_search
 from tfsync.switch.trials import JobStoreTrials, JsonTrials, MemoryTrials, TrialKey, TrialResult, job_signature
 
 pytestmark = pytest.mark.unit

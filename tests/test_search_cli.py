@@ -50,6 +50,7 @@ def stored_trials(db_path, signature):
                 if r.kind == "trial" and "converged_accuracy" in res]
 
 
+@pytest.mark.slow
 def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     job = tmp_path / "job.toml"

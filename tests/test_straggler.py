@@ -76,7 +76,7 @@ def test_windows_start_at_the_first_time_seen():
     assert d.observe({"worker": 0, "end": t0 + 0.2, "compute_s": 0.5, "batch_size": 8}) == []
     assert d.origin == t0 + 0.2 and d.window_of(t0 + 1.1) == 0 and d.window_of(t0 + 1.3) == 1
     d.advance(t0 + 5.3)
-    assert len(d.windows) == 5
+    assert len(d.windows) == 5 and d.next_close() == t0 + 0.2 + 6.0  # the open window's end
 
 
 def test_slow_windows_must_be_consecutive():

@@ -36,6 +36,7 @@ def manager(tmp_path):
         interrupt(proc)
 
 
+@pytest.mark.slow
 def test_submit_follow_stop_and_resume(tmp_path, manager):
     address, env, proc = manager
     token_file = tmp_path / "home" / "manager.token"

@@ -69,6 +69,7 @@ def project(tmp_path, epochs, protocols="", run="run"):
     return job
 
 
+@pytest.mark.slow
 def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     job = project(tmp_path, epochs=20)
@@ -107,6 +108,7 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
         assert stored.state == "done" and [r.kind for r in store.runs(stored.id)] == ["train", "resume"]
 
 
+@pytest.mark.slow
 def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     job = project(tmp_path, epochs=3, protocols='until = 0.5\n[[protocol]]\nname = "asp"', run="search")

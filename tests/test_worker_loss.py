@@ -45,6 +45,7 @@ def kill_worker(run_pid, index):
     raise AssertionError(f"no task process for worker {index}")
 
 
+@pytest.mark.slow
 def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, _):

@@ -14,6 +14,7 @@ import time
 from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
 
 
 def format_summary(s: dict) -> str:
@@ -111,13 +112,14 @@ def cmd_run(args) -> int:
             manager.finish(state, summary)
     if progress:
         progress.done()
-    report = _report(cfg.job.run_dir)
+    report = None if args.no_report else _report(cfg.job.run_dir)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary))
         print(f"run directory: {os.path.abspath(cfg.job.run_dir)}")
-        print(f"report: {report}" if report else f"report: `tfsync report {cfg.job.run_dir}` (it failed here)")
+        print(f"report: {report}" if report else f"report: `tfsync report {cfg.job.run_dir}`"
+              + ("" if args.no_report else " (it failed here)"))
     return 0
 
 
@@ -170,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
         q.add_argument("--json", action="store_true", help="print the summary as JSON on stdout, no progress bar")
         q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        q.add_argument("--no-report", action="store_true",
+                       default=os.environ.get(ENV_NO_REPORT, "") not in ("", "0"),
+                       help=f"do not write run_dir/report.html at the end (`tfsync report` makes it later; "
+                            f"default: ${ENV_NO_REPORT})")
         q.add_argument("--no-manager", action="store_true",
                        help="no embedded manager: the run cannot be reached by status/switch/stop")
         q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "

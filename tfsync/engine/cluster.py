@@ -16,12 +16,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
 from .. import netns
 from .. import safefile
+from ..taskcmd import task_command, task_env
 
 logger = logging.getLogger(__name__)
 
@@ -120,17 +120,10 @@ class LocalCluster:
         return self
 
     def start_task(self, job: str, index: int, wait: bool = True) -> subprocess.Popen:
-        cmd = [
-            sys.executable, "-m", "tfsync.engine.server",
-            "--cluster", json.dumps(self.spec), "--job", job, "--index", str(index),
-            "--parent-pid", str(os.getpid()),
-        ]
+        cmd = task_command(json.dumps(self.spec), job, index)
         if self.network is not None:
             cmd = self.network.command(cmd)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        env.pop("TF_CONFIG", None)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env = task_env()
         out = subprocess.DEVNULL
         if self.log_dir:
             safefile.make_dir(self.log_dir)

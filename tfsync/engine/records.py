@@ -26,7 +26,6 @@ import socket
 import time
 
 import numpy as np
-
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 from tensorflow.core.util import event_pb2
@@ -58,7 +57,8 @@ class EventWriter:
         tensor = tf.make_tensor_proto(np.array(text, dtype=object))
         meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
         value = summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=meta)
-        self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=[value])))
+        summary = summary_pb2.Summary(value=[value])
+        self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def close(self) -> None:
         self._writer.flush()

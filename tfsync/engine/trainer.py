@@ -25,8 +25,9 @@ import tensorflow as tf
 from .. import netns
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
+from ..curves import converged_accuracy
 from ..pushlog import push_record
-from ..switch.search import converged_accuracy
+from ..quiet import quiet_tf_loggers
 from .channel import PSChannel
 from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
@@ -36,7 +37,6 @@ from .generation import Generation, TrainSetup, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
 from .recovery import recover_lost_ps, recover_lost_workers
-from ..quiet import quiet_tf_loggers
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -634,8 +634,8 @@ class Engine:
                 self._log_eval(e)
             t = time.perf_counter()
             last = final if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
-            self._log_eval(Evaluation(s.updates, s.samples, self.recorder.since(), last["accuracy"], time.perf_counter() - t,
-                                      last["loss"], last["metrics"], s.pushes))
+            self._log_eval(Evaluation(s.updates, s.samples, self.recorder.since(), last["accuracy"],
+                                      time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
         curve = [e.accuracy for e in self.evals if e.accuracy is not None]
         return {
             "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(self._t0, 3),

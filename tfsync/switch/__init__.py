@@ -2,7 +2,8 @@
 
 from .online import ElasticStragglerPolicy, GreedyStragglerPolicy
 from .plan import SwitchPlan
-from .search import SearchResult, SearchSettings, binary_search, converged_accuracy
+from ..curves import converged_accuracy
+from .search import SearchResult, SearchSettings, binary_search
 from .search_cost import RecordedRun, RunBank, cost_table, simulate_setting
 from .slowdown import Slowdown, TransientSlowdown
 from .stragglers import StragglerDetector, StragglerEvent, detect

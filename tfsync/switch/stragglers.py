@@ -151,7 +151,7 @@ class StragglerDetector:
         out = []
         if self.origin is None:
             self.origin = float(now)
-        while self.window_end(self._index) + self.lag_s <= now:
+        while self.next_close() <= now:
             out += self._close(self._index)
             self._index += 1
         return out

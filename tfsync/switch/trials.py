@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrialResult:
     """One training run with a switch point: its converged test accuracy (see
-    ``search.converged_accuracy``) and its training time in seconds."""
+    ``tfsync.curves.converged_accuracy``) and its training time in seconds."""
 
     converged_accuracy: float
     time: float

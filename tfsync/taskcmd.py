@@ -1,0 +1,36 @@
+"""The command line and environment of one TF task process (``python -m
+tfsync.engine.server``), built here once for both launchers: the engine's local cluster
+(``tfsync.engine.cluster``) and the node hook (``tfsync.hooks.tasks``).
+
+TF-free and tfsync-free (standard library only), so the lowest layer can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The program of a task: the TF server of one PS or worker. Launchers append the
+# arguments ``task_command`` builds (the hook's tests run a stand-in program instead).
+SERVER = (sys.executable, "-m", "tfsync.engine.server")
+# The directory that holds the tfsync package: put first on a task's PYTHONPATH, so the
+# task imports the same tfsync as its launcher.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def task_command(spec_json: str, job: str, index: int, program=SERVER) -> list[str]:
+    """``program --cluster SPEC --job JOB --index I --parent-pid PID``: the task of
+    ``job``:``index`` in the cluster spec ``spec_json``; it exits when this process (its
+    launcher, ``PID``) is gone."""
+    return [*program, "--cluster", spec_json, "--job", job, "--index", str(index),
+            "--parent-pid", str(os.getpid())]
+
+
+def task_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a task: TF's info logs off, no GPU, no TF_CONFIG
+    (the spec is on the command line), ``extra`` added, tfsync first on PYTHONPATH."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
+    return env
