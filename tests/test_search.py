@@ -177,3 +177,19 @@ def test_config_signature_ignores_what_a_search_varies():
         user, {**user, "model": {"fn": "m.py:build", "args": {"units": 9}}}, {**user, "model": {"fn": "m.py:other"}},
         {**user, "data": {"fn": "m.py:data", "args": {"n": 5}}})}
     assert len(sigs) == 4 and sig not in sigs
+
+
+def test_a_trial_scores_its_accuracy_or_else_minus_log_of_its_converged_test_loss():
+    import math
+
+    from tfsync.switch.cli import trial_score
+
+    assert trial_score({"converged_accuracy": 0.9, "test_loss": 0.3}) == (0.9, "accuracy")
+    evals = [{"loss": v} for v in (2.0, 1.0, 0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.3)]
+    score, metric = trial_score({"converged_accuracy": None, "evals": evals, "test_loss": 0.3})
+    assert metric == "neg_log_loss" and score == pytest.approx(-math.log(0.4))  # converged, not the last
+    assert trial_score({"converged_accuracy": None, "evals": [], "test_loss": 2.0})[0] == pytest.approx(-math.log(2))
+    with pytest.raises(ValueError, match="reports neither"):
+        trial_score({"converged_accuracy": None, "evals": [], "test_loss": None})
+    with pytest.raises(ValueError, match=r"test loss is -0.5 \(not > 0\)"):
+        trial_score({"converged_accuracy": None, "test_loss": -0.5})

@@ -3,6 +3,7 @@ its job is run, switched at run time, stopped, resumed and searched through the 
 line exactly as the bundled MNIST job is (issue 16)."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -125,15 +126,22 @@ def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
     assert run.returncode == 0 and "found by `tfsync search`" in run.stderr, run.stderr[-2000:]
 
 
-def test_searching_a_job_without_accuracy_is_refused_in_one_line(tmp_path):
-    """A regression job has no test accuracy to compare: the search says so (it failed
-    with a TypeError traceback after its first trial)."""
+def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
+    """A regression job has no test accuracy: the search compares -ln(converged test loss)
+    (a margin beta = a relative margin exp(beta) on the loss), here against a test loss to
+    reach (--target-loss) so that one trial decides."""
     job = tmp_path / "project" / "job.toml"
     job.parent.mkdir()
     shutil.copy(os.path.join(EXAMPLES, "regression", "model.py"), job.parent / "model.py")
     job.write_text(open(os.path.join(EXAMPLES, "regression", "job.toml")).read().replace("epochs = 4", "epochs = 1"))
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1"],
-                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("tfsync: error:") and "reports none" in r.stderr
+    search = [sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1"]
+    r = subprocess.run([*search, "--target-loss", "1000", "--json"], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    found = json.loads(r.stdout)
+    assert found["metric"] == "neg_log_loss" and found["target"] == pytest.approx(-math.log(1000))
+    (tried,) = found["tried"]
+    assert tried["fraction"] == 0.5 and tried["accepted"] and found["fraction"] == 0.5  # any loss beats 1000
+    shown = subprocess.run([*search, "--show"], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "-ln(test loss)" in shown.stdout and "a test loss <= 1010" in shown.stdout

@@ -28,14 +28,22 @@ def add_commands(sub) -> None:
     s = sub.add_parser(
         "search", help="find when to switch from BSP to ASP for a recurring job (binary search)",
         description="Binary search (Sync-Switch, Algorithm 1) for the earliest switch from BSP to ASP "
-                    "whose converged test accuracy stays within --beta of BSP's. Trains the job file "
+                    "whose converged test accuracy stays within --beta of BSP's (a job with no accuracy, "
+                    "e.g. a regression: whose converged test loss stays within a factor exp(--beta) of "
+                    "BSP's, about --beta relative). Trains the job file "
                     "R times per setting on a local cluster; trials are stored in the job store, so an "
                     "interrupted search resumes and `tfsync run` uses the answer.")
     s.add_argument("job", help="path to the job file (TOML)")
     s.add_argument("--runs", type=int, default=3, metavar="R", help="training runs per setting (default 3)")
     s.add_argument("--settings", type=int, default=4, metavar="M", help="switch points tried (default 4)")
-    s.add_argument("--beta", type=float, default=0.01, help="accuracy margin below the target (default 0.01)")
-    s.add_argument("--target", type=float, help="target accuracy A (default: the mean of R BSP runs)")
+    s.add_argument("--beta", type=float, default=0.01,
+                   help="accuracy margin below the target (default 0.01); for a job without accuracy, the "
+                        "margin on -ln(test loss), i.e. a test loss up to exp(beta) times the target's")
+    target = s.add_mutually_exclusive_group()
+    target.add_argument("--target", type=float, help="target accuracy A (default: the mean of R BSP runs)")
+    target.add_argument("--target-loss", type=float, metavar="L",
+                        help="for a job without accuracy (e.g. a regression): the test loss to reach "
+                             "(default: the mean -ln(test loss) of R BSP runs)")
     s.add_argument("--data", help="data path (overrides data.path)")
     from ..config import OVERRIDE_HELP
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -99,6 +107,25 @@ def trial_config(cfg, fraction: float, run: int):
                                switch=switch)
 
 
+def trial_score(summary: dict) -> tuple[float, str]:
+    """(score, metric) of a trial: its converged test accuracy ("accuracy") where the job
+    reports one; else -ln of its converged test loss ("neg_log_loss": higher is better, and
+    a margin beta on it is a relative margin exp(beta) on the loss). ValueError when
+    neither can be had."""
+    from ..curves import converged_accuracy
+    if summary.get("converged_accuracy") is not None:
+        return float(summary["converged_accuracy"]), "accuracy"
+    losses = [e["loss"] for e in summary.get("evals", []) if e.get("loss") is not None]
+    loss = converged_accuracy(losses) if losses else summary.get("test_loss")  # the same convergence rule
+    if loss is None:
+        raise ValueError("tfsync search compares test accuracy, or the test loss where there is none, and this "
+                         "job reports neither (give the data function test arrays, or [data] validation)")
+    if not (math.isfinite(loss) and loss > 0):
+        raise ValueError(f"tfsync search compares -ln(test loss) where a job has no accuracy, and a trial's "
+                         f"converged test loss is {loss!r} (not > 0)")
+    return -math.log(loss), "neg_log_loss"
+
+
 def run_trial_process(cfg, data_path: str | None) -> dict:
     """Train ``cfg`` in a child process; its summary. Raises RuntimeError on failure."""
     request = {"config": cfg.to_dict(), "data": data_path, "evals_per_run": EVALS_PER_RUN}
@@ -135,10 +162,10 @@ def confidence(accuracies, threshold: float) -> float | None:
     return float(stats.t.cdf((mean - threshold) / (sd / math.sqrt(len(accuracies))), len(accuracies) - 1))
 
 
-def describe(result, settings) -> dict:
+def describe(result, settings, metric: str = "accuracy") -> dict:
     threshold = result.target - settings.beta
     return {
-        "fraction": result.fraction, "target": result.target, "beta": settings.beta,
+        "fraction": result.fraction, "target": result.target, "beta": settings.beta, "metric": metric,
         "runs": settings.runs, "settings": settings.settings, "bsp": list(result.bsp),
         "tried": [{"fraction": s.fraction, "accuracies": list(s.accuracies), "mean": s.score,
                    "accepted": s.accepted, "confidence": confidence(s.accuracies, threshold)}
@@ -151,11 +178,14 @@ def describe(result, settings) -> dict:
 def format_result(d: dict, signature: str) -> str:
     f = d["fraction"]
     plan = "BSP only (no earlier switch was acceptable)" if f >= 1.0 else f"BSP for {f:.4g} of the workload, then ASP"
+    what = "accuracy" if d.get("metric", "accuracy") == "accuracy" else "-ln(test loss)"
+    given = (f" (mean of {len(d['bsp'])} BSP runs: " + ", ".join(f"{a:.4f}" for a in d["bsp"]) + ")"
+             if d["bsp"] else " (given)")
     lines = [f"switch point for job signature {signature}: {plan}",
-             f"target accuracy {d['target']:.4f}" + (f" (mean of {len(d['bsp'])} BSP runs: "
-                                                    + ", ".join(f"{a:.4f}" for a in d["bsp"]) + ")" if d["bsp"] else " (given)")
-             + f", accepted when the mean converged accuracy >= {d['target'] - d['beta']:.4f}",
-             f"{'BSP share':>10} {'runs':>5} {'mean':>7} {'accuracies':<28} {'P(acceptable)':>13}  verdict"]
+             f"target {what} {d['target']:.4f}{given}, accepted when the mean converged {what} >= "
+             f"{d['target'] - d['beta']:.4f}" + ("" if what == "accuracy" else
+                                                  f" (a test loss <= {math.exp(d['beta'] - d['target']):.4g})"),
+             f"{'BSP share':>10} {'runs':>5} {'mean':>7} {'scores':<28} {'P(acceptable)':>13}  verdict"]
     for s in d["tried"]:
         conf = "n/a (1 run)" if s["confidence"] is None else f"{s['confidence']:.2f}"
         accs = ", ".join(f"{a:.4f}" for a in s["accuracies"])
@@ -178,8 +208,10 @@ def cmd_search(args) -> int:
 
     try:
         cfg = load_job(args.job, overrides=args.set)
-        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=args.target,
-                                  seed=0)
+        if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
+            raise ValueError(f"--target-loss {args.target_loss}: must be a test loss > 0")
+        target = args.target if args.target_loss is None else -math.log(args.target_loss)  # on the score's scale
+        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0)
     except (ConfigError, ValueError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     signature = config_signature(cfg.to_dict())
@@ -202,26 +234,35 @@ def cmd_search(args) -> int:
         trials = JobStoreTrials(store, job.id)
         total = settings.runs * (settings.settings + (settings.target is None))
         bar = progress_bar()
-        done = {"n": 0}
+        expect = "accuracy" if args.target is not None else "neg_log_loss" if args.target_loss is not None else None
+        done = {"n": 0, "metric": expect}
 
         def run_trial(fraction: float, seed: int) -> TrialResult:
             run = seed - settings.seed
             tcfg = trial_config(cfg, fraction, run)
             summary = run_trial_process(tcfg, args.data)
-            if summary.get("converged_accuracy") is None:
-                raise ValueError(f"{args.job}: tfsync search compares test accuracy, and this job reports none "
-                                 "(its labels are not class ids); searching on train.metrics is not built yet")
-            curve = [[e["time"], e["accuracy"]] for e in summary.get("evals", [])]
-            return TrialResult(float(summary["converged_accuracy"]), float(summary["wall_s"]),
+            try:
+                score, done["metric"] = trial_score(summary)
+            except ValueError as e:
+                raise ValueError(f"{args.job}: {e}") from None
+            if expect and done["metric"] != expect:
+                raise ValueError(f"{args.job}: " + ("this job reports no test accuracy: give --target-loss, not "
+                                                    "--target" if expect == "accuracy" else "this job reports a test "
+                                                    "accuracy: give --target, not --target-loss"))
+            key = "accuracy" if done["metric"] == "accuracy" else "loss"
+            curve = [[e["time"], e[key]] for e in summary.get("evals", []) if e.get(key) is not None]
+            return TrialResult(score, float(summary["wall_s"]),
                                {"run_dir": tcfg.job.run_dir, "test_accuracy": summary.get("test_accuracy"),
+                                "test_loss": summary.get("test_loss"), "metric": done["metric"],
                                 "seed": tcfg.job.seed, "curve": curve})
 
         def progress(p: dict) -> None:
             done["n"] += 1
             r = p["result"]
             what = "BSP only" if p["fraction"] >= 1.0 else f"BSP {p['fraction']:.4g}"
-            bar(done["n"], total, f"{what} run {p['run']}: accuracy {r.converged_accuracy:.4f}, {r.time:.0f} s"
-                + (" (stored)" if p["reused"] else ""))
+            score = (f"accuracy {r.converged_accuracy:.4f}" if r.extra.get("metric", "accuracy") == "accuracy"
+                     else f"test loss {math.exp(-r.converged_accuracy):.4g}")
+            bar(done["n"], total, f"{what} run {p['run']}: {score}, {r.time:.0f} s" + (" (stored)" if p["reused"] else ""))
 
         try:
             result = binary_search(run_trial, signature, settings, trials, progress)
@@ -235,7 +276,7 @@ def cmd_search(args) -> int:
         except RuntimeError as e:
             store.set_job_state(job.id, "failed")
             return _fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
-        detail = describe(result, settings)
+        detail = describe(result, settings, done["metric"] or "accuracy")
         store.set_switch_point(signature, result.fraction, detail)
         store.set_job_state(job.id, "done")
     if args.json:
