@@ -145,3 +145,56 @@ def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
     assert tried["fraction"] == 0.5 and tried["accepted"] and found["fraction"] == 0.5  # any loss beats 1000
     shown = subprocess.run([*search, "--show"], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "-ln(test loss)" in shown.stdout and "a test loss <= 1010" in shown.stdout
+
+
+LBBSP_JOB = """
+[job]
+name = "blobs-lb"
+run_dir = "{run_dir}"
+[model]
+fn = "blobs_model.py:mlp"
+args = {{units = 64}}
+[data]
+fn = "blobs_model.py:blobs"
+[train]
+loss = "SparseCategoricalCrossentropy"
+loss_args = {{from_logits = true}}
+optimizer = "adam"
+learning_rate = 0.005
+batch_size = 32
+epochs = 12
+[[protocol]]
+name = "lbbsp"
+predictor = "ema"
+[[inject]]
+worker = 1
+slowdown = 4.0
+start_s = 3.0
+duration_s = 1000
+"""
+
+
+def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
+    """LB-BSP and straggler injection on a model tfsync has never seen: worker 1 paused to a
+    quarter of its speed from 3 s on; every full round still trains X = 2 x 32 examples,
+    split so that the slow worker gets the smaller share once its slowdown is measured."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "blobs_model.py").write_text(MODULE)
+    job = folder / "job.toml"
+    job.write_text(LBBSP_JOB.format(run_dir=tmp_path / "run"))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
+                       env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["injected"][0]["what"] == "begin" and summary["test_accuracy"] > 0.8
+    begin = summary["injected"][0]["time"]
+    pushes = [p for p in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "event" not in p]
+    rounds = {}
+    for p in pushes:
+        rounds.setdefault(p["round"], {})[p["worker"]] = (p["batch_size"], p["time"])
+    full = {k: v for k, v in rounds.items() if len(v) == 2}
+    assert len(full) >= 100 and all(v[0][0] + v[1][0] == 64 for v in full.values())
+    late = [v[1][0] for v in full.values() if min(t for _, t in v.values()) > begin + 3]
+    assert len(late) >= 20 and sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)
