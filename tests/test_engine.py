@@ -1,6 +1,7 @@
 """The engine on real TF task processes (2 workers + 1 PS, separate OS processes)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -163,6 +164,36 @@ def test_ssp_never_exceeds_the_staleness_bound(tiny_problem, tmp_path):
         assert r["step"] <= done_by_other + s + 1, f"step {r['step']} of worker {r['worker']} broke the bound"
         lead = max(lead, r["step"] - 1 - done_by_other)
     assert lead == s, "the fast worker never ran ahead: the test did not exercise the bound"
+
+
+def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_problem, tmp_path):
+    """The workload is done and the engine waits for the steps still running when a worker
+    dies (CI killed one just then): the recovery restarts the cluster, nothing is left in
+    flight, and the run ends at once with its final checkpoint (it waited for train.timeout_s,
+    then failed). Worker 1 is stopped two steps before the end and killed a second later, so
+    its death is seen while the engine drains."""
+    import signal
+    import threading
+    import time
+
+    total, engine = 320, None
+
+    class StopThenKillWorker1(ASP):
+        fired = False
+
+        def on_push(self, push, view):
+            if not self.fired and view.samples >= total - 16:
+                self.fired, pid = True, engine.task_pid("worker", 1)
+                os.kill(pid, signal.SIGSTOP)
+                threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+            return super().on_push(push, view)
+
+    engine = _engine(tiny_problem, tmp_path)
+    t0 = time.monotonic()
+    summary = engine.run([Phase(StopThenKillWorker1(FixedSizer([8, 8])))], total_samples=total)
+    assert time.monotonic() - t0 < 60  # engine.timeout_s is 120
+    assert summary["samples"] >= total and [r["task"] for r in summary["recoveries"]] == ["worker:1"]
+    assert summary["checkpoints"][-1]["why"] == "final"
 
 
 def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path):

@@ -301,12 +301,14 @@ class Engine:
     # -- receiving pushes ----------------------------------------------------------------
     def _next_result(self):
         """The next finished closure of the current generation, watching for dead tasks,
-        timeouts and policy timers."""
+        timeouts and policy timers; None when a timer is due, or when a lost worker's
+        recovery left nothing in flight (while draining, nothing more is granted)."""
         waited = 0.0
         while True:
             if time.monotonic() - self._dead_checked > 0.5:  # results may keep coming from others
                 self._dead_checked = time.monotonic()
-                self._raise_if_dead()
+                if self._raise_if_dead() and self.in_flight() == 0:
+                    return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
                 self._channel.check()
             timeout = 0.5
             if self._wake_at is not None:
@@ -317,7 +319,8 @@ class Engine:
                 waited += timeout
                 if self._wake_at is not None and time.time() >= self._wake_at:
                     return None
-                self._raise_if_dead()
+                if self._raise_if_dead() and self.in_flight() == 0:
+                    return None  # (a drain, the workload done: the recovery granted nothing)
                 if waited > self.timeout_s:
                     raise EngineError(
                         f"no step finished in {self.timeout_s:.0f} s (outstanding steps: "
@@ -401,7 +404,7 @@ class Engine:
                 if not recover_lost_ps(self, phase):
                     raise
                 continue
-            if result is None:  # timer
+            if result is None:  # a timer, or a recovery that left nothing in flight
                 self._wake_at = None
                 self.apply(policy.on_timer(self.view()))
                 continue
