@@ -26,7 +26,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.interval = interval
         self.live = self.stream.isatty() if live is None else live
-        self._bar = self._task = None
+        self._bar = self._task = self._engine = None
         self._last, self._decile = 0.0, -1
         self.started = None  # (time, pushes, samples) where training began
 
@@ -43,6 +43,7 @@ class Progress:
 
     def __call__(self, engine, policy, total: int) -> None:
         now = time.time()
+        self._engine = engine
         if self.started is None:
             began = getattr(engine, "train_started", None) or now
             self.started = (began, 0, 0) if began < now else (now, engine.state.pushes, engine.state.samples)
@@ -95,6 +96,10 @@ class Progress:
             self.stream.flush()
 
     def done(self) -> None:
+        """End the display, the bar showing where the run ended (steps that finished while
+        it drained were not shown as they came)."""
         if self._bar is not None:
+            total = self._bar.tasks[0].total
+            self._bar.update(self._task, completed=min(self._engine.state.samples, total))
             self._bar.stop()
             self._bar = None
