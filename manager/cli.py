@@ -231,7 +231,7 @@ def cmd_manager(args):
     import threading
 
     from tfsync.manager import auth, daemon, transport
-    from tfsync.manager.embedded import home
+    from tfsync.manager.embedded import default_store, home
 
     token_file = Path(args.token_file or home() / "manager.token").expanduser()
     try:
@@ -244,7 +244,7 @@ def cmd_manager(args):
             transport.channel_credentials(tls)
         elif args.tls_ca or args.tls_server_name:
             raise transport.TransportError("--tls-ca and --tls-server-name need --tls-cert and --tls-key")
-        store = args.store or str(home() / "jobs.db")
+        store = args.store or default_store()
         Path(store).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
                                              home=home(), tls=tls, allow_remote=args.allow_remote)

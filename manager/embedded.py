@@ -37,6 +37,11 @@ def home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".tfsync").expanduser()
 
 
+def default_store() -> str:
+    """The job store every command uses unless told otherwise: ``$TFSYNC_HOME/jobs.db``."""
+    return str(home() / "jobs.db")
+
+
 @dataclass
 class EmbeddedManager:
     server: object
@@ -127,7 +132,7 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     that stops what was started and records the job as failed."""
     token = auth.new_token()
     control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
-    store_path = store_path or str(home() / "jobs.db")
+    store_path = store_path or default_store()
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(store_path)
     earlier = [j for j in store.jobs() if j.run_dir == os.path.abspath(run_dir)] if resume else []

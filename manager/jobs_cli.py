@@ -18,11 +18,6 @@ NO_JOBS = ("no jobs yet in the job store {path}; start one with `tfsync run JOB_
            "(or `tfsync submit` to a `tfsync manager`)")
 
 
-def default_store() -> str:
-    from tfsync.manager.embedded import home
-    return str(home() / "jobs.db")
-
-
 @contextlib.contextmanager
 def existing_store(path: str):
     """The Store at ``path``, or None where there is no file (Store() would make one)."""
@@ -134,6 +129,7 @@ def run_records(store, job) -> list[dict]:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_jobs(args) -> int:
+    from tfsync.manager.embedded import default_store
     path = args.store or default_store()
     with existing_store(path) as store:
         jobs = store.jobs(args.state)[::-1] if store else []
@@ -162,6 +158,7 @@ def cmd_jobs(args) -> int:
 def cmd_runs(args) -> int:
     from tfsync.manager.cli import run_dir_of
 
+    from tfsync.manager.embedded import default_store
     path = args.store or default_store()
     with existing_store(path) as store:
         run_dir = str(run_dir_of(args.job)) if os.path.exists(args.job) else None
@@ -192,6 +189,7 @@ def show_ended(args, e) -> int:
     state and results from the job store, or one line saying it is found nowhere."""
     from tfsync.manager.cli import run_dir_of
 
+    from tfsync.manager.embedded import default_store
     path = args.store or e.info.get("store") or default_store()
     with existing_store(path) as store:
         job = find_job(store, job_id=e.info.get("job_id"), run_dir=str(run_dir_of(args.target)),

@@ -76,7 +76,6 @@ def cmd_run(args) -> int:
             print(f"the previous run's outputs in {cfg.job.run_dir} were moved to {moved}", file=sys.stderr)
     from .progress import Progress
     progress = None if (args.json or args.quiet) else Progress()
-
     manager, state, summary = None, "failed", None
     try:
         if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome

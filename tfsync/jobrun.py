@@ -145,7 +145,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         if injector is not None:
             injector.stop()
     if injector is not None:
-        base = (engine.train_started or engine.recorder.origin) - engine.recorder.origin  # on the run's time base
+        base = engine.recorder.since(engine.train_started) if engine.train_started else 0.0  # the run's time base
         summary["injected"] = [{"time": round(base + t, 3), "what": what, "worker": w} for t, what, w in injector.log]
         engine.recorder.summary(summary)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))

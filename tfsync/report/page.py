@@ -97,7 +97,8 @@ def write_report(paths: list[str], out: str | None = None) -> str:
 def _table(runs: list[RunData]) -> str:
     head = "".join(f"<th>{html.escape(n)}</th>" for n in label(runs))
     rows = []
-    for name, cell in SUMMARY_ROWS[:9] + _metric_rows(runs) + SUMMARY_ROWS[9:]:
+    after = next(i for i, (name, _) in enumerate(SUMMARY_ROWS) if name == "test loss") + 1
+    for name, cell in SUMMARY_ROWS[:after] + _metric_rows(runs) + SUMMARY_ROWS[after:]:
         tds = "".join(f"<td>{html.escape(cell(r))}</td>" for r in runs)
         rows.append(f"<tr><th>{html.escape(name)}</th>{tds}</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"

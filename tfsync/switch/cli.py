@@ -66,12 +66,8 @@ def _job_words(args) -> str:
     return " ".join(shlex.quote(w) for w in [args.job, *(f"--set={t}" for t in args.set)])
 
 
-def default_store() -> str:
-    from ..manager.embedded import home
-    return str(home() / "jobs.db")
-
-
 def open_store(path: str | None = None):
+    from ..manager.embedded import default_store
     from ..manager.store import Store
     return Store(path or default_store())
 
@@ -84,6 +80,7 @@ def stored_switch_point(cfg, store_path: str | None = None):
     from .trials import config_signature
     if cfg.switch.point != "auto" or [p.name for p in cfg.protocol] != ["bsp", "asp"]:
         return cfg, None
+    from ..manager.embedded import default_store
     path = store_path or default_store()
     if not os.path.exists(path):
         return cfg, None
@@ -242,27 +239,29 @@ def cmd_search(args) -> int:
             tcfg = trial_config(cfg, fraction, run)
             summary = run_trial_process(tcfg, args.data)
             try:
-                score, done["metric"] = trial_score(summary)
+                score, metric = trial_score(summary)
             except ValueError as e:
                 raise ValueError(f"{args.job}: {e}") from None
-            if expect and done["metric"] != expect:
+            if expect and metric != expect:
                 raise ValueError(f"{args.job}: " + ("this job reports no test accuracy: give --target-loss, not "
                                                     "--target" if expect == "accuracy" else "this job reports a test "
                                                     "accuracy: give --target, not --target-loss"))
-            key = "accuracy" if done["metric"] == "accuracy" else "loss"
+            key = "accuracy" if metric == "accuracy" else "loss"
             curve = [[e["time"], e[key]] for e in summary.get("evals", []) if e.get(key) is not None]
             return TrialResult(score, float(summary["wall_s"]),
                                {"run_dir": tcfg.job.run_dir, "test_accuracy": summary.get("test_accuracy"),
-                                "test_loss": summary.get("test_loss"), "metric": done["metric"],
+                                "test_loss": summary.get("test_loss"), "metric": metric,
                                 "seed": tcfg.job.seed, "curve": curve})
 
-        def progress(p: dict) -> None:
+        def progress(p: dict) -> None:  # every trial, run now or found in the store
             done["n"] += 1
             r = p["result"]
+            done["metric"] = r.extra.get("metric", "accuracy")  # a trial stored before losses: accuracy
             what = "BSP only" if p["fraction"] >= 1.0 else f"BSP {p['fraction']:.4g}"
-            score = (f"accuracy {r.converged_accuracy:.4f}" if r.extra.get("metric", "accuracy") == "accuracy"
+            score = (f"accuracy {r.converged_accuracy:.4f}" if done["metric"] == "accuracy"
                      else f"test loss {math.exp(-r.converged_accuracy):.4g}")
-            bar(done["n"], total, f"{what} run {p['run']}: {score}, {r.time:.0f} s" + (" (stored)" if p["reused"] else ""))
+            bar(done["n"], total, f"{what} run {p['run']}: {score}, {r.time:.0f} s"
+                + (" (stored)" if p["reused"] else ""))
 
         try:
             result = binary_search(run_trial, signature, settings, trials, progress)
