@@ -25,6 +25,7 @@ import grpc
 from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.hooks.resources import ResourceSampler, node_name
+from tfsync.hooks.stage import Stage
 from tfsync.hooks.tasks import (ENV_ALLOWLIST, TASK_COMMAND, TASK_JOBS, Task, TaskConflictError, TaskLaunchError,
                                 TaskRequestError, TaskSupervisor, check_job_id, shown)
 from tfsync.manager import auth, transport
@@ -89,6 +90,7 @@ def _guard(method):
 class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
     def __init__(self, supervisor: TaskSupervisor, node: str, stopping: threading.Event):
         self.supervisor = supervisor
+        self.stage = Stage(os.path.join(supervisor.log_dir, "stage"))
         self.node = node
         self._stopping = stopping
         self._born = time.monotonic()
@@ -97,10 +99,25 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
     def StartTasks(self, request, context):
         wait = _wait(request.wait_ready_s)
         tasks, notes = self.supervisor.start(request.job_id, request.cluster_spec_json, _refs(request.tasks),
-                                             dict(request.env), request.netns)
+                                             dict(request.env), request.netns, self._workdir(request))
         if wait > 0:
             self.supervisor.wait_ready(tasks, wait)
         return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)
+
+    def _workdir(self, request) -> str | None:
+        if request.stage_id and request.workdir:
+            raise TaskRequestError("StartTasks: give stage_id or workdir, not both")
+        if request.workdir:
+            if not os.path.isabs(request.workdir) or not os.path.isdir(request.workdir):
+                raise TaskRequestError(f"StartTasks: workdir {request.workdir!r} is not an absolute path of a "
+                                       "directory on this node")
+            return request.workdir
+        return self.stage.dir(request.stage_id) if request.stage_id else None
+
+    @_guard
+    def StageFile(self, request_iterator, context):
+        existed, size = self.stage.receive(request_iterator)
+        return node_hook_pb2.StageFileResponse(existed=existed, size=size)
 
     @_guard
     def StopTasks(self, request, context):

@@ -144,6 +144,7 @@ class Task:
     log_path: str
     proc: subprocess.Popen
     netns: str = ""           # the network namespace it runs in ("": the hook's)
+    cwd: str | None = None    # its working directory (a job's stage, or the coordinator's run dir)
     started: float = field(default_factory=time.time)
     restarts: int = 0
     stopped: bool = False     # killed by the hook (not exited by itself)
@@ -153,12 +154,19 @@ class Task:
     def key(self) -> tuple[str, str, int]:
         return self.job_id, self.job, self.index
 
+    @property
+    def local_address(self) -> str:
+        """Where the hook sees the task serve: TF listens on every interface of its
+        namespace, so on loopback in the hook's own; the spec's address may be a relay's
+        (tfsync.testbed), which accepts before the task is up."""
+        return self.address if self.netns else f"127.0.0.1:{self.address.rsplit(':', 1)[1]}"
+
     def state(self) -> str:
         """"starting" | "running" | "exited" | "stopped"."""
         if self.proc.poll() is not None:
             return "stopped" if self.stopped else "exited"
         if not self.ready:
-            self.ready = port_open(self.address)
+            self.ready = port_open(self.local_address)
         return "running" if self.ready else "starting"
 
 
@@ -181,9 +189,10 @@ class TaskSupervisor:
             return [t for t in self._tasks.values() if not job_id or t.job_id == job_id]
 
     def start(self, job_id: str, spec_text: str, refs: list[tuple[str, int]],
-              env: dict, netns: str = "") -> tuple[list[Task], list[str]]:
+              env: dict, netns: str = "", cwd: str | None = None) -> tuple[list[Task], list[str]]:
         """Start the tasks ``refs`` of the spec (in network namespace ``netns``, a tfsync
-        private network, when given); running ones with the same spec are returned."""
+        private network, when given; in directory ``cwd``); running ones with the same
+        spec are returned."""
         check_job_id(job_id)
         if netns:
             try:
@@ -209,13 +218,13 @@ class TaskSupervisor:
                     notes.append(f"{job}:{index} already running (pid {old.proc.pid})")
                     out.append(old)
                     continue
-                task = self._launch(job_id, job, index, canonical, env, address, netns)
+                task = self._launch(job_id, job, index, canonical, env, address, netns, cwd)
                 task.restarts = old.restarts if old else 0
                 self._tasks[task.key] = task
                 out.append(task)
         return out, notes
 
-    def _launch(self, job_id, job, index, spec_json, env, address, netns="") -> Task:
+    def _launch(self, job_id, job, index, spec_json, env, address, netns="", cwd=None) -> Task:
         cmd = taskcmd.task_command(spec_json, job, index, program=self.task_command)
         if netns:
             cmd = netns_.command_in(netns, cmd)
@@ -228,7 +237,7 @@ class TaskSupervisor:
         try:
             with safefile.open_append(log_path, binary=True) as out:
                 proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
         except OSError as e:  # nothing of a task that never ran stays behind
             with contextlib.suppress(OSError):
                 if made_log:
@@ -240,7 +249,7 @@ class TaskSupervisor:
             raise TaskLaunchError(f"task {job}:{index} of job {job_id!r} could not start: "
                                   f"{e.strerror or e}") from None
         logger.info("started %s %s:%d at %s, pid %d", job_id, job, index, address, proc.pid)
-        return Task(job_id, job, index, spec_json, env, address, log_path, proc, netns)
+        return Task(job_id, job, index, spec_json, env, address, log_path, proc, netns, cwd)
 
     def _kill(self, task: Task) -> None:
         if task.proc.poll() is None:
@@ -279,7 +288,7 @@ class TaskSupervisor:
             if expected_pid and old.proc.pid != expected_pid and old.proc.poll() is None:
                 return old  # a retried restart: it happened already
             self._kill(old)
-            task = self._launch(job_id, job, index, old.spec_json, old.env, old.address, old.netns)
+            task = self._launch(job_id, job, index, old.spec_json, old.env, old.address, old.netns, old.cwd)
             task.restarts = old.restarts + 1
             self._tasks[task.key] = task
             return task

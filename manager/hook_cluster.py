@@ -19,6 +19,7 @@ port of the one it replaces.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import uuid
@@ -85,11 +86,23 @@ class HookNodes:
                 ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) \
                     else self._remote_ports(host, len(mine))
                 addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
-            chief = f"{'127.0.0.1' if self.local else socket.getfqdn()}:{free_ports(1)[0]}"
+            chief = f"{self.chief_host()}:{free_ports(1)[0]}"
         spec = {"chief": [chief],
                 "ps": [addresses[("ps", i)] for i in range(ps)],
                 "worker": [addresses[("worker", i)] for i in range(workers)]}
         return spec, assignment
+
+    def chief_host(self) -> str:
+        """This machine's address as the hooks' nodes reach it: the source address of the
+        route to the first hook not on loopback (no packet is sent)."""
+        if self.local:
+            return "127.0.0.1"
+        host = next(h for h in (a.rsplit(":", 1)[0].strip("[]") for a, _ in self.hooks) if not is_loopback(h))
+        family, _, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(address)
+            mine = s.getsockname()[0]
+        return f"[{mine}]" if family == socket.AF_INET6 else mine
 
     @property
     def local(self) -> bool:
@@ -97,23 +110,34 @@ class HookNodes:
         return all(is_loopback(a.rsplit(":", 1)[0]) for a, _ in self.hooks)
 
     def __call__(self, workers: int, ps: int, host: str | None = None, log_dir: str | None = None,
-                 start_timeout: float = 120.0) -> "HookCluster":
+                 start_timeout: float = 120.0, work_dir: str | None = None, files=()) -> "HookCluster":
+        """``work_dir``: the coordinator's directory the tasks run in, holding ``files``
+        (paths relative to it that the tasks read): hooks on this machine run the tasks
+        there; remote ones are sent the files first (StageFile) and run the tasks in
+        their copy, so no node needs a shared filesystem."""
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
         network = netns.shared() if self.local else None
         spec, assignment = self.spec(workers, ps, network)
         self.generations += 1
-        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network)
+        if work_dir and self.local:
+            place = {"workdir": os.path.abspath(work_dir)}
+        else:
+            place = {"stage_id": self.job_id, "files": [(f, os.path.join(work_dir, f)) for f in files]} \
+                if work_dir else {}
+        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network,
+                           place)
 
 
 class HookCluster:
     """One generation's tasks on node hooks (see the module docstring)."""
 
     def __init__(self, nodes: HookNodes, spec: dict, assignment: dict, job_id: str, start_timeout: float,
-                 network: netns.PrivateNetwork | None = None):
+                 network: netns.PrivateNetwork | None = None, place: dict | None = None):
         self.spec, self.nodes, self.network = spec, nodes, network
         self.launcher = HookLauncher(nodes.hooks, parallel=nodes.parallel, timeout=start_timeout, job_id=job_id,
-                                     tls=nodes.tls, netns=network.name if network is not None else "")
+                                     tls=nodes.tls, netns=network.name if network is not None else "",
+                                     **(place or {}))
         self._mapping = assignment
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

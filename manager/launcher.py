@@ -18,8 +18,10 @@ polls ``Health`` if that wait ends early). Timings: ``init_s`` (start), ``restar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,22 @@ RUNNING = common_pb2.TASK_STATE_RUNNING
 STARTING = common_pb2.TASK_STATE_STARTING
 _STATE_NAMES = {v: k for k, v in common_pb2.TaskState.items()}
 RPC_MARGIN_S = 10.0            # an RPC's deadline is its wait_ready_s plus this
+STAGE_CHUNK = 2**20            # StageFile's chunks (gRPC's default message limit is 4 MiB)
+STAGE_MIN_RATE = 2**20         # bytes/s: a StageFile slower than this on top of a minute fails
+_digests: dict[tuple, tuple[str, int]] = {}   # (path, size, mtime) -> (sha256, size)
+
+
+def file_digest(path: str) -> tuple[str, int]:
+    """SHA-256 (hex) and size of the file at ``path``, computed once per version of it."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(2**20):
+                h.update(block)
+        _digests[key] = (h.hexdigest(), st.st_size)
+    return _digests[key]
 
 
 class LaunchError(RuntimeError):
@@ -76,11 +94,15 @@ class HookLauncher:
     client TLS config for every hook (None: plaintext, loopback only by convention).
     ``env``: extra task environment (only the hook's allowlist is accepted). ``netns``:
     the network namespace, on every node, the tasks run in (tfsync.netns; "": the hooks').
+    ``files``: ``[(name, local path), ...]`` copied to every hook (StageFile) before its
+    tasks start, into the stage ``stage_id``, where the tasks then run (their working
+    directory: ``name`` is the path they open). ``workdir``: instead, a directory the
+    tasks run in, for hooks on this machine.
     """
 
     def __init__(self, hooks, parallel: bool = True, timeout: float = 120.0, *, job_id: str | None = None,
                  tls: transport.TlsConfig | None = None, env: dict | None = None, poll_s: float = 0.05,
-                 netns: str = ""):
+                 netns: str = "", files=(), stage_id: str = "", workdir: str = ""):
         hooks = [tuple(h) for h in hooks]
         if not hooks:
             raise ValueError("HookLauncher needs at least one hook, as (address, token)")
@@ -98,6 +120,9 @@ class HookLauncher:
         self.env = dict(env or {})
         self.poll_s = poll_s
         self.netns = netns   # the nodes' network namespace the tasks run in ("": the hooks')
+        self.files, self.stage_id, self.workdir = list(files), stage_id, workdir
+        if self.files and not stage_id:
+            raise ValueError("files to stage need a stage_id (the job's stage directory on each node)")
         self.tls = tls
         self._channels = [transport.make_channel(a, token=t, tls=tls) for a, t in hooks]
         self._stubs = [node_hook_pb2_grpc.NodeHookStub(c) for c in self._channels]
@@ -208,6 +233,25 @@ class HookLauncher:
                 raise self._rpc_error(hook, "Health", self.tasks_of(hook), e) from None
         return self._run(one, list(range(len(self._stubs))))
 
+    def _stage(self, hook: int) -> None:
+        """Copy ``files`` to ``hook``'s node (a file already there is not sent again)."""
+        for name, path in self.files:
+            digest, size = file_digest(path)
+
+            def chunks():
+                yield node_hook_pb2.FileChunk(stage_id=self.stage_id, name=name, sha256=digest, size=size)
+                with open(path, "rb") as f:
+                    while data := f.read(STAGE_CHUNK):
+                        yield node_hook_pb2.FileChunk(data=data)
+            t0 = time.monotonic()
+            try:
+                reply = self._stubs[hook].StageFile(chunks(), timeout=RPC_MARGIN_S + 60 + size / STAGE_MIN_RATE)
+            except grpc.RpcError as e:
+                raise self._rpc_error(hook, f"StageFile of {name} for", self.tasks_of(hook), e) from None
+            if not reply.existed:
+                logger.info("staged %s (%d bytes) on %s in %.2f s", name, size, self.addresses[hook],
+                            time.monotonic() - t0)
+
     def start(self, spec: dict, mapping: dict | None = None) -> "HookLauncher":
         """Start every PS and worker task of ``spec`` on its hook; return when all serve.
 
@@ -230,9 +274,11 @@ class HookLauncher:
             mine = self.tasks_of(hook)
             t0 = time.monotonic()
             self._touched.add(hook)
+            self._stage(hook)
             request = node_hook_pb2.StartTasksRequest(
                 job_id=self.job_id, cluster_spec_json=spec_json, env=self.env, wait_ready_s=self.timeout,
-                netns=self.netns, tasks=[common_pb2.TaskRef(job=j, index=i) for j, i in mine])
+                netns=self.netns, tasks=[common_pb2.TaskRef(job=j, index=i) for j, i in mine],
+                stage_id=self.stage_id, workdir=self.workdir)
             try:
                 reply = self._stubs[hook].StartTasks(request, timeout=self.timeout + RPC_MARGIN_S)
             except grpc.RpcError as e:

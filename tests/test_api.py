@@ -41,8 +41,9 @@ def test_services_and_versioned_package():
         "Switch": (False, False), "SetBatchSizes": (False, False), "Checkpoint": (False, False),
         "Stop": (False, False), "Resume": (False, False), "ReportResources": (False, False),
         "StreamReportResources": (True, False), "Attach": (True, True)}
-    assert {m.name: m.server_streaming for m in hook.methods} == {
-        "StartTasks": False, "StopTasks": False, "RestartTask": False, "StreamResources": True, "Health": False}
+    assert {m.name: (m.client_streaming, m.server_streaming) for m in hook.methods} == {
+        "StartTasks": (False, False), "StopTasks": (False, False), "RestartTask": (False, False),
+        "StreamResources": (False, True), "Health": (False, False), "StageFile": (True, False)}
 
 
 def test_messages_round_trip_and_unset_enums_read_unspecified():

@@ -30,6 +30,7 @@ FAKE_TASK = textwrap.dedent("""
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, int(port)))
     s.listen(16)
+    print("cwd", os.getcwd(), flush=True)
     while os.getppid() == int(args.parent_pid):
         time.sleep(0.05)
 """)
@@ -202,3 +203,51 @@ def test_stream_resources_reports_each_task_and_ends_when_asked(make_hook):
     assert samples[-1].processes[0].rss_bytes > 0 and samples[-1].time > samples[0].time
     assert list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(
         interval_s=0.05, max_samples=1, job_id="other"), timeout=10))[0].processes == []
+
+
+def _chunks(stage_id, name, data, sha=None, size=None, chunk=3):
+    import hashlib
+    yield node_hook_pb2.FileChunk(stage_id=stage_id, name=name, sha256=sha or hashlib.sha256(data).hexdigest(),
+                                  size=len(data) if size is None else size)
+    for i in range(0, len(data), chunk):
+        yield node_hook_pb2.FileChunk(data=data[i:i + chunk])
+
+
+def test_staged_files_reach_the_tasks_working_directory_once_and_checked(make_hook, tmp_path):
+    """StageFile keeps a file under the job's stage once its digest checks; tasks started
+    with that stage run there (relative paths reach the copy); a bad name, digest or size
+    is refused with nothing kept; a second send of the same file writes nothing."""
+    stub, hook, token, port = make_hook()
+    data = b"0123456789" * 7
+    reply = stub.StageFile(_chunks("job-s", "data/train_x.bin", data), timeout=10)
+    assert not reply.existed and reply.size == len(data)
+    staged = tmp_path / "logs" / "stage" / "job-s" / "data" / "train_x.bin"
+    assert staged.read_bytes() == data
+    mtime = staged.stat().st_mtime_ns
+    assert stub.StageFile(_chunks("job-s", "data/train_x.bin", data), timeout=10).existed
+    assert staged.stat().st_mtime_ns == mtime
+
+    for name, sha, size, why in (("../escape", None, None, "not a relative path"),
+                                 ("/etc/passwd", None, None, "not a relative path"),
+                                 ("data/other.bin", "0" * 64, None, "announced"),
+                                 ("data/other.bin", None, 5, "longer than"),
+                                 ("data/other.bin", "xyz", None, "64 hex digits")):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.StageFile(_chunks("job-s", name, data, sha=sha, size=size), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.value.details()
+    assert sorted(p.name for p in staged.parent.iterdir()) == ["train_x.bin"]   # nothing half-written kept
+
+    spec = _spec()
+    reply = stub.StartTasks(node_hook_pb2.StartTasksRequest(
+        job_id="job-s-g1", cluster_spec_json=json.dumps(spec), wait_ready_s=10, stage_id="job-s",
+        tasks=[common_pb2.TaskRef(job="ps", index=0)]), timeout=20)
+    log = reply.tasks[0].log_path
+    deadline = time.monotonic() + 10
+    while "cwd" not in open(log).read() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"cwd {staged.parent.parent}" in open(log).read()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.StartTasks(node_hook_pb2.StartTasksRequest(
+            job_id="job-w", cluster_spec_json=json.dumps(_spec()), workdir="relative/dir",
+            tasks=[common_pb2.TaskRef(job="ps", index=0)]), timeout=20)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workdir" in e.value.details()

@@ -87,7 +87,7 @@ def test_training_records_control_files_and_tokens_never_follow_links(tmp_path, 
     for name in ("data/train_x.bin", "data/train_y.bin", "control/token", "control/manager.json"):
         plant(run / name, victim)
     x, y = np.zeros((4, 3), np.float32), np.arange(4)
-    write_records(TrainSetup(None, None, None, x, y, max_batch_size=2), str(run / "data"))
+    write_records(TrainSetup(None, None, None, x, y, max_batch_size=2), str(run))
     control = embedded.write_control(str(run), "tok", {"address": "127.0.0.1:1"})
     assert untouched(victim)
     assert auth.read_token(control / "token") == "tok"

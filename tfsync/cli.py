@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_commands(sub)
     from .report.cli import add_commands as add_report_commands
     add_report_commands(sub)
+    from .testbed.cli import add_commands as add_testbed_commands
+    add_testbed_commands(sub)
     return p
 
 

@@ -85,6 +85,8 @@ class LocalCluster:
     host: str = "127.0.0.1"
     log_dir: str | None = None
     start_timeout: float = 60.0
+    work_dir: str | None = None   # the tasks' working directory (relative data paths start there)
+    files: tuple = ()             # what they read in it: on this machine already, nothing to copy
     spec: dict = field(default_factory=dict, init=False)
     procs: dict = field(default_factory=dict, init=False)
     network: netns.PrivateNetwork | None = field(default=None, init=False)
@@ -128,7 +130,8 @@ class LocalCluster:
         if self.log_dir:
             safefile.make_dir(self.log_dir)
             out = safefile.open_append(os.path.join(self.log_dir, f"{job}-{index}.log"), binary=True)
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=self.work_dir)
         if out is not subprocess.DEVNULL:
             out.close()
         self.procs[(job, index)] = proc

@@ -77,12 +77,14 @@ def _transport(x: np.ndarray):
 RECORD_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "bool")
 
 
-def write_records(setup: TrainSetup, data_dir: str) -> dict:
+def write_records(setup: TrainSetup, work_dir: str) -> dict:
     """Write the training arrays as fixed-length binary records that workers read with
     ``FixedLengthRecordDataset``: a graph constant of the data set would be shipped to
-    every worker at every (re)connect, seconds for MNIST. The files must be readable at
-    the same path on every worker host (true for a local cluster). A dataset factory's
-    workers read their own data: nothing is written."""
+    every worker at every (re)connect, seconds for MNIST. The files go to
+    ``work_dir/data/``; the dataset names them relative to the task's working directory
+    (``files``), which is ``work_dir`` for tasks on this machine and the job's stage
+    directory on other nodes, where the hooks were sent them (no shared filesystem). A
+    dataset factory's workers read their own data: nothing is written."""
     if setup.factory:
         return {}
     x, scale = _transport(np.ascontiguousarray(setup.x_train))
@@ -95,12 +97,12 @@ def write_records(setup: TrainSetup, data_dir: str) -> dict:
             raise ValueError(f"{name} is big-endian ({a.dtype.str}); convert it with .astype('{a.dtype.name}')")
     if len(x) != len(y):
         raise ValueError(f"x_train has {len(x)} examples but y_train {len(y)}; expected one label per example")
-    safefile.make_dir(data_dir)
-    paths = {"x": os.path.join(data_dir, "train_x.bin"), "y": os.path.join(data_dir, "train_y.bin")}
+    safefile.make_dir(os.path.join(work_dir, "data"))
+    paths = {"x": os.path.join("data", "train_x.bin"), "y": os.path.join("data", "train_y.bin")}
     for key, array in (("x", x), ("y", y)):
-        with safefile.replacing(paths[key], binary=True) as f:
+        with safefile.replacing(os.path.join(work_dir, paths[key]), binary=True) as f:
             array.tofile(f)
-    return {**paths, "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y),
+    return {**paths, "files": (paths["x"], paths["y"]), "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y),
             "y_dtype": y.dtype.name, "y_shape": y.shape[1:]}
 
 
@@ -134,6 +136,14 @@ def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
         return ds.map(lambda xr, yr: decode(xr, yr)).prefetch(2)
 
     return dataset_fn
+
+
+def checkpoint_io() -> "tf.train.CheckpointOptions":
+    """Checkpoints are read and written by the coordinator, in its run directory: TF would
+    place each variable's save and restore op on its PS, which writes to the PS node's own
+    filesystem (another machine has no such run directory, and a PS started on another
+    node would not find it)."""
+    return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
 
 
 class Generation:

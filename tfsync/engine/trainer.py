@@ -33,7 +33,7 @@ from .commands import Command, CommandResult, Controller, StopRequested, carry_o
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .evaluator import Evaluation, Evaluator, scores
-from .generation import Generation, TrainSetup, write_records
+from .generation import Generation, TrainSetup, checkpoint_io, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
 from .recovery import recover_lost_ps, recover_lost_workers
@@ -144,8 +144,11 @@ class Engine:
     # -- cluster generations ------------------------------------------------------------
     def _launch(self) -> LocalCluster:
         """A new generation's tasks, starting (``_open_generation`` waits for them)."""
+        if self._records is None:   # before the tasks start: hooks on other nodes are sent the files
+            self._records = write_records(self.setup, self.run_dir)
         cluster = self.cluster_factory(self.workers, self.ps, self.host, log_dir=os.path.join(self.run_dir, "logs"),
-                                       start_timeout=self.start_timeout)
+                                       start_timeout=self.start_timeout, work_dir=self.run_dir,
+                                       files=self._records.get("files", ()))
         self._clusters.append(cluster)
         return cluster.launch()
 
@@ -154,14 +157,12 @@ class Engine:
         t0 = time.time()
         cluster.wait_ready()
         t1 = time.time()
-        if self._records is None:
-            self._records = write_records(self.setup, os.path.join(self.run_dir, "data"))
         gen = Generation(cluster, self.setup, self._records)
         self.monitor.set_pids(cluster.worker_pids())
         self.monitor.start()
         t2 = time.time()
         if restore:
-            gen.checkpoint.restore(restore).assert_existing_objects_matched()
+            gen.checkpoint.restore(restore, options=checkpoint_io()).assert_existing_objects_matched()
         gen.control.set_round(self.state.round)
         t3 = time.time()
         gen.warm_up()
@@ -486,7 +487,7 @@ class Engine:
 
     def checkpoint(self, why: str) -> str:
         t = time.time()
-        path = self._ckpt_manager.save(checkpoint_number=self.state.updates)
+        path = self._ckpt_manager.save(checkpoint_number=self.state.updates, options=checkpoint_io())
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
                                  "pushes": self.state.pushes,

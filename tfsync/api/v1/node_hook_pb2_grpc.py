@@ -60,6 +60,11 @@ class NodeHookStub:
                 request_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthRequest.SerializeToString,
                 response_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.StageFile = channel.stream_unary(
+                '/tfsync.api.v1.NodeHook/StageFile',
+                request_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.SerializeToString,
+                response_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.FromString,
+                _registered_method=True)
 
 
 class NodeHookServicer:
@@ -102,6 +107,16 @@ class NodeHookServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StageFile(self, request_iterator, context):
+        """Copy a file of a job to this node (no shared filesystem needed): the first chunk
+        names it, the hook keeps it under the job's stage directory once its SHA-256 checks,
+        and answers at once (existed) when the same file is there already. Tasks started
+        with `stage_id` run in that directory, so relative paths reach the staged files.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeHookServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +144,11 @@ def add_NodeHookServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthRequest.FromString,
                     response_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthResponse.SerializeToString,
+            ),
+            'StageFile': grpc.stream_unary_rpc_method_handler(
+                    servicer.StageFile,
+                    request_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.FromString,
+                    response_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +286,33 @@ class NodeHook:
             '/tfsync.api.v1.NodeHook/Health',
             tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthRequest.SerializeToString,
             tfsync_dot_api_dot_v1_dot_node__hook__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StageFile(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tfsync.api.v1.NodeHook/StageFile',
+            tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.SerializeToString,
+            tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,106 @@
+"""`tfsync testbed up|down|status|set|exec`: separate hosts on one machine (``bed.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+_MS = re.compile(r"(\d+(?:\.\d+)?)(ms|s)?")
+
+
+def latency(text: str) -> float:
+    """"10ms", "0.5s" or "10" (ms) -> milliseconds."""
+    m = _MS.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"latency {text!r}: give milliseconds such as 10ms or 0.03s")
+    return float(m.group(1)) * (1000.0 if m.group(2) == "s" else 1.0)
+
+
+def add_commands(sub) -> None:
+    tb = sub.add_parser(
+        "testbed", help="separate hosts on this machine (network namespaces) with an emulated network",
+        description="A test cluster of separate hosts on one machine: each node is a Linux network namespace "
+                    "with its own address on a bridge (198.18.0.0/15, never routed out) running a tfsync "
+                    "hook, plus a node 'c' for the coordinator. Every connection between nodes passes a "
+                    "latency relay; bandwidth is shaped with tbf. Each node sees an empty /tmp of its own "
+                    "(no shared run directory). Needs root and iproute2.",
+        epilog="example:\n  tfsync testbed up --nodes 3 --latency 10ms --rate 1gbit\n"
+               "  tfsync testbed status            # the [cluster] table for a job file\n"
+               "  tfsync testbed exec c -- tfsync run job.toml\n"
+               "  tfsync testbed set n2 --latency 30ms     # while the job runs\n"
+               "  tfsync testbed down",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = tb.add_subparsers(dest="testbed_command", metavar="COMMAND")
+    name = argparse.ArgumentParser(add_help=False)
+    name.add_argument("--name", default="tfsync", help="the testbed's name (default: tfsync)")
+    up = s.add_parser("up", parents=[name], help="make the namespaces, links, relay and hooks")
+    up.add_argument("--nodes", type=int, default=3, help="nodes that run tasks (default 3), beside the coordinator's")
+    up.add_argument("--latency", type=latency, default=0.0, help="every node's one-way latency (e.g. 10ms)")
+    up.add_argument("--rate", help="every node's bandwidth up and down, as tc writes it (e.g. 100mbit, 1gbit)")
+    up.add_argument("--private", action="append", metavar="DIR",
+                    help="a directory each node sees empty (repeatable; default /tmp)")
+    s.add_parser("down", parents=[name], help="stop every process and remove every namespace and link")
+    st = s.add_parser("status", parents=[name], help="nodes, addresses, links, and the job file's [cluster] table")
+    st.add_argument("--json", action="store_true")
+    ch = s.add_parser("set", parents=[name], help="change a node's link while a job runs")
+    ch.add_argument("node", help="n1, n2, ... or c")
+    ch.add_argument("--latency", type=latency)
+    ch.add_argument("--rate", help="tc rate, or none")
+    ch.add_argument("--down", action="store_true", help="take the link down (a partition)")
+    ch.add_argument("--up", action="store_true", help="bring the link back")
+    ex = s.add_parser("exec", parents=[name], help="run a command on a node (e.g. c: the coordinator's)")
+    ex.add_argument("node")
+    ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    tb.set_defaults(func=cmd_testbed, testbed_parser=tb)
+
+
+def cmd_testbed(args) -> int:
+    from ..cli import EXIT_BAD_INPUT, EXIT_FAILED, _fail
+    from .bed import Testbed, TestbedError, TestbedInputError
+
+    if not args.testbed_command:
+        args.testbed_parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        if args.testbed_command == "up":
+            bed = Testbed.up(args.name, args.nodes, args.latency, args.rate, tuple(args.private or ["/tmp"]),
+                             log=lambda msg: print(msg, flush=True))
+            print(f"testbed {bed.name} is up; its job file table:\n\n{bed.cluster_toml()}")
+            return 0
+        bed = Testbed.load(args.name)
+        if args.testbed_command == "down":
+            bed.down()
+            print(f"testbed {bed.name} removed")
+        elif args.testbed_command == "status":
+            status = bed.status()
+            if args.json:
+                print(json.dumps(status, indent=1))
+            else:
+                for n in status["nodes"]:
+                    hook = "coordinator" if n["pid"] is None else \
+                        f"hook {'running' if n['hook_alive'] else 'GONE'} (pid {n['pid']})"
+                    print(f"{n['name']:>4}  {n['address']:<14} advertised {n['advertised']:<14} "
+                          f"latency {n['latency_ms']:g} ms  rate {n['rate'] or '-'}  "
+                          f"link {'up' if n['up'] else 'DOWN'}  {hook}")
+                print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
+        elif args.testbed_command == "set":
+            if args.up and args.down:
+                return _fail("--up and --down: give one", EXIT_BAD_INPUT)
+            n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
+                        up=True if args.up else False if args.down else None)
+            print(f"{n.name}: latency {n.latency_ms:g} ms, rate {n.rate or '-'}, link {'up' if n.up else 'down'}")
+        elif args.testbed_command == "exec":
+            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not argv:
+                return _fail("exec: give the command after --", EXIT_BAD_INPUT)
+            command = bed.command(args.node, argv)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(sys.stderr.fileno(), 2)   # the real stderr: tfsync.quiet points fd 2 at /dev/null
+            os.execvp(command[0], command)
+    except TestbedError as e:
+        return _fail(str(e), EXIT_BAD_INPUT if isinstance(e, TestbedInputError) else EXIT_FAILED)
+    return 0

@@ -1,0 +1,41 @@
+"""One testbed node's hook: ``tfsync hook`` with the node's own view of the filesystem.
+
+Run by ``tfsync testbed up`` inside the node's network namespace and a mount namespace
+of its own (``unshare --mount --propagation private``): it reads the hooks' token, puts
+an empty tmpfs over each ``--private`` directory (what another machine would not see:
+by default /tmp, where a coordinator's run directory or a test's files live), keeps the
+hook's work directory (task logs, staged data) and a copy of the token in the first of
+them, and then runs the hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from tfsync.hooks import node as hook
+from tfsync.manager import auth
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tfsync.testbed.node",
+                                description="A testbed node's hook (started by tfsync testbed up).")
+    p.add_argument("--listen", required=True, help="host:port: the node's own address")
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--private", action="append", default=[], help="a directory this node sees empty")
+    args = p.parse_args(argv)
+    token = auth.read_token(args.token_file)
+    for d in args.private:
+        os.makedirs(d, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tfsync-node", d], check=True)
+    work = os.path.join(args.private[0] if args.private else os.getcwd(), "tfsync-hook")
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    token_file = os.path.join(work, "token")
+    auth.write_token(token_file, token)
+    return hook.main(["--listen", args.listen, "--token-file", token_file, "--log-dir", work, "--allow-remote"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
