@@ -21,6 +21,7 @@ import threading
 import time
 
 import grpc
+import psutil
 
 from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
@@ -172,7 +173,7 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
         return common_pb2.ResourceSample(
             node=self.node, time=node.time, cpu_percent=node.cpu_percent, memory_used_bytes=node.memory_used_bytes,
             memory_total_bytes=node.memory_total_bytes, memory_percent=node.memory_percent, processes=procs,
-            job_id=job_id)
+            job_id=job_id, cpu_count=psutil.cpu_count() or 1)
 
     def Health(self, request, context):
         return node_hook_pb2.HealthResponse(
@@ -225,19 +226,27 @@ def main(argv=None) -> int:
                                             "and stops the TF tasks of the jobs that managers send it.")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (default: loopback, a free port)")
     p.add_argument("--token-file", required=True, help="the job token file (mode 0600)")
+    p.add_argument("--init-token", action="store_true",
+                   help="if the token file does not exist, write a new token there (mode 0600) and say so: copy "
+                        "it to the machine that runs the job (its cluster.token_file)")
     p.add_argument("--log-dir", default=None, help="where task logs go")
+    p.add_argument("--node", default=None, help="this node's name in resource samples (default: the host name)")
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen address")
     args = p.parse_args(argv)
     try:
+        if args.init_token and not os.path.lexists(args.token_file):
+            auth.write_token(args.token_file)
+            print(f"tfsync hook: wrote a new token to {args.token_file} (mode 0600); the job's "
+                  "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
         tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
-        server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote)
-    except (auth.TokenFileError, transport.TransportError, ValueError) as e:
+        server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
+                             node=args.node)
+    except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
         print(f"tfsync hook: {e}", file=sys.stderr)
         return 2
-    print(f"tfsync hook listening on port {port}", flush=True)
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -245,6 +254,7 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C
     try:
+        print(f"tfsync hook listening on port {port}", flush=True)
         server.wait_for_termination()
     except KeyboardInterrupt:
         pass

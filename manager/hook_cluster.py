@@ -8,7 +8,9 @@ hooks without knowing it. ``HookNodes`` makes one per generation:
     nodes = HookNodes([("10.0.0.1:7070", token), ("10.0.0.2:7070", token)], ports=(20000, 20999))
     engine = Engine(setup, workers=4, cluster_factory=nodes)
 
-Tasks go round-robin over the hooks (PS first) and listen on their hook's host. When
+Tasks go round-robin over the hooks that answer Health (PS first; ``pinned`` tasks on
+their own hook while it answers: a node that died or lost its link gets none of a new
+generation's tasks) and listen on their hook's host. When
 every hook is on this machine the tasks (and the coordinator's TF server) run in this
 process's private network namespace instead, reachable from this machine only
 (``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
@@ -23,17 +25,22 @@ import os
 import socket
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
 
 from tfsync import netns
-from tfsync.api.v1 import common_pb2, node_hook_pb2
+from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.manager import transport
 from tfsync.engine.cluster import ClusterError, free_ports
-from tfsync.manager.launcher import HookLauncher, LaunchError, round_robin
+from tfsync.manager.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback
 
 logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
+RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
 
 
 class HookNodes:
@@ -42,7 +49,7 @@ class HookNodes:
     ignored). ``ports``: the (first, last) port tasks may use on remote nodes."""
 
     def __init__(self, hooks, ports: tuple[int, int] | None = None, *, tls=None, parallel: bool = True,
-                 job_id: str | None = None):
+                 job_id: str | None = None, pinned: dict | None = None):
         self.hooks = [tuple(h) for h in hooks]
         if not self.hooks:
             raise ValueError("HookNodes needs at least one hook, as (address, token)")
@@ -53,6 +60,7 @@ class HookNodes:
         if ports is not None and not 1 <= ports[0] <= ports[1] <= 65535:
             raise ValueError(f"task ports must be (first, last) within 1..65535, got {ports!r}")
         self.ports, self.tls, self.parallel = ports, tls, parallel
+        self.pinned = dict(pinned or {})   # (job, index) -> hook index: where the job file pins a task
         self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
         self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
         self.generations = 0
@@ -67,12 +75,17 @@ class HookNodes:
         self._next_port[host] = start + count
         return list(range(start, start + count))
 
-    def spec(self, workers: int, ps: int,
-             network: netns.PrivateNetwork | None = None) -> tuple[dict, dict]:
-        """A cluster spec for a new generation and its ``{task: hook index}``; with
-        ``network`` (hooks on this machine only) every task and the chief listen in it."""
+    def spec(self, workers: int, ps: int, network: netns.PrivateNetwork | None = None,
+             live: list[int] | None = None) -> tuple[dict, dict]:
+        """A cluster spec for a new generation and its ``{task: hook index}`` over the
+        ``live`` hooks (default: all); with ``network`` (hooks on this machine only) every
+        task and the chief listen in it."""
         tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
-        assignment = round_robin(tasks, len(self.hooks))
+        live = list(range(len(self.hooks))) if live is None else live
+        assignment = place(tasks, live, self.pinned)
+        moved = [f"{j}:{i}" for (j, i), h in self.pinned.items() if (j, i) in assignment and assignment[j, i] != h]
+        if moved:
+            logger.warning("%s pinned to a hook that does not answer: placed on another node", ", ".join(moved))
         # the coordinator (chief): ParameterServerStrategy starts its TF server in this process
         if network is not None:   # one call: ports are distinct across hooks and the chief
             chief, *ports = network.free_ports(len(tasks) + 1)
@@ -91,6 +104,29 @@ class HookNodes:
                 "ps": [addresses[("ps", i)] for i in range(ps)],
                 "worker": [addresses[("worker", i)] for i in range(workers)]}
         return spec, assignment
+
+    def live_hooks(self) -> list[int]:
+        """The hooks that answer Health now (a node that died or lost its link does not):
+        a new generation's tasks go to these only, so a job outlives a node. ClusterError
+        if none answers."""
+        def answers(hook) -> bool:
+            channel = transport.make_channel(hook[0], token=hook[1], tls=self.tls)
+            try:
+                node_hook_pb2_grpc.NodeHookStub(channel).Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+                return True
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return True   # it answered (a wrong token, TLS...): the launch says what is wrong
+                logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
+                               hook[0], str(e).splitlines()[0][:200])
+                return False
+            finally:
+                channel.close()
+        with ThreadPoolExecutor(len(self.hooks)) as pool:
+            live = [h for h, ok in enumerate(pool.map(answers, self.hooks)) if ok]
+        if not live:
+            raise ClusterError(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
+        return live
 
     def chief_host(self) -> str:
         """This machine's address as the hooks' nodes reach it: the source address of the
@@ -118,7 +154,7 @@ class HookNodes:
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
         network = netns.shared() if self.local else None
-        spec, assignment = self.spec(workers, ps, network)
+        spec, assignment = self.spec(workers, ps, network, self.live_hooks() if len(self.hooks) > 1 else None)
         self.generations += 1
         if work_dir and self.local:
             place = {"workdir": os.path.abspath(work_dir)}
@@ -142,6 +178,10 @@ class HookCluster:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._dead: dict[tuple[str, int], int] = {}  # ended tasks -> exit code (-1: hook unreachable)
+        self._unreachable: set[int] = set()           # hooks that did not answer Health
+        self._streams: list | None = None             # StreamResources calls (resource_readings)
+        self._readings: dict[int, dict] = {}
+        self._readings_lock = threading.Lock()
 
     @property
     def job_id(self) -> str:
@@ -177,6 +217,7 @@ class HookCluster:
                     health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
                 except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
                     logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
+                    self._unreachable.add(h)
                     for task in mine:
                         self._dead.setdefault(task, -1)
                     continue
@@ -199,10 +240,53 @@ class HookCluster:
         pids = {i: self.task_pid("worker", i) for i in range(len(self.spec["worker"]))}
         return {i: p for i, p in pids.items() if p is not None}
 
+    def resource_readings(self) -> dict[int, dict]:
+        """``{worker: reading}`` of the workers on other nodes, as their hooks measure them
+        (StreamResources, one stream per node, started on the first call), in the form of
+        ``tfsync.engine.resources.ResourceMonitor`` readings: ``cpu`` is the share of the
+        node's CPUs busy with other processes (the contention NARX is fed)."""
+        if self._streams is None and self._thread is not None and not self._thread.is_alive() \
+                and self._error is None:
+            self._streams = []
+            for h, stub in enumerate(self.launcher._stubs):
+                if any(job == "worker" for job, _ in self.launcher.tasks_of(h)) \
+                        and not is_loopback(self.launcher.addresses[h].rsplit(":", 1)[0]):
+                    call = stub.StreamResources(node_hook_pb2.StreamResourcesRequest(
+                        job_id=self.job_id, interval_s=RESOURCE_INTERVAL_S))
+                    self._streams.append(call)
+                    threading.Thread(target=self._read_stream, args=(call,), daemon=True,
+                                     name=f"tfsync-resources-{h}").start()
+        with self._readings_lock:
+            return {w: dict(r) for w, r in self._readings.items()}
+
+    def _read_stream(self, call) -> None:
+        try:
+            for sample in call:
+                readings = {}
+                cores = max(sample.cpu_count, 1)
+                for p in sample.processes:
+                    if p.task.job == "worker" and p.alive:
+                        others = max(sample.cpu_percent * cores - p.cpu_percent, 0.0) / cores
+                        readings[p.task.index] = {
+                            "cpu": round(min(others, 100.0), 2), "proc_cpu": round(p.cpu_percent, 2),
+                            "set_cpu": round(sample.cpu_percent, 2), "pid": p.pid, "node": sample.node,
+                            "mem": round(100.0 * p.rss_bytes / max(sample.memory_total_bytes, 1), 3),
+                            "time": sample.time}
+                with self._readings_lock:
+                    self._readings.update(readings)
+        except Exception as e:  # noqa: BLE001 - cancelled at stop, or the node is gone: no more readings
+            if not (hasattr(e, "code") and e.code() == grpc.StatusCode.CANCELLED):
+                logger.debug("resource stream of %s ended: %s", self.job_id, e)
+
     def stop(self) -> None:
+        for call in self._streams or ():
+            call.cancel()
         if self._thread is not None:
             self._thread.join()
+        for h in self._unreachable:   # not waited for: a partitioned node would hold the stop for a minute
+            logger.warning("the tasks of %s on %s are left running: its hook did not answer", self.job_id,
+                           self.launcher.addresses[h])
         try:
-            self.launcher.stop()
+            self.launcher.stop(skip=self._unreachable)
         except LaunchError as e:
             logger.warning("stopping the tasks of %s: %s", self.job_id, e)

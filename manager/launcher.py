@@ -34,7 +34,7 @@ from tfsync.manager import transport
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HookLauncher", "LaunchError", "TASK_JOBS", "round_robin"]
+__all__ = ["HookLauncher", "LaunchError", "TASK_JOBS", "place", "round_robin"]
 
 TASK_JOBS = ("ps", "worker")   # the jobs hooks run; "chief" is the coordinator, not launched
 RUNNING = common_pb2.TASK_STATE_RUNNING
@@ -84,6 +84,16 @@ def spec_tasks(spec: dict) -> list[tuple[str, int]]:
 def round_robin(tasks: list[tuple[str, int]], hooks: int) -> dict[tuple[str, int], int]:
     """task -> hook index, task ``k`` on hook ``k % hooks``."""
     return {task: k % hooks for k, task in enumerate(tasks)}
+
+
+def place(tasks: list[tuple[str, int]], live: list[int], pinned: dict | None = None) -> dict[tuple[str, int], int]:
+    """task -> hook index: a pinned task on its hook if that one is live, the others
+    round-robin over the live hooks (in ``live``'s order)."""
+    pinned = pinned or {}
+    out = {t: pinned[t] for t in tasks if pinned.get(t) in live}
+    rest = [t for t in tasks if t not in out]
+    out.update({t: live[h] for t, h in round_robin(rest, len(live)).items()})
+    return {t: out[t] for t in tasks}
 
 
 class HookLauncher:
@@ -225,13 +235,15 @@ class HookLauncher:
 
     # -- lifecycle ----------------------------------------------------------------------
     def check_hooks(self) -> list[node_hook_pb2.HealthResponse]:
-        """Health of every hook (token and reachability checked before anything starts)."""
+        """Health of every hook that runs a task (token and reachability checked before
+        anything starts); every hook before anything is assigned."""
         def one(hook):
             try:
                 return self._stubs[hook].Health(node_hook_pb2.HealthRequest(), timeout=RPC_MARGIN_S)
             except grpc.RpcError as e:
                 raise self._rpc_error(hook, "Health", self.tasks_of(hook), e) from None
-        return self._run(one, list(range(len(self._stubs))))
+        used = sorted(set(self.assignment.values())) or list(range(len(self._stubs)))
+        return self._run(one, used)
 
     def _stage(self, hook: int) -> None:
         """Copy ``files`` to ``hook``'s node (a file already there is not sent again)."""
@@ -382,11 +394,12 @@ class HookLauncher:
             logger.warning("job %s: could not stop every task after a failed start: %s", self.job_id, e)
         self.spec = None
 
-    def stop(self) -> list[common_pb2.TaskStatus]:
-        """Stop every task of this job on every hook it used, then close the channels.
-        Safe to call twice; the hooks themselves keep running."""
+    def stop(self, skip=()) -> list[common_pb2.TaskStatus]:
+        """Stop every task of this job on every hook it used (but the hooks in ``skip``),
+        then close the channels. Safe to call twice; the hooks themselves keep running."""
         if self._closed:
             return []
+        self._touched -= set(skip)
         stopped: list[common_pb2.TaskStatus] = []
         t0 = time.monotonic()
         try:

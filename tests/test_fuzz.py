@@ -7,6 +7,7 @@ a refused StartTasks leaves no log file. Every bad job dict or file must raise
 ConfigError with one line naming the field.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -708,6 +709,8 @@ def hook_valid(rng: random.Random, ports: list[int]) -> dict:
         "StreamResources": lambda: h.StreamResourcesRequest(interval_s=0.05, max_samples=1,
                                                             job_id=rng.choice(["", "job-1"])),
         "Health": lambda: h.HealthRequest(),
+        "StageFile": lambda: [h.FileChunk(stage_id="job-1", name="data/x.bin", size=3,
+                                          sha256=hashlib.sha256(b"abc").hexdigest()), h.FileChunk(data=b"abc")],
     }
 
 
@@ -724,7 +727,12 @@ def test_fuzzed_hook_calls_get_proper_statuses_and_refused_ones_leave_nothing(ho
         cls = getattr(node_hook_pb2, method.input_type.name)
         n = CALLS if not method.server_streaming else CALLS // 4
         for i in range(n):
-            request = fuzz.request(cls, valid[method.name])
+            if method.client_streaming:
+                request = valid[method.name]()
+                if rng.random() < 0.85:
+                    fuzz.mutate(rng.choice(request))
+            else:
+                request = fuzz.request(cls, valid[method.name])
             before = files_under(logs) if logs.exists() else set()
             code, details = call(stub, method, request)
             what = f"NodeHook.{method.name} #{i}"
@@ -735,7 +743,7 @@ def test_fuzzed_hook_calls_get_proper_statuses_and_refused_ones_leave_nothing(ho
             if code != grpc.StatusCode.OK and after != before:
                 problems.append(f"{what} was refused ({details[:100]!r}) but left {sorted(after - before)[:2]}")
             seen.setdefault(method.name, set()).add(code)
-        code, _ = call(wrong, method, cls())
+        code, _ = call(wrong, method, [] if method.client_streaming else cls())
         assert code == grpc.StatusCode.UNAUTHENTICATED, f"{method.name} with a wrong token: {code}"
         assert stub.Health(node_hook_pb2.HealthRequest(), timeout=5).node == "node-a"
     problems += [f"thread {t}" for t in watch.thread_errors]
@@ -744,10 +752,10 @@ def test_fuzzed_hook_calls_get_proper_statuses_and_refused_ones_leave_nothing(ho
     assert both >= {"StartTasks", "StopTasks", "RestartTask", "StreamResources"}, seen
     errors = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert not errors, errors[:3]
-    # task logs only, each in its job's folder
+    # task logs only, each in its job's folder, and staged files in their stage
     for path in files_under(logs):
         rel = os.path.relpath(path, logs).split(os.sep)
-        assert len(rel) == 2 and rel[1].endswith(".log"), path
+        assert (len(rel) == 2 and rel[1].endswith(".log")) or rel[0] == "stage", path
 
 
 # ---- the cases the fuzz found, one by one --------------------------------------------------

@@ -251,3 +251,28 @@ def test_staged_files_reach_the_tasks_working_directory_once_and_checked(make_ho
             job_id="job-w", cluster_spec_json=json.dumps(_spec()), workdir="relative/dir",
             tasks=[common_pb2.TaskRef(job="ps", index=0)]), timeout=20)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workdir" in e.value.details()
+
+
+def test_init_token_writes_a_0600_token_once_and_the_hook_serves_with_it(tmp_path):
+    import os
+    import signal
+    import stat
+    import subprocess
+
+    path = tmp_path / "keys" / "hook.token"
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-m", "tfsync.hooks.node", "--token-file", str(path), "--init-token",
+                                 "--log-dir", str(tmp_path / "logs")], stdout=subprocess.PIPE, text=True)
+        lines = []
+        while not lines or not lines[-1].startswith("tfsync hook listening"):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], f"the hook ended: {lines}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        return "".join(lines)
+
+    first = start()
+    assert "wrote a new token" in first and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    token = auth.read_token(path)
+    assert "wrote a new token" not in start() and auth.read_token(path) == token   # kept, not replaced

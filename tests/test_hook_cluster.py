@@ -49,3 +49,27 @@ def test_loopback_hooks_get_free_ports_here():
     ports = [int(a.rsplit(":", 1)[1]) for a in spec["ps"] + spec["worker"]]
     assert len(set(ports)) == 3 and all(a.startswith("127.0.0.1:") for a in spec["ps"] + spec["worker"])
     assert is_loopback("localhost") and is_loopback("[::1]") and not is_loopback("10.0.0.2")
+
+
+def test_pinned_tasks_stay_on_their_node_while_it_answers_and_move_when_it_does_not():
+    from tfsync.manager.launcher import place
+    tasks = [("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
+    assert place(tasks, [0, 1, 2]) == {("ps", 0): 0, ("worker", 0): 1, ("worker", 1): 2, ("worker", 2): 0}
+    pinned = {("ps", 0): 2, ("worker", 1): 2}
+    assert place(tasks, [0, 1, 2], pinned) == {("ps", 0): 2, ("worker", 0): 0, ("worker", 1): 2, ("worker", 2): 1}
+    # node 2 is gone: its pinned tasks and every other go round-robin over nodes 0 and 1
+    assert place(tasks, [0, 1], pinned) == {("ps", 0): 0, ("worker", 0): 1, ("worker", 1): 0, ("worker", 2): 1}
+    nodes = HookNodes([("10.0.0.2:7070", "t"), ("10.0.0.3:7070", "t"), ("10.0.0.4:7070", "t")], ports=(20000, 20099),
+                      pinned=pinned)
+    spec, assignment = nodes.spec(workers=3, ps=1, live=[0, 2])
+    assert spec["ps"] == ["10.0.0.4:20000"] and assignment[("worker", 1)] == 2
+    assert set(assignment.values()) == {0, 2}
+
+
+def test_job_file_placement_names_one_hook_per_task():
+    hooks = {"hooks": ["10.0.0.2:7070", "10.0.0.3:7070"], "token_file": "t", "task_ports": [20000, 20009]}
+    cfg = JobConfig.from_dict({"cluster": {**hooks, "workers": 2, "place_ps": ["10.0.0.3:7070"],
+                                           "place_workers": ["10.0.0.2:7070", "10.0.0.2:7070"]}})
+    assert cfg.cluster.place_ps == ("10.0.0.3:7070",) and JobConfig.from_dict(cfg.to_dict()) == cfg
+    assert "1 hooks for 2 tasks" in _error({**hooks, "workers": 2, "place_workers": ["10.0.0.2:7070"]})
+    assert "not one of cluster.hooks" in _error({**hooks, "place_ps": ["10.0.0.9:7070"]})

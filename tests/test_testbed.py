@@ -3,8 +3,10 @@ bridge, every connection through the latency relay, each node with a /tmp of its
 A real job trains there with each task on its own node and no shared run directory.
 Needs root and iproute2: skipped, saying why, without them."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -83,30 +85,59 @@ def test_the_relay_adds_each_senders_latency_and_follows_changes_while_connectio
         bed.set("n9", latency_ms=1)
 
 
-def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory(bed, tmp_path):
-    """PS on n1, workers on n2 and n3, the coordinator on c; the run directory is in this
-    machine's /tmp, which no node sees: the hooks are sent the data (StageFile) and the
-    coordinator writes the checkpoints. While it runs, n2's task port listens only in n2's
-    namespace, whose only address is n2's."""
-    run_dir = tmp_path / "run"
-    job = tmp_path / "job.toml"
+def _records(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _wait_for(predicate, what, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, f"the job ended before {what}: {proc.stdout.read()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def _node_dies(bed, node):
+    """Every process of ``node`` killed at once, as a machine that loses power."""
+    pids = subprocess.run(["ip", "netns", "pids", bed.node(node).netns], capture_output=True, text=True).stdout
+    for pid in map(int, pids.split()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _job(tmp_path, bed, name, epochs, checkpoint_every):
+    run_dir = tmp_path / name
+    job = tmp_path / f"{name}.toml"
     job.write_text(textwrap.dedent(f"""
         [job]
-        name = "testbed"
+        name = "{name}"
         run_dir = "{run_dir}"
         [data]
         name = "mnist"
         [model]
         name = "mlp"
         [train]
-        epochs = 0.1
-        checkpoint_every = 40
+        epochs = {epochs}
+        checkpoint_every = {checkpoint_every}
         [[protocol]]
         name = "bsp"
         """) + bed.cluster_toml() + "workers = 2\n")
-    coordinator = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job),
-                                                     "--no-report"]),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return run_dir, proc
+
+
+def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory(bed, tmp_path):
+    """PS on n1, workers on n2 and n3, the coordinator on c; the run directory is in this
+    machine's /tmp, which no node sees: the hooks are sent the data (StageFile) and the
+    coordinator writes the checkpoints. While it runs, n2's task port listens only in n2's
+    namespace, whose only address is n2's."""
+    run_dir, coordinator = _job(tmp_path, bed, "testbed", 0.1, 40)
     listening, addresses = [], ""
     try:
         deadline = time.monotonic() + 120
@@ -124,6 +155,9 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.8
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.endswith(".index"))
+    # the workers' CPU and memory, measured by their nodes' hooks, reached the policies' view
+    assert {w: (r["node"], 0 <= r["cpu"] <= 100, r["mem"] > 0) for w, r in summary["resources"].items()} == \
+        {"0": ("n2", True, True), "1": ("n3", True, True)}
     # the task port of n2 was open, in n2's namespace, whose only IPv4 addresses are lo's and n2's
     assert listening, "no task port seen listening on n2"
     assert sorted(line.split()[3] for line in addresses.splitlines()) == ["127.0.0.1/8",
@@ -136,3 +170,56 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
         with open(path, "rb") as a, open(run_dir / "data" / os.path.basename(path), "rb") as b:
             assert a.read() == b.read()
     assert not os.path.exists(f"{hook_root}{run_dir}")
+
+
+def test_a_partitioned_worker_node_is_left_out_and_used_again_once_its_link_is_back(bed, tmp_path):
+    """n3's link goes down mid-BSP: its worker is lost (its hook stops answering), the
+    job goes on with both workers on n1 and n2, nothing counted is lost; with the link
+    back, the next job places a worker on n3 again."""
+    run_dir, coordinator = _job(tmp_path, bed, "partition", 0.2, 20)
+    try:
+        _wait_for(lambda: sum("pushes" in r for r in _records(run_dir)) >= 20, "20 pushes", coordinator)
+        bed.set("n3", up=False)
+        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in _records(run_dir)),
+                  "the worker's recovery", coordinator)
+        out, _ = coordinator.communicate(timeout=300)
+    finally:
+        bed.set("n3", up=True)
+        if coordinator.poll() is None:
+            coordinator.kill()
+    assert coordinator.returncode == 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["task"] for r in summary["recoveries"]] == ["worker:1"]
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+    pushes = [r["pushes"] for r in _records(run_dir) if "pushes" in r and not r.get("dropped")]
+    assert len(pushes) == len(set(pushes)) == summary["pushes"]      # each push counted once
+    # the link is back: n3 answers and takes a task again
+    run_dir, coordinator = _job(tmp_path, bed, "after", 0.02, 0)
+    out, _ = coordinator.communicate(timeout=300)
+    assert coordinator.returncode == 0, out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["resources"]["1"]["node"] == "n3"
+
+
+def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):
+    """n3 (worker 1) dies: the next generation places both workers on n1 and n2 and the
+    job goes on; then n1 (the PS's node) dies: the PS starts on n2 and restores the
+    coordinator's last checkpoint. The job ends with the whole workload trained. (Last in
+    this module: the testbed has one live node after it.)"""
+    run_dir, coordinator = _job(tmp_path, bed, "faults", 0.25, 10)
+    try:
+        _wait_for(lambda: sum("pushes" in r for r in _records(run_dir)) >= 20, "20 pushes", coordinator)
+        _node_dies(bed, "n3")
+        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in _records(run_dir)), "the worker's recovery",
+                  coordinator)
+        _wait_for(lambda: sum(r.get("event") == "checkpoint" and r.get("why") != "worker_lost"
+                              for r in _records(run_dir)) >= 2, "a checkpoint after the recovery", coordinator)
+        _node_dies(bed, "n1")
+        out, _ = coordinator.communicate(timeout=300)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+    assert coordinator.returncode == 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["task"].split(":")[0] for r in summary["recoveries"]] == ["worker", "ps"], summary["recoveries"]
+    assert summary["samples"] >= summary["workload_samples"]
+    assert summary["test_accuracy"] > 0.8

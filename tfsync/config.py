@@ -74,6 +74,10 @@ class ClusterSection:
     task_ports: tuple[int, int] | None = None  # (first, last) port for tasks on remote nodes
     tls_ca: str | None = None           # hooks serve TLS (tfsync hook --tls-cert): the CA of their certificates
     tls_server_name: str | None = None  # a name in those certificates, when the hook addresses are not
+    # Pin tasks to nodes: one hook address per PS / per worker (each one of `hooks`);
+    # left out: round-robin. A pinned node that does not answer: its tasks go to the others.
+    place_ps: tuple[str, ...] = ()
+    place_workers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -621,6 +625,10 @@ _CHECKS: dict[str, Callable] = {
     "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings, ports in 1..65535',
                            lambda v: type(v) is list, lambda v: all(map(_host_port, v)) and len(set(v)) == len(v),
                            tuple),
+    "cluster.place_ps": _rule(lambda: 'a list of "host:port" hook addresses, one per PS',
+                              lambda v: type(v) is list, lambda v: all(map(_host_port, v)), tuple),
+    "cluster.place_workers": _rule(lambda: 'a list of "host:port" hook addresses, one per worker',
+                                   lambda v: type(v) is list, lambda v: all(map(_host_port, v)), tuple),
     "cluster.token_file": _text(), "cluster.tls_ca": _text(),
     "cluster.tls_server_name": _text(r"[A-Za-z0-9.:\-]+", "a host name (or address) in the hooks' certificates"),
     "cluster.task_ports": _rule(lambda: "[first, last] with 1 <= first <= last <= 65535",
@@ -703,6 +711,13 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
     if remote and c.task_ports is None:
         raise ConfigError(f"{where}cluster.hooks: {', '.join(remote)} not on this machine: give the ports their "
                           "tasks may listen on, cluster.task_ports = [first, last]", "cluster.task_ports")
+    for f, places, count in (("cluster.place_ps", c.place_ps, c.ps), ("cluster.place_workers", c.place_workers,
+                                                                        c.workers)):
+        if places and len(places) != count:
+            raise ConfigError(f"{where}{f}: {len(places)} hooks for {count} tasks; give one per task", f)
+        stray = [a for a in places if a not in c.hooks]
+        if stray:
+            raise ConfigError(f"{where}{f}: {_fmt(stray[0])} is not one of cluster.hooks", f)
     return out
 
 

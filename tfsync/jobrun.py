@@ -97,7 +97,10 @@ def hook_nodes(cfg: JobConfig):
             transport.channel_credentials(tls)
         except transport.TransportError as e:
             raise ConfigError(f"cluster.tls_ca: {e}", "cluster.tls_ca") from None
-    return HookNodes([(a, token) for a in cfg.cluster.hooks], ports=cfg.cluster.task_ports, tls=tls)
+    c = cfg.cluster
+    pinned = {**{("ps", i): c.hooks.index(a) for i, a in enumerate(c.place_ps)},
+              **{("worker", i): c.hooks.index(a) for i, a in enumerate(c.place_workers)}}
+    return HookNodes([(a, token) for a in c.hooks], ports=c.task_ports, tls=tls, pinned=pinned)
 
 
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,

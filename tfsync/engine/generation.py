@@ -138,12 +138,20 @@ def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
     return dataset_fn
 
 
+_CHECKPOINT_IO = []
+
+
 def checkpoint_io() -> "tf.train.CheckpointOptions":
     """Checkpoints are read and written by the coordinator, in its run directory: TF would
     place each variable's save and restore op on its PS, which writes to the PS node's own
     filesystem (another machine has no such run directory, and a PS started on another
-    node would not find it)."""
-    return tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+    node would not find it). One object for the process: the saver's traced function is
+    cached per options object, and a new trace is sent to every task (a stalled one, on a
+    partitioned node, would hold the save)."""
+    if not _CHECKPOINT_IO:
+        _CHECKPOINT_IO.append(tf.train.CheckpointOptions(
+            experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0"))
+    return _CHECKPOINT_IO[0]
 
 
 class Generation:

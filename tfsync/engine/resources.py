@@ -61,6 +61,7 @@ class ResourceMonitor:
         self._base: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, monotonic time)
         self._cpu_base = self._cpu_times()
         self._latest: dict[int, dict] = {}
+        self._remote: Callable[[], dict[int, dict]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.set_pids(pids or {})
@@ -78,6 +79,12 @@ class ResourceMonitor:
                 if new.get(w) != pid:
                     self._latest.pop(w, None)
             self._pids = new  # baselines of pids no longer watched go at the next sample
+
+    def set_remote(self, source: Callable[[], dict[int, dict]] | None) -> None:
+        """Readings of workers on other nodes, which this process cannot sample:
+        ``source()`` returns ``{worker: reading}`` in the same form (their hooks measure
+        them, ``tfsync.manager.hook_cluster``); a worker sampled here takes precedence."""
+        self._remote = source
 
     def _forget(self, pid: int) -> None:  # sampling only (under _sample_lock)
         self._procs.pop(pid, None)
@@ -140,9 +147,11 @@ class ResourceMonitor:
                 "time": time.time()}
 
     def latest(self) -> dict[int, dict]:
-        """``{worker: reading}`` of the last sample (copies; dead workers left out)."""
+        """``{worker: reading}`` of the last sample (copies; dead workers left out), and
+        the remote source's readings of the others."""
+        remote = self._remote() if self._remote is not None else {}
         with self._lock:
-            return {w: dict(r) for w, r in self._latest.items()}
+            return {**{w: dict(r) for w, r in remote.items()}, **{w: dict(r) for w, r in self._latest.items()}}
 
     # -- the thread ---------------------------------------------------------------------
     def start(self) -> "ResourceMonitor":

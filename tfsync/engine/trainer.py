@@ -159,6 +159,7 @@ class Engine:
         t1 = time.time()
         gen = Generation(cluster, self.setup, self._records)
         self.monitor.set_pids(cluster.worker_pids())
+        self.monitor.set_remote(getattr(cluster, "resource_readings", None))  # workers on other nodes
         self.monitor.start()
         t2 = time.time()
         if restore:
@@ -657,6 +658,8 @@ class Engine:
             "converged_accuracy": converged_accuracy(curve) if curve else acc,
             "evals_skipped": self.evaluator.skipped if self.evaluator is not None else 0,
             "task_ports": netns.describe(getattr(self._gen.cluster, "network", None)),
+            # each worker's last CPU/memory reading (cpu: contention; "node" where its hook measured it)
+            "resources": {str(w): r for w, r in sorted(self.monitor.latest().items())},
         }
 
     def close(self, graceful: bool = True) -> None:

@@ -221,7 +221,7 @@ class Testbed:
             if node.name == COORDINATOR:
                 continue
             argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tfsync.testbed.node",
-                    "--listen", f"{node.address}:{HOOK_PORT}", "--token-file", self.token_file,
+                    "--listen", f"{node.address}:{HOOK_PORT}", "--token-file", self.token_file, "--node", node.name,
                     *[a for d in self.private for a in ("--private", d)]]
             node.pid = self._spawn(node.netns, argv, f"hook-{node.name}.log", "tfsync hook listening")
             say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")

@@ -36,22 +36,34 @@ def add_commands(sub) -> None:
     s = tb.add_subparsers(dest="testbed_command", metavar="COMMAND")
     name = argparse.ArgumentParser(add_help=False)
     name.add_argument("--name", default="tfsync", help="the testbed's name (default: tfsync)")
-    up = s.add_parser("up", parents=[name], help="make the namespaces, links, relay and hooks")
+    up = s.add_parser("up", parents=[name], help="make the namespaces, links, relay and hooks",
+                      description="Make a testbed: the namespaces (one per node and one for the coordinator, "
+                                  "'c'), their links on a bridge, the latency relay and a hook on every node. "
+                                  "Prints the [cluster] table to put in a job file.")
     up.add_argument("--nodes", type=int, default=3, help="nodes that run tasks (default 3), beside the coordinator's")
     up.add_argument("--latency", type=latency, default=0.0, help="every node's one-way latency (e.g. 10ms)")
     up.add_argument("--rate", help="every node's bandwidth up and down, as tc writes it (e.g. 100mbit, 1gbit)")
     up.add_argument("--private", action="append", metavar="DIR",
                     help="a directory each node sees empty (repeatable; default /tmp)")
-    s.add_parser("down", parents=[name], help="stop every process and remove every namespace and link")
-    st = s.add_parser("status", parents=[name], help="nodes, addresses, links, and the job file's [cluster] table")
+    s.add_parser("down", parents=[name], help="stop every process and remove every namespace and link",
+                 description="Stop every process in the testbed's namespaces (hooks stop their tasks), remove "
+                             "the namespaces, their links, and the testbed's state directory.")
+    st = s.add_parser("status", parents=[name], help="nodes, addresses, links, and the job file's [cluster] table",
+                      description="Each node's addresses, latency, rate, link and hook, the relay, and the "
+                                  "[cluster] table for a job file.")
     st.add_argument("--json", action="store_true")
-    ch = s.add_parser("set", parents=[name], help="change a node's link while a job runs")
+    ch = s.add_parser("set", parents=[name], help="change a node's link while a job runs",
+                      description="Change one node's link while a job runs: its one-way latency (what every "
+                                  "chunk it sends waits in the relay), its bandwidth (tbf, both ways), or take "
+                                  "it down and up again (a partition).")
     ch.add_argument("node", help="n1, n2, ... or c")
     ch.add_argument("--latency", type=latency)
     ch.add_argument("--rate", help="tc rate, or none")
     ch.add_argument("--down", action="store_true", help="take the link down (a partition)")
     ch.add_argument("--up", action="store_true", help="bring the link back")
-    ex = s.add_parser("exec", parents=[name], help="run a command on a node (e.g. c: the coordinator's)")
+    ex = s.add_parser("exec", parents=[name], help="run a command on a node (e.g. c: the coordinator's)",
+                      description="Run a command in a node's network namespace: `tfsync testbed exec c -- tfsync "
+                                  "run job.toml` runs a job's coordinator on node c.")
     ex.add_argument("node")
     ex.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     tb.set_defaults(func=cmd_testbed, testbed_parser=tb)

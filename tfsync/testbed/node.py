@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--listen", required=True, help="host:port: the node's own address")
     p.add_argument("--token-file", required=True)
     p.add_argument("--private", action="append", default=[], help="a directory this node sees empty")
+    p.add_argument("--node", required=True, help="the node's name (n1, n2, ...)")
     args = p.parse_args(argv)
     token = auth.read_token(args.token_file)
     for d in args.private:
@@ -34,7 +35,8 @@ def main(argv=None) -> int:
     os.makedirs(work, mode=0o700, exist_ok=True)
     token_file = os.path.join(work, "token")
     auth.write_token(token_file, token)
-    return hook.main(["--listen", args.listen, "--token-file", token_file, "--log-dir", work, "--allow-remote"])
+    return hook.main(["--listen", args.listen, "--token-file", token_file, "--log-dir", work, "--allow-remote",
+                      "--node", args.node])
 
 
 if __name__ == "__main__":
