@@ -121,6 +121,11 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
         return node_hook_pb2.StageFileResponse(existed=existed, size=size)
 
     @_guard
+    def FreePorts(self, request, context):
+        return node_hook_pb2.FreePortsResponse(ports=self.supervisor.free_ports(request.first, request.last,
+                                                                                request.count))
+
+    @_guard
     def StopTasks(self, request, context):
         tasks, notes = self.supervisor.stop(request.job_id, _refs(request.tasks))
         return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)

@@ -10,6 +10,7 @@ processes started here are ever signalled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import logging
@@ -121,6 +122,20 @@ def check_env(env: dict) -> dict:
     return dict(env)
 
 
+def _bindable(port: int) -> bool:
+    """Whether a server could listen on ``port`` of every interface here (as a TF task does)."""
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((host, port))
+            return True
+        except OSError as e:
+            if family == socket.AF_INET6 and e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                continue   # no IPv6 here: IPv4 decides
+            return False
+    return False
+
+
 def port_open(address: str, timeout: float = 0.2) -> bool:
     """Whether something accepts connections at ``address`` (False also for a host that
     does not resolve)."""
@@ -182,6 +197,7 @@ class TaskSupervisor:
         self.task_command = tuple(task_command)
         self.kill_timeout = kill_timeout
         self._tasks: dict[tuple[str, str, int], Task] = {}
+        self._next_port: dict[tuple[int, int], int] = {}   # FreePorts' range -> where the next search starts
         self._lock = threading.Lock()
 
     def tasks(self, job_id: str = "") -> list[Task]:
@@ -292,6 +308,28 @@ class TaskSupervisor:
             task.restarts = old.restarts + 1
             self._tasks[task.key] = task
             return task
+
+    def free_ports(self, first: int, last: int, count: int) -> list[int]:
+        """``count`` ports of ``first..last`` that nothing on this node listens on and no
+        task of this hook is starting on, in turn after the last ones handed out."""
+        if not 1 <= first <= last <= 65535:
+            raise TaskRequestError(f"FreePorts: first..last {first}..{last} is not within 1..65535")
+        if not 1 <= count <= min(last - first + 1, 1024):
+            raise TaskRequestError(f"FreePorts: count {count}: expected 1 to the {last - first + 1} ports of the "
+                                   "range (at most 1024)")
+        with self._lock:
+            taken = {int(t.address.rsplit(":", 1)[1]) for t in self._tasks.values() if t.proc.poll() is None}
+            size, start = last - first + 1, self._next_port.get((first, last), first)
+            out = []
+            for k in range(size):
+                port = first + (start - first + k) % size
+                if port not in taken and _bindable(port):
+                    out.append(port)
+                    if len(out) == count:
+                        self._next_port[(first, last)] = first + (port - first + 1) % size
+                        return out
+        raise TaskLaunchError(f"FreePorts: only {len(out)} of ports {first}..{last} are free on this node, "
+                              f"{count} asked")
 
     def wait_ready(self, tasks: list[Task], timeout: float) -> None:
         """Wait until every task serves or ends, at most ``timeout`` seconds (no error)."""

@@ -65,7 +65,24 @@ class HookNodes:
         self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
         self.generations = 0
 
-    def _remote_ports(self, host: str, count: int) -> list[int]:
+    def _hook_ports(self, hook: int, host: str, count: int) -> list[int]:
+        """``count`` ports of the range free on ``hook``'s node, as the hook sees them
+        (FreePorts: a task left there by a coordinator that died keeps its port); a hook
+        without FreePorts gets the next ports of the range in turn."""
+        channel = transport.make_channel(self.hooks[hook][0], token=self.hooks[hook][1], tls=self.tls)
+        try:
+            reply = node_hook_pb2_grpc.NodeHookStub(channel).FreePorts(node_hook_pb2.FreePortsRequest(
+                first=self.ports[0], last=self.ports[1], count=count), timeout=HEALTH_TIMEOUT_S)
+            return list(reply.ports)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise ClusterError(f"hook {self.hooks[hook][0]}: FreePorts failed: {e.code().name}: "
+                                   f"{e.details()}") from None
+            return self._remote_ports(hook, host, count)
+        finally:
+            channel.close()
+
+    def _remote_ports(self, hook: int, host: str, count: int) -> list[int]:
         first, last = self.ports
         if count > last - first + 1:
             raise ValueError(f"task ports {first}..{last} are fewer than the {count} tasks of one node")
@@ -76,10 +93,11 @@ class HookNodes:
         return list(range(start, start + count))
 
     def spec(self, workers: int, ps: int, network: netns.PrivateNetwork | None = None,
-             live: list[int] | None = None) -> tuple[dict, dict]:
+             live: list[int] | None = None, ask_ports=None) -> tuple[dict, dict]:
         """A cluster spec for a new generation and its ``{task: hook index}`` over the
         ``live`` hooks (default: all); with ``network`` (hooks on this machine only) every
-        task and the chief listen in it."""
+        task and the chief listen in it. ``ask_ports(hook, host, count)``: a remote node's
+        free ports (default: the range in turn)."""
         tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
         live = list(range(len(self.hooks))) if live is None else live
         assignment = place(tasks, live, self.pinned)
@@ -96,8 +114,10 @@ class HookNodes:
             for h, (address, _) in enumerate(self.hooks):
                 host = address.rsplit(":", 1)[0]
                 mine = [t for t in tasks if assignment[t] == h]
+                if not mine:
+                    continue
                 ports = free_ports(len(mine), host.strip("[]")) if is_loopback(host) \
-                    else self._remote_ports(host, len(mine))
+                    else (ask_ports or self._remote_ports)(h, host, len(mine))
                 addresses.update({t: f"{host}:{p}" for t, p in zip(mine, ports)})
             chief = f"{self.chief_host()}:{free_ports(1)[0]}"
         spec = {"chief": [chief],
@@ -154,7 +174,8 @@ class HookNodes:
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
         network = netns.shared() if self.local else None
-        spec, assignment = self.spec(workers, ps, network, self.live_hooks() if len(self.hooks) > 1 else None)
+        spec, assignment = self.spec(workers, ps, network, self.live_hooks() if len(self.hooks) > 1 else None,
+                                     ask_ports=self._hook_ports)
         self.generations += 1
         if work_dir and self.local:
             place = {"workdir": os.path.abspath(work_dir)}

@@ -43,7 +43,8 @@ def test_services_and_versioned_package():
         "StreamReportResources": (True, False), "Attach": (True, True)}
     assert {m.name: (m.client_streaming, m.server_streaming) for m in hook.methods} == {
         "StartTasks": (False, False), "StopTasks": (False, False), "RestartTask": (False, False),
-        "StreamResources": (False, True), "Health": (False, False), "StageFile": (True, False)}
+        "StreamResources": (False, True), "Health": (False, False), "StageFile": (True, False),
+        "FreePorts": (False, False)}
 
 
 def test_messages_round_trip_and_unset_enums_read_unspecified():

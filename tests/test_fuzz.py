@@ -709,6 +709,7 @@ def hook_valid(rng: random.Random, ports: list[int]) -> dict:
         "StreamResources": lambda: h.StreamResourcesRequest(interval_s=0.05, max_samples=1,
                                                             job_id=rng.choice(["", "job-1"])),
         "Health": lambda: h.HealthRequest(),
+        "FreePorts": lambda: h.FreePortsRequest(first=ports[0], last=ports[0] + 50, count=rng.choice([1, 2, 5])),
         "StageFile": lambda: [h.FileChunk(stage_id="job-1", name="data/x.bin", size=3,
                                           sha256=hashlib.sha256(b"abc").hexdigest()), h.FileChunk(data=b"abc")],
     }

@@ -276,3 +276,30 @@ def test_init_token_writes_a_0600_token_once_and_the_hook_serves_with_it(tmp_pat
     assert "wrote a new token" in first and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     token = auth.read_token(path)
     assert "wrote a new token" not in start() and auth.read_token(path) == token   # kept, not replaced
+
+
+def test_free_ports_skips_ports_in_use_and_hands_out_fresh_ones_in_turn(make_hook):
+    import socket
+    stub, hook, token, port = make_hook()
+    first = free_ports(1)[0] // 10 * 10 + 10   # a range of 6 ports
+    first = min(first, 65000)
+    busy = socket.socket()
+    try:
+        busy.bind(("0.0.0.0", first + 1))   # a task left by a coordinator that died, say
+        busy.listen(1)
+
+        def ask(count):
+            return list(stub.FreePorts(node_hook_pb2.FreePortsRequest(first=first, last=first + 5, count=count),
+                                       timeout=10).ports)
+        a = ask(2)
+        assert first + 1 not in a and len(a) == 2
+        b = ask(2)
+        assert first + 1 not in b and not set(a) & set(b)       # the next ones, not the same again
+        with pytest.raises(grpc.RpcError) as e:
+            ask(6)                                                # 5 of the 6 are free
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "only 5" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.FreePorts(node_hook_pb2.FreePortsRequest(first=10, last=5, count=1), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        busy.close()

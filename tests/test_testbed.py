@@ -172,34 +172,6 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
     assert not os.path.exists(f"{hook_root}{run_dir}")
 
 
-def test_a_partitioned_worker_node_is_left_out_and_used_again_once_its_link_is_back(bed, tmp_path):
-    """n3's link goes down mid-BSP: its worker is lost (its hook stops answering), the
-    job goes on with both workers on n1 and n2, nothing counted is lost; with the link
-    back, the next job places a worker on n3 again."""
-    run_dir, coordinator = _job(tmp_path, bed, "partition", 0.2, 20)
-    try:
-        _wait_for(lambda: sum("pushes" in r for r in _records(run_dir)) >= 20, "20 pushes", coordinator)
-        bed.set("n3", up=False)
-        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in _records(run_dir)),
-                  "the worker's recovery", coordinator)
-        out, _ = coordinator.communicate(timeout=300)
-    finally:
-        bed.set("n3", up=True)
-        if coordinator.poll() is None:
-            coordinator.kill()
-    assert coordinator.returncode == 0, out[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert [r["task"] for r in summary["recoveries"]] == ["worker:1"]
-    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
-    pushes = [r["pushes"] for r in _records(run_dir) if "pushes" in r and not r.get("dropped")]
-    assert len(pushes) == len(set(pushes)) == summary["pushes"]      # each push counted once
-    # the link is back: n3 answers and takes a task again
-    run_dir, coordinator = _job(tmp_path, bed, "after", 0.02, 0)
-    out, _ = coordinator.communicate(timeout=300)
-    assert coordinator.returncode == 0, out[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["resources"]["1"]["node"] == "n3"
-
-
 def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):
     """n3 (worker 1) dies: the next generation places both workers on n1 and n2 and the
     job goes on; then n1 (the PS's node) dies: the PS starts on n2 and restores the

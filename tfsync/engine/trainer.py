@@ -33,6 +33,7 @@ from .commands import Command, CommandResult, Controller, StopRequested, carry_o
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .evaluator import Evaluation, Evaluator, scores
+from .checkpoints import CheckpointDir
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
@@ -127,7 +128,7 @@ class Engine:
         self._t0 = time.time()
         self.train_started: float | None = None
         self.base_lr = base_lr
-        self._ckpt_manager = None
+        self._ckpt_dir: CheckpointDir | None = None
         self._last_ckpt_updates = 0
         self._closing = False
         self._final_weights = None
@@ -176,8 +177,8 @@ class Engine:
                               "leave base_lr unset (the schedule is the base rate)")
         gen.set_hyper(base_lr=self.base_lr, lr_scale=self._lr_scale)
         self._gen = gen
-        self._ckpt_manager = tf.train.CheckpointManager(
-            gen.checkpoint, os.path.join(self.run_dir, "checkpoints"), max_to_keep=3)
+        if self._ckpt_dir is None:
+            self._ckpt_dir = CheckpointDir(os.path.join(self.run_dir, "checkpoints"), keep=3)
         self._channel = PSChannel(gen.control)
         self._fetch_q = queue.Queue()
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
@@ -488,7 +489,7 @@ class Engine:
 
     def checkpoint(self, why: str) -> str:
         t = time.time()
-        path = self._ckpt_manager.save(checkpoint_number=self.state.updates, options=checkpoint_io())
+        path = self._ckpt_dir.save(self._gen, self.state.updates)
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
                                  "pushes": self.state.pushes,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tfsync.api.v1 import common_pb2 as tfsync_dot_api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtfsync/api/v1/node_hook.proto\x12\rtfsync.api.v1\x1a\x1atfsync/api/v1/common.proto\"\x91\x02\n\x11StartTasksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63luster_spec_json\x18\x02 \x01(\t\x12%\n\x05tasks\x18\x03 \x03(\x0b\x32\x16.tfsync.api.v1.TaskRef\x12\x36\n\x03\x65nv\x18\x04 \x03(\x0b\x32).tfsync.api.v1.StartTasksRequest.EnvEntry\x12\x14\n\x0cwait_ready_s\x18\x05 \x01(\x01\x12\r\n\x05netns\x18\x06 \x01(\t\x12\x10\n\x08stage_id\x18\x07 \x01(\t\x12\x0f\n\x07workdir\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\tFileChunk\x12\x10\n\x08stage_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"2\n\x11StageFileResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0c\n\x04size\x18\x02 \x01(\x03\"I\n\x10StopTasksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12%\n\x05tasks\x18\x02 \x03(\x0b\x32\x16.tfsync.api.v1.TaskRef\"v\n\x12RestartTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.tfsync.api.v1.TaskRef\x12\x14\n\x0c\x65xpected_pid\x18\x03 \x01(\x05\x12\x14\n\x0cwait_ready_s\x18\x04 \x01(\x01\"K\n\rTasksResponse\x12(\n\x05tasks\x18\x01 \x03(\x0b\x32\x19.tfsync.api.v1.TaskStatus\x12\x10\n\x08messages\x18\x02 \x03(\t\"e\n\x16StreamResourcesRequest\x12\x17\n\ninterval_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0bmax_samples\x18\x03 \x01(\x05\x42\r\n\x0b_interval_s\"\x0f\n\rHealthRequest\"\x86\x01\n\x0eHealthResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12(\n\x05tasks\x18\x05 \x03(\x0b\x32\x19.tfsync.api.v1.TaskStatus\x12\x0f\n\x07version\x18\x06 \x01(\t2\xde\x03\n\x08NodeHook\x12L\n\nStartTasks\x12 .tfsync.api.v1.StartTasksRequest\x1a\x1c.tfsync.api.v1.TasksResponse\x12J\n\tStopTasks\x12\x1f.tfsync.api.v1.StopTasksRequest\x1a\x1c.tfsync.api.v1.TasksResponse\x12K\n\x0bRestartTask\x12!.tfsync.api.v1.RestartTaskRequest\x1a\x19.tfsync.api.v1.TaskStatus\x12Y\n\x0fStreamResources\x12%.tfsync.api.v1.StreamResourcesRequest\x1a\x1d.tfsync.api.v1.ResourceSample0\x01\x12\x45\n\x06Health\x12\x1c.tfsync.api.v1.HealthRequest\x1a\x1d.tfsync.api.v1.HealthResponse\x12I\n\tStageFile\x12\x18.tfsync.api.v1.FileChunk\x1a .tfsync.api.v1.StageFileResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtfsync/api/v1/node_hook.proto\x12\rtfsync.api.v1\x1a\x1atfsync/api/v1/common.proto\">\n\x10\x46reePortsRequest\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"\"\n\x11\x46reePortsResponse\x12\r\n\x05ports\x18\x01 \x03(\x05\"\x91\x02\n\x11StartTasksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x19\n\x11\x63luster_spec_json\x18\x02 \x01(\t\x12%\n\x05tasks\x18\x03 \x03(\x0b\x32\x16.tfsync.api.v1.TaskRef\x12\x36\n\x03\x65nv\x18\x04 \x03(\x0b\x32).tfsync.api.v1.StartTasksRequest.EnvEntry\x12\x14\n\x0cwait_ready_s\x18\x05 \x01(\x01\x12\r\n\x05netns\x18\x06 \x01(\t\x12\x10\n\x08stage_id\x18\x07 \x01(\t\x12\x0f\n\x07workdir\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\tFileChunk\x12\x10\n\x08stage_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"2\n\x11StageFileResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x12\x0c\n\x04size\x18\x02 \x01(\x03\"I\n\x10StopTasksRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12%\n\x05tasks\x18\x02 \x03(\x0b\x32\x16.tfsync.api.v1.TaskRef\"v\n\x12RestartTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.tfsync.api.v1.TaskRef\x12\x14\n\x0c\x65xpected_pid\x18\x03 \x01(\x05\x12\x14\n\x0cwait_ready_s\x18\x04 \x01(\x01\"K\n\rTasksResponse\x12(\n\x05tasks\x18\x01 \x03(\x0b\x32\x19.tfsync.api.v1.TaskStatus\x12\x10\n\x08messages\x18\x02 \x03(\t\"e\n\x16StreamResourcesRequest\x12\x17\n\ninterval_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0bmax_samples\x18\x03 \x01(\x05\x42\r\n\x0b_interval_s\"\x0f\n\rHealthRequest\"\x86\x01\n\x0eHealthResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12(\n\x05tasks\x18\x05 \x03(\x0b\x32\x19.tfsync.api.v1.TaskStatus\x12\x0f\n\x07version\x18\x06 \x01(\t2\xae\x04\n\x08NodeHook\x12L\n\nStartTasks\x12 .tfsync.api.v1.StartTasksRequest\x1a\x1c.tfsync.api.v1.TasksResponse\x12J\n\tStopTasks\x12\x1f.tfsync.api.v1.StopTasksRequest\x1a\x1c.tfsync.api.v1.TasksResponse\x12K\n\x0bRestartTask\x12!.tfsync.api.v1.RestartTaskRequest\x1a\x19.tfsync.api.v1.TaskStatus\x12Y\n\x0fStreamResources\x12%.tfsync.api.v1.StreamResourcesRequest\x1a\x1d.tfsync.api.v1.ResourceSample0\x01\x12\x45\n\x06Health\x12\x1c.tfsync.api.v1.HealthRequest\x1a\x1d.tfsync.api.v1.HealthResponse\x12I\n\tStageFile\x12\x18.tfsync.api.v1.FileChunk\x1a .tfsync.api.v1.StageFileResponse(\x01\x12N\n\tFreePorts\x12\x1f.tfsync.api.v1.FreePortsRequest\x1a .tfsync.api.v1.FreePortsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STARTTASKSREQUEST_ENVENTRY']._loaded_options = None
   _globals['_STARTTASKSREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_STARTTASKSREQUEST']._serialized_start=77
-  _globals['_STARTTASKSREQUEST']._serialized_end=350
-  _globals['_STARTTASKSREQUEST_ENVENTRY']._serialized_start=308
-  _globals['_STARTTASKSREQUEST_ENVENTRY']._serialized_end=350
-  _globals['_FILECHUNK']._serialized_start=352
-  _globals['_FILECHUNK']._serialized_end=439
-  _globals['_STAGEFILERESPONSE']._serialized_start=441
-  _globals['_STAGEFILERESPONSE']._serialized_end=491
-  _globals['_STOPTASKSREQUEST']._serialized_start=493
-  _globals['_STOPTASKSREQUEST']._serialized_end=566
-  _globals['_RESTARTTASKREQUEST']._serialized_start=568
-  _globals['_RESTARTTASKREQUEST']._serialized_end=686
-  _globals['_TASKSRESPONSE']._serialized_start=688
-  _globals['_TASKSRESPONSE']._serialized_end=763
-  _globals['_STREAMRESOURCESREQUEST']._serialized_start=765
-  _globals['_STREAMRESOURCESREQUEST']._serialized_end=866
-  _globals['_HEALTHREQUEST']._serialized_start=868
-  _globals['_HEALTHREQUEST']._serialized_end=883
-  _globals['_HEALTHRESPONSE']._serialized_start=886
-  _globals['_HEALTHRESPONSE']._serialized_end=1020
-  _globals['_NODEHOOK']._serialized_start=1023
-  _globals['_NODEHOOK']._serialized_end=1501
+  _globals['_FREEPORTSREQUEST']._serialized_start=76
+  _globals['_FREEPORTSREQUEST']._serialized_end=138
+  _globals['_FREEPORTSRESPONSE']._serialized_start=140
+  _globals['_FREEPORTSRESPONSE']._serialized_end=174
+  _globals['_STARTTASKSREQUEST']._serialized_start=177
+  _globals['_STARTTASKSREQUEST']._serialized_end=450
+  _globals['_STARTTASKSREQUEST_ENVENTRY']._serialized_start=408
+  _globals['_STARTTASKSREQUEST_ENVENTRY']._serialized_end=450
+  _globals['_FILECHUNK']._serialized_start=452
+  _globals['_FILECHUNK']._serialized_end=539
+  _globals['_STAGEFILERESPONSE']._serialized_start=541
+  _globals['_STAGEFILERESPONSE']._serialized_end=591
+  _globals['_STOPTASKSREQUEST']._serialized_start=593
+  _globals['_STOPTASKSREQUEST']._serialized_end=666
+  _globals['_RESTARTTASKREQUEST']._serialized_start=668
+  _globals['_RESTARTTASKREQUEST']._serialized_end=786
+  _globals['_TASKSRESPONSE']._serialized_start=788
+  _globals['_TASKSRESPONSE']._serialized_end=863
+  _globals['_STREAMRESOURCESREQUEST']._serialized_start=865
+  _globals['_STREAMRESOURCESREQUEST']._serialized_end=966
+  _globals['_HEALTHREQUEST']._serialized_start=968
+  _globals['_HEALTHREQUEST']._serialized_end=983
+  _globals['_HEALTHRESPONSE']._serialized_start=986
+  _globals['_HEALTHRESPONSE']._serialized_end=1120
+  _globals['_NODEHOOK']._serialized_start=1123
+  _globals['_NODEHOOK']._serialized_end=1681
 # @@protoc_insertion_point(module_scope)

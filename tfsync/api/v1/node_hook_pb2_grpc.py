@@ -65,6 +65,11 @@ class NodeHookStub:
                 request_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.SerializeToString,
                 response_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.FromString,
                 _registered_method=True)
+        self.FreePorts = channel.unary_unary(
+                '/tfsync.api.v1.NodeHook/FreePorts',
+                request_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsRequest.SerializeToString,
+                response_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsResponse.FromString,
+                _registered_method=True)
 
 
 class NodeHookServicer:
@@ -117,6 +122,16 @@ class NodeHookServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FreePorts(self, request, context):
+        """Ports of [first, last] free on this node now (nothing listens there, no task of this
+        hook is starting there), taken in turn after the last ones handed out, so a new
+        generation never waits for the ports of the one it replaces, and a task left running
+        by a coordinator that died is never given to a new task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeHookServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +164,11 @@ def add_NodeHookServicer_to_server(servicer, server):
                     servicer.StageFile,
                     request_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.FromString,
                     response_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.SerializeToString,
+            ),
+            'FreePorts': grpc.unary_unary_rpc_method_handler(
+                    servicer.FreePorts,
+                    request_deserializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsRequest.FromString,
+                    response_serializer=tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +333,33 @@ class NodeHook:
             '/tfsync.api.v1.NodeHook/StageFile',
             tfsync_dot_api_dot_v1_dot_node__hook__pb2.FileChunk.SerializeToString,
             tfsync_dot_api_dot_v1_dot_node__hook__pb2.StageFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FreePorts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfsync.api.v1.NodeHook/FreePorts',
+            tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsRequest.SerializeToString,
+            tfsync_dot_api_dot_v1_dot_node__hook__pb2.FreePortsResponse.FromString,
             options,
             channel_credentials,
             insecure,

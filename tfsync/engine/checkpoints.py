@@ -1,0 +1,33 @@
+"""A run's checkpoints, kept as ``tf.train.CheckpointManager`` keeps them: the newest
+``keep`` in ``run_dir/checkpoints/ckpt-<updates>``, and the ``checkpoint`` state file that
+``tf.train.latest_checkpoint`` reads. Written with the generation's save function, traced
+once per generation (``Generation.save``), not the manager's, which traces one per save.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import tensorflow as tf
+
+from .. import safefile
+
+
+class CheckpointDir:
+    def __init__(self, directory: str, keep: int = 3):
+        self.directory, self.keep = directory, keep
+        state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
+        self.kept = list(state.all_model_checkpoint_paths) if state else []   # oldest first
+
+    def save(self, generation, number: int) -> str:
+        """Checkpoint ``generation`` as ``ckpt-<number>``; returns its prefix."""
+        safefile.make_dir(self.directory)
+        prefix = generation.save(os.path.join(self.directory, f"ckpt-{number}"))
+        self.kept = [p for p in self.kept if p != prefix] + [prefix]
+        for old in self.kept[:-self.keep]:
+            for path in glob.glob(glob.escape(old) + ".index") + glob.glob(glob.escape(old) + ".data-*"):
+                os.unlink(path)
+        self.kept = self.kept[-self.keep:]
+        tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=self.kept)
+        return prefix
