@@ -53,6 +53,8 @@ def job_text(run_dir: str, protocol: str, args, bed: Testbed) -> str:
         fn = "{os.path.join(ROOT, 'experiments', 'wide_mlp.py')}:build"
         args = {{hidden = {args.hidden}}}
         [train]
+        loss = "SparseCategoricalCrossentropy"
+        loss_args = {{from_logits = true}}
         epochs = {args.epochs}
         batch_size = 64
         learning_rate = 0.01
