@@ -20,6 +20,7 @@ port of the one it replaces.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -65,22 +66,29 @@ class HookNodes:
         self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
         self.generations = 0
 
+    @contextlib.contextmanager
+    def _stub(self, hook: int):
+        """A NodeHook stub of ``hook`` on a channel of its own, closed after the block."""
+        channel = transport.make_channel(self.hooks[hook][0], token=self.hooks[hook][1], tls=self.tls)
+        try:
+            yield node_hook_pb2_grpc.NodeHookStub(channel)
+        finally:
+            channel.close()
+
     def _hook_ports(self, hook: int, host: str, count: int) -> list[int]:
         """``count`` ports of the range free on ``hook``'s node, as the hook sees them
         (FreePorts: a task left there by a coordinator that died keeps its port); a hook
         without FreePorts gets the next ports of the range in turn."""
-        channel = transport.make_channel(self.hooks[hook][0], token=self.hooks[hook][1], tls=self.tls)
         try:
-            reply = node_hook_pb2_grpc.NodeHookStub(channel).FreePorts(node_hook_pb2.FreePortsRequest(
-                first=self.ports[0], last=self.ports[1], count=count), timeout=HEALTH_TIMEOUT_S)
+            with self._stub(hook) as stub:
+                reply = stub.FreePorts(node_hook_pb2.FreePortsRequest(first=self.ports[0], last=self.ports[1],
+                                                                      count=count), timeout=HEALTH_TIMEOUT_S)
             return list(reply.ports)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise ClusterError(f"hook {self.hooks[hook][0]}: FreePorts failed: {e.code().name}: "
                                    f"{e.details()}") from None
             return self._remote_ports(hook, host, count)
-        finally:
-            channel.close()
 
     def _remote_ports(self, hook: int, host: str, count: int) -> list[int]:
         first, last = self.ports
@@ -129,21 +137,19 @@ class HookNodes:
         """The hooks that answer Health now (a node that died or lost its link does not):
         a new generation's tasks go to these only, so a job outlives a node. ClusterError
         if none answers."""
-        def answers(hook) -> bool:
-            channel = transport.make_channel(hook[0], token=hook[1], tls=self.tls)
+        def answers(hook: int) -> bool:
             try:
-                node_hook_pb2_grpc.NodeHookStub(channel).Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+                with self._stub(hook) as stub:
+                    stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
                 return True
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     return True   # it answered (a wrong token, TLS...): the launch says what is wrong
                 logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
-                               hook[0], str(e).splitlines()[0][:200])
+                               self.hooks[hook][0], e.code().name)
                 return False
-            finally:
-                channel.close()
         with ThreadPoolExecutor(len(self.hooks)) as pool:
-            live = [h for h, ok in enumerate(pool.map(answers, self.hooks)) if ok]
+            live = [h for h, ok in enumerate(pool.map(answers, range(len(self.hooks)))) if ok]
         if not live:
             raise ClusterError(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
         return live
@@ -178,23 +184,23 @@ class HookNodes:
                                      ask_ports=self._hook_ports)
         self.generations += 1
         if work_dir and self.local:
-            place = {"workdir": os.path.abspath(work_dir)}
+            where = {"workdir": os.path.abspath(work_dir)}
         else:
-            place = {"stage_id": self.job_id, "files": [(f, os.path.join(work_dir, f)) for f in files]} \
+            where = {"stage_id": self.job_id, "files": [(f, os.path.join(work_dir, f)) for f in files]} \
                 if work_dir else {}
         return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network,
-                           place)
+                           where)
 
 
 class HookCluster:
     """One generation's tasks on node hooks (see the module docstring)."""
 
     def __init__(self, nodes: HookNodes, spec: dict, assignment: dict, job_id: str, start_timeout: float,
-                 network: netns.PrivateNetwork | None = None, place: dict | None = None):
+                 network: netns.PrivateNetwork | None = None, where: dict | None = None):
         self.spec, self.nodes, self.network = spec, nodes, network
         self.launcher = HookLauncher(nodes.hooks, parallel=nodes.parallel, timeout=start_timeout, job_id=job_id,
                                      tls=nodes.tls, netns=network.name if network is not None else "",
-                                     **(place or {}))
+                                     **(where or {}))
         self._mapping = assignment
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
