@@ -46,7 +46,7 @@ name = "linear"
 [train]
 batch_size = 32
 learning_rate = 0.05
-epochs = 4
+epochs = 3
 [[protocol]]
 name = "lbbsp"
 predictor = "ema"

@@ -177,7 +177,7 @@ def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):
     job goes on; then n1 (the PS's node) dies: the PS starts on n2 and restores the
     coordinator's last checkpoint. The job ends with the whole workload trained. (Last in
     this module: the testbed has one live node after it.)"""
-    run_dir, coordinator = _job(tmp_path, bed, "faults", 0.25, 10)
+    run_dir, coordinator = _job(tmp_path, bed, "faults", 0.12, 10)
     try:
         _wait_for(lambda: sum("pushes" in r for r in _records(run_dir)) >= 20, "20 pushes", coordinator)
         _node_dies(bed, "n3")

@@ -73,7 +73,7 @@ def project(tmp_path, epochs, protocols="", run="run"):
 @pytest.mark.slow
 def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    job = project(tmp_path, epochs=20)
+    job = project(tmp_path, epochs=10)
     run_dir = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json"], cwd="/", env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -102,7 +102,7 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["resumed_from"]["samples"] > 0
-    assert summary["samples"] >= summary["workload_samples"] == 20 * 1280
+    assert summary["samples"] >= summary["workload_samples"] == 10 * 1280
     assert summary["test_accuracy"] > 0.8  # the blobs are separable: it learned
     with Store(tmp_path / "home" / "jobs.db") as store:
         (stored,) = store.jobs()
