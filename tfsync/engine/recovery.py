@@ -27,11 +27,15 @@ from ..policy.base import Decision
 logger = logging.getLogger(__name__)
 
 
-def recover_lost_ps(engine, phase) -> bool:
+def recover_lost_ps(engine, phase, wait_s: float = 0.0) -> bool:
     """Restart the cluster and restore if a PS died and a checkpoint exists; returns
-    whether training can go on."""
+    whether training can go on. ``wait_s``: how long to wait for a dead PS to show."""
     gen = engine.generation
     dead = gen.cluster.dead_tasks() if gen is not None else []
+    deadline = time.monotonic() + wait_s
+    while gen is not None and not any(job == "ps" for job, _, _ in dead) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        dead = gen.cluster.dead_tasks()
     if not any(job == "ps" for job, _, _ in dead) or not engine.checkpoints \
             or len(engine.recovery_log) >= engine.max_recoveries:
         return False

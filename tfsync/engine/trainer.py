@@ -28,7 +28,7 @@ from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, Pus
 from ..curves import converged_accuracy
 from ..pushlog import push_record
 from ..quiet import quiet_tf_loggers
-from .channel import PSChannel
+from .channel import ChannelError, PSChannel
 from .commands import Command, CommandResult, Controller, StopRequested, carry_out
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
@@ -403,8 +403,9 @@ class Engine:
                     self._channel.call(lambda: gen.set_hyper(momentum=m))
             try:
                 result = self._next_result()
-            except EngineError:
-                if not recover_lost_ps(self, phase):
+            except (EngineError, ChannelError) as e:
+                # a control call can fail on a PS that died before its hook reports it: wait for that
+                if not recover_lost_ps(self, phase, wait_s=5.0 if isinstance(e, ChannelError) else 0.0):
                     raise
                 continue
             if result is None:  # a timer, or a recovery that left nothing in flight
