@@ -26,14 +26,6 @@ MAX_NAME = 255
 SPARE_BYTES = 64 * 2**20     # what staging leaves free on the hook's disk
 
 
-def _digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(2**20):
-            h.update(block)
-    return h.hexdigest()
-
-
 class Stage:
     def __init__(self, root: str):
         self.root = root
@@ -60,7 +52,7 @@ class Stage:
         folder = self.dir(first.stage_id)
         path = os.path.join(folder, name)
         if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == size \
-                and _digest(path) == digest:
+                and safefile.sha256(path) == digest:
             return True, size
         parent = os.path.dirname(path)
         os.makedirs(parent, mode=0o700, exist_ok=True)

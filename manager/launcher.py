@@ -18,7 +18,6 @@ polls ``Health`` if that wait ends early). Timings: ``init_s`` (start), ``restar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.manager import transport
 
@@ -51,11 +51,7 @@ def file_digest(path: str) -> tuple[str, int]:
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     if key not in _digests:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(2**20):
-                h.update(block)
-        _digests[key] = (h.hexdigest(), st.st_size)
+        _digests[key] = (safefile.sha256(path), st.st_size)
     return _digests[key]
 
 

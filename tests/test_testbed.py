@@ -13,6 +13,8 @@ import textwrap
 import time
 
 import pytest
+from test_control import kill_if_running
+from test_resume import records
 
 from tfsync.testbed import bed as testbed
 
@@ -85,13 +87,6 @@ def test_the_relay_adds_each_senders_latency_and_follows_changes_while_connectio
         bed.set("n9", latency_ms=1)
 
 
-def _records(run_dir):
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
 def _wait_for(predicate, what, proc, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -149,8 +144,7 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
                                    text=True).stdout
         out, _ = coordinator.communicate(timeout=300)
     finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
+        kill_if_running(coordinator)
     assert coordinator.returncode == 0, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.8
@@ -179,17 +173,16 @@ def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):
     this module: the testbed has one live node after it.)"""
     run_dir, coordinator = _job(tmp_path, bed, "faults", 0.12, 10)
     try:
-        _wait_for(lambda: sum("pushes" in r for r in _records(run_dir)) >= 20, "20 pushes", coordinator)
+        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
         _node_dies(bed, "n3")
-        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in _records(run_dir)), "the worker's recovery",
+        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in records(run_dir)), "the worker's recovery",
                   coordinator)
         _wait_for(lambda: sum(r.get("event") == "checkpoint" and r.get("why") != "worker_lost"
-                              for r in _records(run_dir)) >= 2, "a checkpoint after the recovery", coordinator)
+                              for r in records(run_dir)) >= 2, "a checkpoint after the recovery", coordinator)
         _node_dies(bed, "n1")
         out, _ = coordinator.communicate(timeout=300)
     finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
+        kill_if_running(coordinator)
     assert coordinator.returncode == 0, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [r["task"].split(":")[0] for r in summary["recoveries"]] == ["worker", "ps"], summary["recoveries"]

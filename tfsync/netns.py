@@ -71,7 +71,7 @@ def _setns(path: str) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -100,7 +100,7 @@ def remove_stale() -> list[str]:
     removed = []
     for name in os.listdir(NETNS_DIR) if os.path.isdir(NETNS_DIR) else ():
         m = _NAME.fullmatch(name)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             with contextlib.suppress(NetnsError):
                 _ip("netns", "del", name)
                 removed.append(name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import tempfile
 
@@ -82,3 +83,12 @@ def write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> str:
     with replacing(path, mode, binary=isinstance(data, bytes)) as f:
         f.write(data)
     return os.fspath(path)
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 (hex) of the file at ``path``, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(2**20):
+            h.update(block)
+    return h.hexdigest()

@@ -41,6 +41,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from tfsync import safefile
+from tfsync.netns import pid_alive
+from tfsync.taskcmd import task_env
 
 HOOK_PORT = 7070
 TASK_PORTS = (20000, 20099)   # the job file's cluster.task_ports; the relay listens on all of them
@@ -234,7 +236,7 @@ class Testbed:
         with safefile.open_append(log_path, binary=True) as out:
             proc = subprocess.Popen(["ip", "netns", "exec", netns, *argv], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env=dict(os.environ, PYTHONPATH=_package_path()))
+                                    env=task_env())
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             with open(log_path, errors="replace") as f:
@@ -331,25 +333,10 @@ class Testbed:
         present = _netns_list()
         nodes = []
         for n in self.nodes.values():
-            alive = n.pid is None or _alive(n.pid)
+            alive = n.pid is None or pid_alive(n.pid)
             nodes.append({**asdict(n), "present": n.netns in present, "hook_alive": alive})
-        return {"name": self.name, "slot": self.slot, "relay_alive": bool(self.relay_pid and _alive(self.relay_pid)),
+        return {"name": self.name, "slot": self.slot, "relay_alive": bool(self.relay_pid and pid_alive(self.relay_pid)),
                 "hooks": self.hooks, "token_file": self.token_file, "task_ports": list(TASK_PORTS), "nodes": nodes}
-
-
-def _package_path() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _kill_all(netns: str, grace_s: float = 5.0) -> None:
