@@ -61,9 +61,10 @@ PREDICTORS = [
     ("ARIMA", "arima", {"order": (2, 2, 1)}, "(p,d,q)=(2,2,1)", "cpu"),
     ("SimpleRNN", "rnn", {}, "look-back=2", "cpu"),
     ("LSTM", "lstm", {}, "look-back=2", "cpu"),
-    ("NARX", "narx", {}, "look-back=2, contention cpu %", "cpu"),
-    ("NARX (proc_cpu)", "narx", {}, "look-back=2, process CPU %", "proc_cpu"),
-    ("NARX (set_cpu)", "narx", {}, "look-back=2, busy % of its CPUs", "set_cpu"),
+    ("NARX", "narx", {"fit": "adam"}, "look-back=2, contention cpu %, Keras Adam fit", "cpu"),
+    ("NARX (L-BFGS)", "narx", {"fit": "lbfgs"}, "look-back=2, contention cpu %, L-BFGS fit", "cpu"),
+    ("NARX (proc_cpu)", "narx", {"fit": "adam"}, "look-back=2, process CPU %", "proc_cpu"),
+    ("NARX (set_cpu)", "narx", {"fit": "adam"}, "look-back=2, busy % of its CPUs", "set_cpu"),
 ]
 SERIES_FIELDS = ["worker", "step", "start", "end", "batch_size", "speed", "cpu", "mem", "proc_cpu",
                  "set_cpu", "burner_duty"]

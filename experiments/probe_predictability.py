@@ -10,6 +10,12 @@ oracle of the load the next step runs under), the recorded 2-core series of
 bench_predictors.py, and, with --exo, the Alibaba file's other columns (memory,
 network, disk; mpki is empty there) at the raw samples as extra inputs.
 
+The interpolation bound (printed as "interp"): a ridge fit of step k's speed on the
+speeds *and* readings of the L steps before and the L steps after it (k itself left out),
+fitted in-sample on the whole series, RMSE from step 500 / EMA's. It sees the future and
+its own test data, so no causal predictor with these inputs (linear in them) does better;
+where it stays near 1, what EMA misses is step-to-step noise that nothing predicts.
+
     OPENBLAS_NUM_THREADS=1 python experiments/probe_predictability.py [--exo]
 """
 
@@ -59,6 +65,20 @@ def ratio_to_ema(v, extra=None, lags=2, start=500, window=1000, every=50, lam=1e
     return float(rmse(pred) / rmse(e))
 
 
+def interp_ratio(v, extra=None, lags=5, start=500, lam=1e-3) -> float:
+    """RMSE(two-sided in-sample ridge interpolator) / RMSE(EMA) from ``start`` (see the
+    module docstring): inputs the speeds and ``extra`` columns of steps k-lags..k+lags but k."""
+    e, n, scale = ema_before(v), len(v), float(np.mean(v))
+    shift = lambda x, i: np.roll(x, i)  # noqa: E731 - x of step k - i, at row k (ends cut below)
+    series = [v / scale - 1] + ([] if extra is None else list(extra.T))
+    cols = [np.ones(n)] + [shift(x, i) for x in series for i in range(-lags, lags + 1) if i]
+    X, y = np.column_stack(cols)[lags:n - lags], (v / scale - 1)[lags:n - lags]
+    w = np.linalg.solve(X.T @ X + lam * np.eye(X.shape[1]), X.T @ y)
+    pred = np.r_[[np.nan] * lags, scale * (1 + X @ w), [np.nan] * lags]
+    rmse = lambda p: np.sqrt(np.nanmean((p[start:] - v[start:]) ** 2))  # noqa: E731
+    return float(rmse(pred) / rmse(e))
+
+
 def alibaba_raw():
     """{machine: (util %, other columns)} of the raw Alibaba rows, time order."""
     rows: dict[str, list] = {}
@@ -84,17 +104,31 @@ def main(argv=None) -> int:
     path = os.path.join(TRACES, "alibaba2018", "machine_usage.csv")
     for readings in ("last", "next"):
         traces = load_cpu_traces(path, gaps="hold")
-        ratios = []
+        ratios, interp = [], []
         for w, t in enumerate(traces):
             d = series_from_trace(t, readings=readings, steps=3000, seed=w)
-            ratios.append(ratio_to_ema(np.array(d["speed"]), np.array(d["cpu"])[:, None] / 100))
+            v, c = np.array(d["speed"]), np.array(d["cpu"])[:, None] / 100
+            ratios.append(ratio_to_ema(v, c))
+            interp.append(interp_ratio(v, c))
         print(f"alibaba, {len(traces)} machines, readings={readings}: ARX / EMA mean {np.mean(ratios):.3f} "
-              f"({' '.join(f'{r:.2f}' for r in ratios)})")
+              f"({' '.join(f'{r:.2f}' for r in ratios)}); interp {np.mean(interp):.3f}")
     series = load_series(SERIES) if os.path.exists(SERIES) else {}
-    ratios = [ratio_to_ema(np.array(d["speed"]), np.array([c or 0.0 for c in d["cpu"]])[:, None] / 100)
+    inputs = [(np.array(d["speed"]), np.array([c or 0.0 for c in d["cpu"]])[:, None] / 100)
               for d in series.values()]
-    if ratios:
-        print(f"real 2-core recording, contention readings: ARX / EMA {' '.join(f'{r:.3f}' for r in ratios)}")
+    if inputs:
+        print(f"real 2-core recording, contention readings: ARX / EMA "
+              f"{' '.join(f'{ratio_to_ema(v, c):.3f}' for v, c in inputs)}; interp "
+              f"{' '.join(f'{interp_ratio(v, c):.3f}' for v, c in inputs)}")
+        # The co-located load itself (the burner's duty as set), the best a run-queue length
+        # or process count could tell, as the input instead of the monitor's reading.
+        with open(SERIES, newline="") as f:
+            rows = list(csv.DictReader(f))
+        duty = [np.array([float(r["burner_duty"]) for r in rows if int(r["worker"]) == w])[:, None]
+                for w in sorted(series)] if rows and "burner_duty" in rows[0] else []
+        if duty and all(len(x) == len(v) for x, (v, _) in zip(duty, inputs)):
+            print(f"real 2-core recording, the co-located load (burner duty) as input: ARX / EMA "
+                  f"{' '.join(f'{ratio_to_ema(v, x):.3f}' for x, (v, _) in zip(duty, inputs))}; interp "
+                  f"{' '.join(f'{interp_ratio(v, x):.3f}' for x, (v, _) in zip(duty, inputs))}")
     if args.exo:
         rng = np.random.default_rng(0)
         for label, with_exo in (("cpu reading", False), ("cpu + mem, mpki, net, disk", True)):

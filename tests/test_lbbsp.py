@@ -134,6 +134,23 @@ def test_observations_carry_speed_and_resources_to_the_predictors():
     assert resource_reading(None) == (None, None)
 
 
+def test_each_worker_is_predicted_at_its_own_push_so_the_barrier_predicts_nothing():
+    class Counting(Recorder):
+        predicts = 0
+
+        def _predict(self):
+            Counting.predicts += 1
+            return super()._predict()
+
+    sizer = LBBSPSizer(16, Counting, min_gain=0, max_change=0)
+    view = ClusterView(3, (1, 1, 1), (1, 1, 1))
+    for w, t in ((0, 0.5), (1, 0.25), (2, 1.0)):
+        sizer.observe(fake_push(w, 16, t), view)
+    assert Counting.predicts == 3  # one per push, made when it was observed
+    assert sizer.sizes(view) == {0: 14, 1: 27, 2: 7}  # 48 split as speeds 32 : 64 : 16
+    assert Counting.predicts == 3  # the barrier only ran the rule
+
+
 def test_stats_report_sizing_time_and_errors_are_clear():
     policy = LBBSP(batch_size=8)
     Simulator(4, SpeedModel(factors=[1, 2, 3, 4])).run(policy, updates=20)

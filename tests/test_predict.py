@@ -129,9 +129,10 @@ def cpu_driven(n, seed):
     return speed, cpu
 
 
-def test_narx_beats_ema_when_cpu_drives_the_speed(inline):
+@pytest.mark.parametrize("fit", ["lbfgs", "adam"])
+def test_narx_beats_ema_when_cpu_drives_the_speed(inline, fit):
     speed, cpu = cpu_driven(160, seed=1)
-    narx, ema = P.NARX(warmup=80, trainer=inline), P.EMA()
+    narx, ema = P.NARX(warmup=80, trainer=inline, fit=fit), P.EMA()
     err = {"narx": [], "ema": []}
     for k in range(len(speed)):
         if k >= 80:
@@ -142,6 +143,25 @@ def test_narx_beats_ema_when_cpu_drives_the_speed(inline):
     rmse = {k: float(np.sqrt(np.mean(np.square(e)))) for k, e in err.items()}
     assert narx.using_model
     assert rmse["narx"] < 0.6 * rmse["ema"], rmse
+
+
+def test_narx_lbfgs_fit_lands_at_least_as_low_as_the_papers_adam_fit():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 8))
+    truth = [rng.normal(size=(8, 2)), rng.normal(size=2), rng.normal(size=(2, 1)), rng.normal(size=1)]
+    y = nets.forward("narx", truth, x) + rng.normal(0, 0.05, 400)
+    weights, _, loss = nets.fit_lbfgs("narx", nets.glorot(8, 2, seed=0), x, y)
+    assert loss == pytest.approx(float(np.mean((nets.forward("narx", weights, x) - y) ** 2)))
+    assert loss < 0.05 ** 2 * 1.5  # the noise floor: a wrong gradient stops far above it
+    model = nets.build("narx", 8, 2, seed=0)
+    _, _, adam_loss = nets.fit(model, x, y, min_epochs=30, seed=0)
+    assert loss <= adam_loss * 1.01, (loss, adam_loss)
+
+
+def test_narx_fits_by_lbfgs_by_default_and_only_narx_can():
+    assert P.NARX().fit == "lbfgs" and P.RNNPredictor().fit == "adam"
+    with pytest.raises(ValueError, match="fit must be one of adam"):
+        P.RNNPredictor(fit="lbfgs")
 
 
 def test_reused_weights_are_used_at_once_and_other_kinds_are_refused(inline):

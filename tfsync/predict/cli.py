@@ -101,11 +101,12 @@ def cmd_score(args) -> int:
     steps = {w: len(d["speed"]) for w, d in series.items()}
     print(f"{len(steps)} worker(s), {sum(steps.values())} steps, scored from step {args.skip}")
     width = max(len("predictor"), *(len(s) for s in specs))
-    print(f"{'predictor':{width}s} {'RMSE':>10s} {'NRMSE %':>8s} {'/ EMA':>6s} {'fits':>5s}")
+    print(f"{'predictor':{width}s} {'RMSE':>10s} {'NRMSE %':>8s} {'/ EMA':>6s} {'fits':>5s} {'fit s':>7s}")
     for r in rows:
         if r["worker"] == "all":
             ratio = f"{r['ratio_to_ema']:.3f}" if r["ratio_to_ema"] != "" else "-"
-            print(f"{r['predictor']:{width}s} {r['rmse']:10.4g} {r['nrmse_pct']:8.2f} {ratio:>6s} {str(r['fits']):>5s}")
+            print(f"{r['predictor']:{width}s} {r['rmse']:10.4g} {r['nrmse_pct']:8.2f} {ratio:>6s} {str(r['fits']):>5s} "
+                  f"{(format(r['fit_s'], '7.2f') if isinstance(r['fit_s'], float) else ''):>7s}")
     if args.csv:
         write_csv(args.csv, rows)
         print(f"wrote {args.csv}")

@@ -23,6 +23,13 @@ Beyond the paper (issue 19's study, ``tfsync predict score``): NARX's ``lookback
 of speed, L + 1 of each reading) and ``baseline="ema"``, where the output is the change from
 the EMA (the network learns EMA's residual; the EMA is one more input).
 
+``fit``: how a fit runs. ``"adam"`` is the paper's (tf_keras, Adam on mini-batches of 32,
+early stopping at 1e-4 for 4 epochs; SimpleRNN and LSTM always). NARX's default, ``"lbfgs"``
+(beyond the paper, issue 19), fits the same network to the same data by full-batch L-BFGS in
+NumPy/SciPy, warm-started from the last weights: about 25 ms of CPU a fit instead of about a
+second (the paper's fit took half a core beside a 4-worker run; this one about 1 %), the same
+RMSE (results/issue19/), and no TensorFlow in the coordinator's predictor threads.
+
 Schedule (§4.2): EMA until ``warmup`` observations (500 in the paper), then the model
 once its first fit is done; given ``weights`` of an earlier model, the model is used at
 once and refined after ``min_train`` observations. Refit every ``retrain_every``
@@ -53,11 +60,16 @@ class LearnedPredictor(Predictor):
 
     def __init__(self, warmup: int = 500, weights=None, trainer: NarxTrainer | None = None,
                  units: int = 2, window: int = 1000, retrain_every: int = 50, min_train: int = 32,
-                 alpha: float = 0.2, seed: int = 0, baseline: str = "last"):
+                 alpha: float = 0.2, seed: int = 0, baseline: str = "last", fit: str | None = None):
         super().__init__()
         if baseline not in ("last", "ema"):
             raise ValueError(f"{self.name}: baseline must be 'last' (the paper's) or 'ema', got {baseline!r}")
-        self.baseline = baseline
+        fits = ("lbfgs", "adam") if self.kind == "narx" else ("adam",)
+        fit = fits[0] if fit is None else fit
+        if fit not in fits:
+            raise ValueError(f"{self.name}: fit must be one of {', '.join(fits)} ('adam' is the paper's, "
+                             f"tf_keras), got {fit!r}")
+        self.baseline, self.fit = baseline, fit
         if int(warmup) < 0 or int(units) < 1 or int(retrain_every) < 1:
             raise ValueError(f"{self.name}: warmup must be >= 0, units and retrain_every >= 1; got "
                              f"warmup={warmup}, units={units}, retrain_every={retrain_every}")
@@ -138,18 +150,26 @@ class LearnedPredictor(Predictor):
         xm, xs = x.mean(axis=0), x.std(axis=0)
         xs = np.where(xs > 1e-9, xs, 1.0)
         ym, ys = float(y.mean()), float(y.std()) or 1.0
-        nets.limit_tf_threads(trainer.tf_threads)
-        if self._model is None:
-            self._model = nets.build(self.kind, x.shape[1], self.units, trainer.learning_rate, self.seed)
-            if self._state is not None:  # warm start from reused weights
-                self._model.set_weights([w.astype(np.float32) for w in self._state["weights"]])
-        weights, epochs, loss = nets.fit(self._model, (x - xm) / xs, (y - ym) / ys, **trainer.fit_options,
-                                         seed=self.seed * 1_000_003 + self.fits)  # same data, same fit
+        if self.fit == "lbfgs":  # warm start from the last (or reused) weights
+            start = self._state["weights"] if self._state is not None \
+                else nets.glorot(x.shape[1], self.units, self.seed)
+            weights, epochs, loss = nets.fit_lbfgs(self.kind, start, (x - xm) / xs, (y - ym) / ys)
+        else:
+            weights, epochs, loss = self._fit_keras(trainer, x, y, xm, xs, ym, ys)
         # One assignment: predict() sees the old state or the new one, never a mix.
         self._state = {"kind": self.kind, "weights": weights, "x_mean": xm, "x_std": xs,
                        "y_mean": ym, "y_std": ys, "scale": scale, "baseline": self.baseline}
         self.fits += 1
         logger.debug("%s trained on %d samples: %d epochs, loss %.3g", self.name, len(y), epochs, loss)
+
+    def _fit_keras(self, trainer, x, y, xm, xs, ym, ys):
+        nets.limit_tf_threads(trainer.tf_threads)
+        if self._model is None:
+            self._model = nets.build(self.kind, x.shape[1], self.units, trainer.learning_rate, self.seed)
+            if self._state is not None:  # warm start from reused weights
+                self._model.set_weights([w.astype(np.float32) for w in self._state["weights"]])
+        return nets.fit(self._model, (x - xm) / xs, (y - ym) / ys, **trainer.fit_options,
+                        seed=self.seed * 1_000_003 + self.fits)  # same data, same fit
 
     # -- prediction -------------------------------------------------------------------------
     def _check_state(self, state) -> dict:
@@ -203,7 +223,8 @@ class LearnedPredictor(Predictor):
     def describe(self):
         return {"name": self.name, "warmup": self.warmup, "units": self.units,
                 "retrain_every": self.retrain_every, "window": self.window, "fits": self.fits,
-                "reused": self.reused, "using_model": self.using_model, "baseline": self.baseline}
+                "reused": self.reused, "using_model": self.using_model, "baseline": self.baseline,
+                "fit": self.fit}
 
 
 def _narx_output(state: dict, row) -> float:

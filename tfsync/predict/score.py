@@ -21,7 +21,8 @@ steps k >= ``skip`` (default 500, the learned predictors' warm-up, §4.2), per w
 pooled (``worker`` = ``all``). Configurations as Table 3: EMA alpha 0.2, ARIMA (2, 2, 1),
 NARX / SimpleRNN / LSTM look-back 2, trained inline with the predictor's fixed seed: the
 same input gives the same numbers. Output rows (``write_csv``): ``predictor, worker,
-steps, rmse, nrmse_pct, mean_speed, ratio_to_ema, fits``.
+steps, rmse, nrmse_pct, mean_speed, ratio_to_ema, fits, fit_s`` (``fit_s``: the seconds
+the learned predictors' fits took, inline).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .trainer import NarxTrainer
 NAMES = ("last", "ema", "arima", "narx", "rnn", "lstm")
 PAPER = {"ema": {"alpha": 0.2}, "arima": {"order": (2, 2, 1)}}  # Table 3's configurations
 LEARNED = ("narx", "rnn", "lstm")
-COLUMNS = ["predictor", "worker", "steps", "rmse", "nrmse_pct", "mean_speed", "ratio_to_ema", "fits"]
+COLUMNS = ["predictor", "worker", "steps", "rmse", "nrmse_pct", "mean_speed", "ratio_to_ema", "fits", "fit_s"]
 
 
 class SeriesError(TraceError):
@@ -162,12 +163,12 @@ def one_step_ahead(predictor, speeds, cpus, mems) -> np.ndarray:
 
 
 def rmse_row(label: str, worker, errors: np.ndarray, speeds) -> dict:
-    """One output row (``ratio_to_ema`` and ``fits`` filled by ``score``)."""
+    """One output row (``ratio_to_ema``, ``fits`` and ``fit_s`` filled by ``score``)."""
     rmse = float(np.sqrt(np.mean(errors ** 2))) if len(errors) else math.nan
     mean = float(np.mean(speeds)) if len(speeds) else math.nan
     return {"predictor": label, "worker": worker, "steps": int(len(errors)), "rmse": rmse,
             "nrmse_pct": 100 * rmse / mean if mean else math.nan, "mean_speed": mean, "ratio_to_ema": "",
-            "fits": ""}
+            "fits": "", "fit_s": ""}
 
 
 def score(series: dict, predictors=NAMES, *, skip: int = 500, warmup: int | None = None,
@@ -182,7 +183,7 @@ def score(series: dict, predictors=NAMES, *, skip: int = 500, warmup: int | None
                          f"score from step {skip}: lower skip or give a longer series")
     rows, preds = [], {}
     for spec in predictors:
-        errors, actual, fits = [], [], []
+        errors, actual, fits, fit_s = [], [], [], []
         for w, d in series.items():
             p = make(spec, warmup)
             pred = one_step_ahead(p, d["speed"], d["cpu"], d["mem"])
@@ -192,10 +193,14 @@ def score(series: dict, predictors=NAMES, *, skip: int = 500, warmup: int | None
             actual += d["speed"][skip:]
             row = rmse_row(spec, w, e, d["speed"][skip:])
             row["fits"] = getattr(p, "fits", "")
+            trainer = getattr(p, "trainer", None)
+            row["fit_s"] = trainer.seconds if trainer is not None else ""
             fits.append(row["fits"])
+            fit_s.append(row["fit_s"])
             rows.append(row)
         pooled = rmse_row(spec, "all", np.concatenate(errors), actual)
         pooled["fits"] = sum(fits) if all(isinstance(f, int) for f in fits) else ""
+        pooled["fit_s"] = sum(fit_s) if all(isinstance(f, float) for f in fit_s) else ""
         rows.append(pooled)
         if progress is not None:
             progress(pooled)
