@@ -25,7 +25,7 @@ setup(
         "protobuf>=7.35.1",  # likewise
         "psutil>=5.9",
         "statsmodels>=0.14",
-        "scipy>=1.11",  # linprog (LB-BSP's GPU rule); statsmodels brings it, we use it directly
+        "scipy>=1.11",  # linprog (LB-BSP's GPU rule), L-BFGS (NARX fits); statsmodels brings it, we use it directly
         # One BLAS thread around small fits (ARIMA, simulator) in processes that already
         # imported NumPy; env variables only work before that import.
         "threadpoolctl>=3",

@@ -3,22 +3,30 @@ of the iteration time (paper 002 §5.6, Fig. 14: < 1.1 % at 96 workers; our targ
 
 Real cluster: 4 workers + 1 PS on this machine (worker i pinned to CPU i % CPUs), the
 real Engine (tfsync.jobrun.run_job) running LB-BSP with NARX for --rounds rounds (the
-paper's 1000 iterations; NARX predicts from round 500 on, EMA before, §4.2).
+paper's 1000 iterations; NARX predicts from round 500 on, EMA before, §4.2), once per
+NARX fit in --narx-fits, one after the other in this invocation: "lbfgs" (the default)
+and "adam" (the paper's tf_keras fit), whose background training competes with the run
+for the coordinator's CPU.
 ``LBBSPSizer.stats()`` gives the mean time of a sizing decision and of an observation
-(one predictor update per push), so the cost per round is
-    sizing_ms_mean + n * observe_ms_mean,
-divided by the measured mean round time. NARX training runs in background threads
-(§4.2), off the round's critical path; its CPU seconds are reported apart.
+(a predictor update and the worker's next prediction, made at its own push), so
+    critical path = sizing_ms_mean + observe_ms_mean   (the round's last push: every
+                    worker waits for its observation and the sizing; the other pushes
+                    are observed while the rest still compute)
+    policy CPU    = sizing_ms_mean + n * observe_ms_mean
+each divided by the measured mean round time (``overhead_pct``, the target, and
+``cpu_pct``). NARX training runs in background threads (§4.2), off the round's critical
+path; its CPU seconds are reported apart.
 
 Simulated clusters: 32 and 96 workers (and 4, to check against the real run) in
 tfsync.sim running the same LBBSP policy with NARX from the start (weights trained once
 on the real run's speeds and reused, §4.2; each worker's first training request gives
 them its own speed scale at no cost, see InstantFit: training is off the critical
-path), for --rounds rounds. The policy's own wall time per round (on_push and start,
-which include observing, predicting and sizing) is measured with time.perf_counter and
-divided by the simulated round time of a realistic step: per-worker speeds U(1, 3)
-apart, calibrated so a balanced round takes the real run's mean round time (--step-ms
-overrides). Writes <out>/bench_sizing_overhead.csv and .png.
+path), for --rounds rounds. The policy's own wall time is measured with
+time.perf_counter: every call (``cpu_pct``) and the calls that open a round, the last
+push of each round and ``start`` (``overhead_pct``), divided by the simulated round time
+of a realistic step: per-worker speeds U(1, 3) apart, calibrated so a balanced round
+takes the real run's mean round time (--step-ms overrides). Writes
+<out>/bench_sizing_overhead.csv and .png.
 
     python experiments/bench_sizing_overhead.py --rounds 1000
 """
@@ -61,23 +69,29 @@ class InstantFit(NarxTrainer):
 
 
 class TimedLBBSP(LBBSP):
-    """LBBSP that adds up the wall time of its own calls."""
+    """LBBSP that adds up the wall time of its own calls: all of them (``wall``, the
+    policy's CPU cost) and those that open a round (``barrier``: the last push of a round,
+    whose observation and sizing every worker waits for, and ``start``): the critical path."""
 
-    wall = 0.0
+    wall = barrier = 0.0
 
     def start(self, view):
         t = time.perf_counter()
         try:
             return super().start(view)
         finally:
-            self.wall += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.wall += dt
+            self.barrier += dt
 
     def on_push(self, push, view):
         t = time.perf_counter()
-        try:
-            return super().on_push(push, view)
-        finally:
-            self.wall += time.perf_counter() - t
+        d = super().on_push(push, view)
+        dt = time.perf_counter() - t
+        self.wall += dt
+        if d.grants:
+            self.barrier += dt
+        return d
 
 
 def round_times(pushes: list[dict], skip: float = 0.1) -> list[float]:
@@ -90,9 +104,15 @@ def round_times(pushes: list[dict], skip: float = 0.1) -> list[float]:
     return [b - a for a, b in zip(ends, ends[1:])]
 
 
-def real_run(args) -> tuple[dict, list[dict]]:
+def real_run(args, fit: str) -> tuple[dict, list[dict]]:
+    """The real cluster with NARX fitted by ``fit`` (bench-only: the job file's "narx" is
+    pointed at a NARX with that fit for this run, as a job file cannot pass the option)."""
+    from tfsync import predict
     from tfsync.jobrun import run_job
-    from tfsync.predict import default_trainer
+
+    class Fitted(predict.NARX):
+        def __init__(self, **options):
+            super().__init__(**{"fit": fit, **options})
 
     run_dir = os.path.join(args.out, "bench_sizing_overhead_run")
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -100,27 +120,32 @@ def real_run(args) -> tuple[dict, list[dict]]:
     cfg = job_config("sizing-overhead", run_dir, {"name": "lbbsp", "predictor": "narx"}, model=args.model,
                      batch_size=args.batch_size, samples=args.rounds * n * args.batch_size, lr=args.lr,
                      workers=n)
-    print(f"real: {n} workers + 1 PS, {args.model}, B={args.batch_size}, LB-BSP with NARX, "
+    print(f"real: {n} workers + 1 PS, {args.model}, B={args.batch_size}, LB-BSP with NARX ({fit} fit), "
           f"{args.rounds} rounds", flush=True)
+    before, predict.REGISTRY["narx"] = predict.default_trainer().stats(), Fitted
     pinner = WorkerPinner().start()
     try:
         summary = run_job(cfg, progress=progress_printer(20.0), data_path=args.data)
     finally:
         pinner.stop()
+        predict.REGISTRY["narx"] = predict.NARX
     stats = summary["timeline"][0]["stats"]
     pushes = read_pushes(run_dir)
     rt = round_times(pushes)
     iteration_ms = 1e3 * statistics.fmean(rt)
     cost_ms = stats["sizing_ms_mean"] + n * stats["observe_ms_mean"]
-    train = default_trainer().stats()
-    row = {"setting": "real", "workers": n, "rounds": stats["decisions"], "iteration_ms": round(iteration_ms, 2),
+    barrier_ms = stats["sizing_ms_mean"] + stats["observe_ms_mean"]  # the round's last push only
+    after = predict.default_trainer().stats()
+    train = {k: after[k] - before[k] for k in ("seconds", "fits")}
+    row = {"setting": f"real ({fit} fit)", "workers": n, "rounds": stats["decisions"], "iteration_ms": round(iteration_ms, 2),
            "sizing_ms_mean": round(stats["sizing_ms_mean"], 4), "sizing_ms_max": round(stats["sizing_ms_max"], 3),
            "observe_ms_mean": round(stats["observe_ms_mean"], 4), "policy_ms_per_round": round(cost_ms, 4),
-           "overhead_pct": round(100 * cost_ms / iteration_ms, 4), "wall_share_pct": round(100 * stats["share"], 4),
+           "barrier_ms_per_round": round(barrier_ms, 4), "overhead_pct": round(100 * barrier_ms / iteration_ms, 4),
+           "cpu_pct": round(100 * cost_ms / iteration_ms, 4), "wall_share_pct": round(100 * stats["share"], 4),
            "background_train_s": round(train["seconds"], 1), "narx_fits": train["fits"],
            "train_s": round(summary["wall_s"] - summary["init_s"], 1)}
-    print(f"  {row['overhead_pct']:.3f} % of a {iteration_ms:.0f} ms round (sizing {row['sizing_ms_mean']:.3f} ms + "
-          f"{n} x observe {row['observe_ms_mean']:.3f} ms); NARX training {row['background_train_s']} s in "
+    print(f"  barrier {row['overhead_pct']:.3f} % of a {iteration_ms:.0f} ms round (sizing {row['sizing_ms_mean']:.3f} ms "
+          f"+ observe {row['observe_ms_mean']:.3f} ms), policy CPU {row['cpu_pct']:.3f} %; NARX training {row['background_train_s']} s in "
           f"{train['fits']} fits in the background", flush=True)
     return row, pushes
 
@@ -151,10 +176,12 @@ def sim_run(n: int, rounds: int, batch_size: int, step_s: float, weights: dict, 
     st = res.stats
     round_ms = 1e3 * res.time / res.updates
     policy_ms = 1e3 * policy.wall / res.updates
+    barrier_ms = 1e3 * policy.barrier / res.updates
     return {"setting": "sim", "workers": n, "rounds": res.updates, "iteration_ms": round(round_ms, 2),
             "sizing_ms_mean": round(st["sizing_ms_mean"], 4), "sizing_ms_max": round(st["sizing_ms_max"], 3),
             "observe_ms_mean": round(st["observe_ms_mean"], 4), "policy_ms_per_round": round(policy_ms, 4),
-            "overhead_pct": round(100 * policy_ms / round_ms, 4), "wall_share_pct": "",
+            "barrier_ms_per_round": round(barrier_ms, 4), "overhead_pct": round(100 * barrier_ms / round_ms, 4),
+            "cpu_pct": round(100 * policy_ms / round_ms, 4), "wall_share_pct": "",
             "background_train_s": "", "narx_fits": "", "train_s": round(wall, 1)}
 
 
@@ -168,11 +195,13 @@ def plot(path: str, rows: list[dict]) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['setting']} n={r['workers']}" for r in rows]
-    size = [100 * r["sizing_ms_mean"] / r["iteration_ms"] for r in rows]
-    rest = [r["overhead_pct"] - s for r, s in zip(rows, size)]
-    ax.bar(labels, size, color="#4878a8", label="sizing (predict() per worker + rule)")
-    ax.bar(labels, rest, bottom=size, color="#c44e52", label="observing (predictor update) + rest of on_push")
-    ax.axhline(TARGET_PCT, color="black", ls="--", lw=1, label=f"target {TARGET_PCT} %")
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["overhead_pct"] for r in rows], 0.4, color="#4878a8",
+           label="critical path: the round's last push (observe + sizing)")
+    ax.bar([i + 0.2 for i in x], [r["cpu_pct"] for r in rows], 0.4, color="#c44e52",
+           label="policy CPU: every push's observe + prediction, and sizing")
+    ax.set_xticks(list(x), labels)
+    ax.axhline(TARGET_PCT, color="black", ls="--", lw=1, label=f"target {TARGET_PCT} % (critical path)")
     ax.set_ylabel("% of iteration time")
     ax.set_title("LB-BSP (NARX) overhead per round")
     ax.legend(fontsize=8)
@@ -184,6 +213,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=1000, help="rounds (iterations) per run, real and simulated")
     p.add_argument("--workers", type=int, default=4, help="real workers")
+    p.add_argument("--narx-fits", default="lbfgs,adam",
+                   help="real runs, one per NARX fit, side by side (lbfgs: the default; adam: the paper's)")
     p.add_argument("--sim-workers", default="4,32,96", help="simulated cluster sizes")
     p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "linear"))
     p.add_argument("--batch-size", type=int, default=128, help="B per worker")
@@ -203,15 +234,17 @@ def main(argv=None) -> int:
         with open(os.path.join(args.real_run, "summary.json")) as f:
             print(f"real run reused from {args.real_run}: {json.load(f)['timeline'][0]['stats']}")
     else:
-        row, pushes = real_run(args)
-        rows.append(row)
+        for i, fit in enumerate(args.narx_fits.split(",")):
+            row, run_pushes = real_run(args, fit)
+            rows.append(row)
+            pushes = run_pushes if i == 0 else pushes  # the simulated runs use the first run's speeds
     step_s = args.step_ms / 1e3 if args.step_ms else statistics.fmean(round_times(pushes))
     weights = narx_weights(pushes)
     for n in [int(x) for x in args.sim_workers.split(",")]:
         r = sim_run(n, args.rounds, args.batch_size, step_s, weights, args.seed)
         rows.append(r)
-        print(f"sim n={n}: {r['overhead_pct']:.3f} % of a {r['iteration_ms']:.0f} ms round "
-              f"(policy {r['policy_ms_per_round']:.3f} ms per round: sizing {r['sizing_ms_mean']:.3f} ms, "
+        print(f"sim n={n}: barrier {r['overhead_pct']:.3f} % of a {r['iteration_ms']:.0f} ms round, policy CPU "
+              f"{r['cpu_pct']:.3f} % ({r['policy_ms_per_round']:.3f} ms per round: sizing {r['sizing_ms_mean']:.3f} ms, "
               f"observe {r['observe_ms_mean']:.4f} ms x {n}); {r['train_s']} s wall", flush=True)
     path = os.path.join(args.out, "bench_sizing_overhead.csv")
     with open(path, "w", newline="") as f:
