@@ -12,6 +12,7 @@ reason and the hook goes on serving. Every call requires the job token
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import psutil
 
 from tfsync import safefile
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.hooks import firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
 from tfsync.hooks.tasks import (ENV_ALLOWLIST, TASK_COMMAND, TASK_JOBS, Task, TaskConflictError, TaskLaunchError,
@@ -103,7 +105,8 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
                                              dict(request.env), request.netns, self._workdir(request))
         if wait > 0:
             self.supervisor.wait_ready(tasks, wait)
-        return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes)
+        return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes,
+                                           task_ports=self.supervisor.protection(tasks))
 
     def _workdir(self, request) -> str | None:
         if request.stage_id and request.workdir:
@@ -181,6 +184,7 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
             job_id=job_id, cpu_count=psutil.cpu_count() or 1)
 
     def Health(self, request, context):
+        self.supervisor.refresh_firewall()   # ports of tasks that ended leave it (coordinators poll Health)
         return node_hook_pb2.HealthResponse(
             node=self.node, pid=os.getpid(), uptime_s=time.monotonic() - self._born, time=time.time(),
             tasks=[_status(t) for t in self.supervisor.tasks()], version=VERSION)
@@ -208,16 +212,29 @@ class HookServer:
 
 def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig | None = None,
           log_dir: str | None = None, node: str | None = None, allow_remote: bool = False,
-          max_workers: int = 16, task_command=TASK_COMMAND) -> tuple[HookServer, int]:
+          max_workers: int = 16, task_command=TASK_COMMAND, task_allow=()) -> tuple[HookServer, int]:
     """Start a NodeHook server; returns it (``.stop()`` kills its tasks too) and its port.
 
     ``max_workers`` bounds concurrent calls; each open StreamResources holds one.
     ``task_command``: the program of a task (``tfsync.hooks.tasks.TASK_COMMAND``).
+    ``task_allow``: addresses (or networks) the firewall lets reach the task ports besides
+    the cluster's hosts and loopback. Without a firewall (no root, no ``nft``) a warning
+    says so, once.
     """
     log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
+    for a in task_allow:
+        try:
+            ipaddress.ip_network(a, strict=False)
+        except ValueError:
+            raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
     server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
                                          max_workers=max_workers)
-    supervisor, stopping = TaskSupervisor(log_dir, task_command=task_command), threading.Event()
+    fw, why = firewall.open_firewall(port, task_allow)
+    if fw is None:
+        logger.warning("tfsync hook: TF task ports of this node will listen on every interface, unprotected "
+                       "(no firewall): %s", why)
+    supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why)
+    stopping = threading.Event()
     node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),
                                                       server)
     server.start()
@@ -239,6 +256,9 @@ def main(argv=None) -> int:
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --listen address")
+    p.add_argument("--task-allow", action="append", default=[], metavar="ADDRESS",
+                   help="also let this address or network reach the task ports through the hook's firewall (a NAT "
+                        "or relay between the nodes); the cluster's hosts and loopback always can")
     args = p.parse_args(argv)
     try:
         if args.init_token and not os.path.lexists(args.token_file):
@@ -248,7 +268,7 @@ def main(argv=None) -> int:
         token = auth.read_token(args.token_file)
         tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
-                             node=args.node)
+                             node=args.node, task_allow=args.task_allow)
     except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
         print(f"tfsync hook: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,9 @@ Commands are built here, never received: a request names a cluster spec, a job n
 an index, and the hook runs ``python -m tfsync.engine.server`` for it with the command
 line and environment ``tfsync.taskcmd`` builds for ``tfsync.engine.cluster.LocalCluster``
 too (own session, log file, ``--parent-pid`` so a task exits when its hook dies). Only
-processes started here are ever signalled.
+processes started here are ever signalled. Tasks in the hook's own network namespace are
+behind its firewall where it has one (``tfsync.hooks.firewall``): only the hosts of their
+cluster spec reach their ports.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from tfsync import netns as netns_
 from tfsync import safefile, taskcmd
+from tfsync.hooks import firewall as fw
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name
 TASK_COMMAND = taskcmd.SERVER
 # The spec travels as one command-line argument: Linux takes at most 128 KiB in one.
 MAX_SPEC_BYTES = 120 * 1024
+MAX_SPEC_NAMES = 256   # host names of one spec the firewall resolves (addresses: no limit)
 
 
 def shown(value, limit: int = 60) -> str:
@@ -112,6 +116,33 @@ def check_task(spec: dict, job: str, index: int) -> str:
     return spec[job][index]
 
 
+def resolve(host: str) -> set[str]:
+    """The addresses a host name has on this node (OSError: none)."""
+    return {info[4][0].split("%")[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+
+
+def spec_sources(spec: dict) -> tuple[tuple[str, ...], list[str]]:
+    """The addresses of the spec's hosts (names resolved here) and notes on names that
+    do not resolve (their connections will be dropped by the firewall)."""
+    hosts = {a.rsplit(":", 1)[0].strip("[]") for addresses in spec.values() for a in addresses}
+    out, names, notes = set(), [], []
+    for host in hosts:
+        try:
+            out.add(str(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(host)
+    if len(names) > MAX_SPEC_NAMES:
+        raise TaskRequestError(f"cluster spec names {len(names)} hosts by name; the hook's firewall resolves at "
+                               f"most {MAX_SPEC_NAMES} (give addresses)")
+    for host in sorted(names):
+        try:
+            out.update(resolve(host))
+        except (OSError, UnicodeError):
+            notes.append(f"cluster host {shown(host)} does not resolve on this node: the firewall drops its "
+                         "connections to the task ports")
+    return tuple(sorted(out)), notes
+
+
 def check_env(env: dict) -> dict:
     for name, value in env.items():
         if name not in ENV_ALLOWLIST:
@@ -164,6 +195,11 @@ class Task:
     restarts: int = 0
     stopped: bool = False     # killed by the hook (not exited by itself)
     ready: bool = False       # its port has been seen open
+    sources: tuple[str, ...] = ()   # the spec's host addresses: what the firewall lets reach its port
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -190,9 +226,14 @@ class TaskSupervisor:
 
     ``task_command`` is the program each task runs (the TF server by default; tests pass a
     stand-in). It is fixed when the hook starts and never comes from a request.
+    ``firewall``: the hook's (``tfsync.hooks.firewall``), kept holding the ports of the
+    live tasks that run in the hook's own namespace; None: those ports are open, and
+    ``open_reason`` says why.
     """
 
-    def __init__(self, log_dir: str, kill_timeout: float = 10.0, task_command=TASK_COMMAND):
+    def __init__(self, log_dir: str, kill_timeout: float = 10.0, task_command=TASK_COMMAND,
+                 firewall: fw.Firewall | None = None, open_reason: str = "no firewall was asked for"):
+        self.firewall, self.open_reason = firewall, open_reason
         self.log_dir = log_dir
         self.task_command = tuple(task_command)
         self.kill_timeout = kill_timeout
@@ -223,8 +264,10 @@ class TaskSupervisor:
             raise TaskRequestError("StartTasks names no tasks; expected at least one (job, index) of the spec")
         addresses = [check_task(spec, job, index) for job, index in refs]
         env, canonical = check_env(env), json.dumps(spec, sort_keys=True)
-        out, notes = [], []
+        sources, notes = spec_sources(spec) if self.firewall is not None and not netns else ((), [])
+        out = []
         with self._lock:
+            todo = []
             for (job, index), address in zip(refs, addresses):
                 old = self._tasks.get((job_id, job, index))
                 if old is not None and old.proc.poll() is None:
@@ -232,13 +275,55 @@ class TaskSupervisor:
                         raise TaskConflictError(f"task {job}:{index} of job {job_id!r} runs with another cluster "
                                                 "spec; StopTasks it first")
                     notes.append(f"{job}:{index} already running (pid {old.proc.pid})")
+                    todo.append((old, None))
+                else:
+                    todo.append((old, address))
+            if not netns:   # their ports guarded before they open
+                self._guard([(job_id, int(a.rsplit(":", 1)[1]), sources) for _, a in todo if a is not None])
+            for (job, index), (old, address) in zip(refs, todo):
+                if address is None:
                     out.append(old)
                     continue
                 task = self._launch(job_id, job, index, canonical, env, address, netns, cwd)
-                task.restarts = old.restarts if old else 0
+                task.restarts, task.sources = (old.restarts if old else 0), sources
                 self._tasks[task.key] = task
                 out.append(task)
         return out, notes
+
+    def _guard(self, pending=()) -> None:
+        """Make the firewall hold the ports of the live tasks in this namespace and of
+        ``pending`` ``(job_id, port, sources)``; on failure it is dropped (and said once):
+        the ports are open from then on, and replies say so. Called with the lock held."""
+        if self.firewall is None:
+            return
+        jobs: dict[str, tuple[set, set]] = {}
+        live = [(t.job_id, t.port, t.sources) for t in self._tasks.values() if not t.netns and t.proc.poll() is None]
+        for job_id, port, sources in [*live, *pending]:
+            ports, allowed = jobs.setdefault(job_id, (set(), set()))
+            ports.add(port)
+            allowed.update(sources)
+        try:
+            self.firewall.sync([fw.Guard(j, tuple(sorted(p)), tuple(sorted(a))) for j, (p, a) in sorted(jobs.items())])
+        except (fw.FirewallError, ValueError) as e:
+            logger.warning("tfsync hook: the firewall failed, task ports of this node are open from now on: %s", e)
+            self.firewall.close()
+            self.firewall, self.open_reason = None, f"the firewall failed: {e}"
+
+    def refresh_firewall(self) -> None:
+        """Drop the ports of tasks that ended by themselves from the firewall."""
+        with self._lock:
+            self._guard()
+
+    def protection(self, tasks: list[Task]) -> str:
+        """What keeps others off ``tasks``' ports, in one line (for StartTasks replies)."""
+        if tasks and all(t.netns for t in tasks):
+            return f"private network namespace {tasks[0].netns} of the node: not reachable from other machines"
+        if self.firewall is None:
+            return f"every interface, unprotected: {self.open_reason}"
+        ports = sorted({t.port for t in tasks if not t.netns})
+        sources = sorted({*fw.LOOPBACK, *self.firewall.allow, *(s for t in tasks for s in t.sources)})
+        return (f"firewalled: port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))} of this node accept "
+                f"only {', '.join(sources)} (nftables table inet {self.firewall.table})")
 
     def _launch(self, job_id, job, index, spec_json, env, address, netns="", cwd=None) -> Task:
         cmd = taskcmd.task_command(spec_json, job, index, program=self.task_command)
@@ -291,6 +376,7 @@ class TaskSupervisor:
                     notes.append(f"{task.job}:{task.index} already ended (code {task.proc.returncode})")
                 self._kill(task)
                 logger.info("stopped %s %s:%d (pid %d)", job_id, task.job, task.index, task.proc.pid)
+            self._guard()
         return found, notes
 
     def restart(self, job_id: str, job: str, index: int, expected_pid: int = 0) -> Task:
@@ -305,8 +391,9 @@ class TaskSupervisor:
                 return old  # a retried restart: it happened already
             self._kill(old)
             task = self._launch(job_id, job, index, old.spec_json, old.env, old.address, old.netns, old.cwd)
-            task.restarts = old.restarts + 1
+            task.restarts, task.sources = old.restarts + 1, old.sources
             self._tasks[task.key] = task
+            self._guard()
             return task
 
     def free_ports(self, first: int, last: int, count: int) -> list[int]:
@@ -338,8 +425,11 @@ class TaskSupervisor:
             time.sleep(0.05)
 
     def shutdown(self) -> None:
-        """Kill every task process this hook started."""
+        """Kill every task process this hook started, then remove its firewall table."""
         with self._lock:
             tasks = list(self._tasks.values())
         for task in tasks:
             self._kill(task)
+        with self._lock:
+            if self.firewall is not None:
+                self.firewall.close()

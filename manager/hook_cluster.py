@@ -214,6 +214,19 @@ class HookCluster:
     def job_id(self) -> str:
         return self.launcher.job_id
 
+    def task_ports(self) -> str | dict[str, str]:
+        """What protects this generation's task ports (summary.json's ``task_ports``): the
+        private network's description, or per node (hook address) what its hook said,
+        with the coordinator's own TF server (the chief), which listens on every
+        interface of this machine."""
+        if self.network is not None:
+            return netns.describe(self.network)
+        out = {"coordinator": f"every interface, unprotected: the coordinator's own TF server ({self.spec['chief'][0]})"
+                              " is not firewalled"}
+        for h, text in sorted(self.launcher.task_ports.items()):
+            out[self.launcher.addresses[h]] = text
+        return out
+
     def launch(self) -> "HookCluster":
         """Ask every hook to start its tasks (in the background: ``wait_ready`` waits)."""
         def start():

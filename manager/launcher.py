@@ -55,6 +55,18 @@ def file_digest(path: str) -> tuple[str, int]:
     return _digests[key]
 
 
+UNKNOWN_PORTS = "every interface, unprotected as far as is known: the hook did not say (older than this tfsync)"
+_warned: set[str] = set()
+
+
+def _warn_open(address: str, task_ports: str) -> None:
+    """Say once per hook (in this process) that its task ports are open."""
+    if task_ports.startswith(("firewalled", "private network namespace")) or address in _warned:
+        return
+    _warned.add(address)
+    logger.warning("TF task ports on the node of hook %s listen on %s", address, task_ports)
+
+
 class LaunchError(RuntimeError):
     """A hook refused or failed a call, or a task did not come up; the message names both."""
 
@@ -139,6 +151,7 @@ class HookLauncher:
         self.restart_s: float | None = None
         self.stop_s: float | None = None
         self.calls: list[CallTiming] = []
+        self.task_ports: dict[int, str] = {}   # hook index -> what its StartTasks said protects its task ports
         self._touched: set[int] = set()   # hooks sent a StartTasks: the ones stop() must clean
         self._closed = False
 
@@ -293,6 +306,8 @@ class HookLauncher:
                 raise self._rpc_error(hook, "StartTasks", mine, e) from None
             for s in reply.tasks:   # recorded before the readiness check so stop() can see them
                 self.status[(s.task.job, s.task.index)] = s
+            self.task_ports[hook] = reply.task_ports or UNKNOWN_PORTS
+            _warn_open(self.addresses[hook], self.task_ports[hook])
             statuses = self._check(hook, reply.tasks, t0 + self.timeout, "StartTasks")
             for s in statuses:
                 self.status[(s.task.job, s.task.index)] = s

@@ -196,6 +196,33 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
     assert summary["checkpoints"][-1]["why"] == "final"
 
 
+def test_a_ps_that_dies_during_a_periodic_checkpoint_is_recovered(tiny_problem, tmp_path, monkeypatch):
+    """The PS is killed just as a periodic checkpoint starts (CI: the save raised
+    UnavailableError "Socket closed" and the run failed): the engine restarts the cluster
+    from the checkpoint before and finishes."""
+    import signal
+
+    import psutil
+
+    from tfsync.engine.checkpoints import CheckpointDir
+
+    engine, saves, real_save = None, [], CheckpointDir.save
+
+    def save_after_killing_the_ps(self, generation, number):
+        saves.append(number)
+        if len(saves) == 2:  # the second periodic checkpoint: one exists to restore from
+            ps = psutil.Process(engine.task_pid("ps", 0))
+            ps.send_signal(signal.SIGKILL)
+            ps.wait(10)
+        return real_save(self, generation, number)
+
+    monkeypatch.setattr(CheckpointDir, "save", save_after_killing_the_ps)
+    engine = _engine(tiny_problem, tmp_path, checkpoint_every=4)
+    summary = engine.run([Phase(BSP(FixedSizer([8, 8])))], total_samples=320)
+    assert [r["task"] for r in summary["recoveries"]] == ["ps:0"]
+    assert summary["samples"] >= 320
+
+
 def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path):
     engine = _engine(tiny_problem, tmp_path)
     summary = engine.run([Phase(ASP(FixedSizer([8, 16])))], total_samples=400)

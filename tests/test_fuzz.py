@@ -25,6 +25,7 @@ from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc, node_hook_p
 from tfsync.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
+from tfsync.hooks import tasks as hook_tasks
 from tfsync.hooks.tasks import ENV_ALLOWLIST
 from tfsync.manager import auth, transport
 from tfsync.manager.daemon import StandaloneService
@@ -638,8 +639,16 @@ def test_fuzzed_manager_calls_get_proper_statuses(manager, monkeypatch, caplog):
 
 # ---- the hook -----------------------------------------------------------------------------
 
+def loopback_only(host):
+    """A resolver that asks no name server (the fuzzed specs' names stay on this machine)."""
+    if host != "localhost":
+        raise OSError(f"{host} is not resolved in this test")
+    return {"127.0.0.1", "::1"}
+
+
 @pytest.fixture
-def hook(sandbox):
+def hook(sandbox, monkeypatch):
+    monkeypatch.setattr(hook_tasks, "resolve", loopback_only)   # the hook's firewall resolves the spec's names
     logs = sandbox / "hook-logs"
     token = auth.new_token()
     # the task program ignores its arguments and exits: no TF process, ever

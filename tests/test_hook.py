@@ -2,6 +2,7 @@
 and a stand-in task program that only opens its port (unit tests)."""
 
 import json
+import subprocess
 import sys
 import textwrap
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import free_ports
-from tfsync.hooks import node
+from tfsync.hooks import firewall, node
 from tfsync.hooks.tasks import port_open
 from tfsync.manager import auth, transport
 
@@ -172,12 +173,29 @@ def test_retries_and_unknown_tasks(make_hook):
 
 @pytest.mark.unit
 def test_stopping_the_hook_kills_its_tasks(make_hook):
+    """... and removes its firewall table, which the reply named (or the reply says the
+    ports are open, and why)."""
     stub, hook, _, _ = make_hook()
-    tasks = _start(stub, _spec(workers=1), tasks=[("ps", 0), ("worker", 0)]).tasks
-    pids = [t.pid for t in tasks]
+    spec = _spec(workers=1)
+    reply = _start(stub, spec, tasks=[("ps", 0), ("worker", 0)])
+    pids = [t.pid for t in reply.tasks]
     assert all(psutil.pid_exists(p) for p in pids)
+    fw = hook.supervisor.firewall
+    if firewall.unavailable_reason() is None:
+        ports = sorted(int(a.rsplit(":", 1)[1]) for a in spec["ps"] + spec["worker"])
+        assert reply.task_ports == (f"firewalled: ports {ports[0]}, {ports[1]} of this node accept only 127.0.0.0/8, "
+                                    f"127.0.0.1, ::1 (nftables table inet {fw.table})")
+        assert fw.table in _nft_tables()
+    else:
+        assert fw is None and reply.task_ports.startswith("every interface, unprotected: ")
     hook.stop(grace=None)
     assert all(_gone(p) for p in pids)
+    if fw is not None:
+        assert fw.table not in _nft_tables()
+
+
+def _nft_tables() -> str:
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.mark.unit

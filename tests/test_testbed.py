@@ -1,9 +1,12 @@
 """The testbed (tfsync.testbed): separate hosts on this machine as network namespaces on a
 bridge, every connection through the latency relay, each node with a /tmp of its own.
-A real job trains there with each task on its own node and no shared run directory.
-Needs root and iproute2: skipped, saying why, without them."""
+A real job trains there with each task on its own node and no shared run directory, and
+its task ports are behind each node hook's firewall: another host on the nodes' network
+is refused. Needs root and iproute2 (and nftables for the firewall): skipped, saying
+why, without them."""
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -16,9 +19,11 @@ import pytest
 from test_control import kill_if_running
 from test_resume import records
 
+from tfsync.hooks import firewall
 from tfsync.testbed import bed as testbed
 
 REASON = testbed.unavailable_reason()
+FIREWALL = firewall.unavailable_reason()   # the nodes' hooks share this kernel and tools
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(REASON is not None, reason=f"no testbed here: {REASON}")]
 
 ECHO = textwrap.dedent("""
@@ -105,6 +110,40 @@ def _node_dies(bed, node):
             os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _outsider(bed):
+    """Another host on the testbed's bridge, not in the cluster: a namespace of the test's
+    own with an address of the nodes' network (.250), reaching the nodes directly."""
+    ns = f"tfsynctest-out-{os.getpid()}"
+    net = ipaddress.ip_network(f"{bed.node('c').address}/24", strict=False)
+    try:
+        for cmd in (["netns", "add", ns], ["-n", ns, "link", "set", "lo", "up"],
+                    ["-n", bed.wire, "link", "add", "v-out", "type", "veth", "peer", "name", "eth0", "netns", ns],
+                    ["-n", bed.wire, "link", "set", "v-out", "master", "br0", "up"],
+                    ["-n", ns, "addr", "add", f"{net[250]}/24", "dev", "eth0"],
+                    ["-n", ns, "link", "set", "eth0", "up"]):
+            subprocess.run(["ip", *cmd], check=True, capture_output=True, timeout=30)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)   # its veth goes with it
+
+
+PROBE = """
+import errno, socket, sys
+s = socket.socket(); s.settimeout(1.5)
+code = s.connect_ex((sys.argv[1], int(sys.argv[2])))
+print({0: "open", errno.ECONNREFUSED: "refused", errno.EAGAIN: "no answer"}.get(code, errno.errorcode.get(code, code)))
+"""
+
+
+def _probes(targets: dict) -> dict:
+    """``{name: (netns, host, port)}`` -> ``{name: "open" | "refused" | "no answer" | errno}``:
+    a TCP connect from each namespace, all at once ("no answer" within 1.5 s: dropped)."""
+    procs = {name: subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, host, str(port)],
+                                    stdout=subprocess.PIPE, text=True) for name, (ns, host, port) in targets.items()}
+    return {name: p.communicate(timeout=30)[0].strip() for name, p in procs.items()}
+
+
 def _job(tmp_path, bed, name, epochs, checkpoint_every):
     run_dir = tmp_path / name
     job = tmp_path / f"{name}.toml"
@@ -131,20 +170,31 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
     """PS on n1, workers on n2 and n3, the coordinator on c; the run directory is in this
     machine's /tmp, which no node sees: the hooks are sent the data (StageFile) and the
     coordinator writes the checkpoints. While it runs, n2's task port listens only in n2's
-    namespace, whose only address is n2's."""
-    run_dir, coordinator = _job(tmp_path, bed, "testbed", 0.1, 40)
-    listening, addresses = [], ""
-    try:
-        deadline = time.monotonic() + 120
-        while not listening and time.monotonic() < deadline and coordinator.poll() is None:
-            ss = subprocess.run(bed.command("n2", ["ss", "-Hltn"]), capture_output=True, text=True).stdout
-            listening = [line.split()[3] for line in ss.splitlines() if ":200" in line.split()[3]]
-            time.sleep(0.2)
-        addresses = subprocess.run(bed.command("n2", ["ip", "-o", "-4", "addr"]), capture_output=True,
-                                   text=True).stdout
-        out, _ = coordinator.communicate(timeout=300)
-    finally:
-        kill_if_running(coordinator)
+    namespace, whose only address is n2's, and n2's hook firewall refuses it to another
+    host on the bridge and to the bridge's own address (the relay's, for clients that are
+    not nodes), while that host reaches n2's hook port and the cluster trains."""
+    n2 = bed.node("n2")
+    listening, addresses, probes = [], "", {}
+    with _outsider(bed) as outsider:
+        run_dir, coordinator = _job(tmp_path, bed, "testbed", 0.1, 40)
+        try:
+            deadline = time.monotonic() + 120
+            while not listening and time.monotonic() < deadline and coordinator.poll() is None:
+                ss = subprocess.run(bed.command("n2", ["ss", "-Hltn"]), capture_output=True, text=True).stdout
+                listening = [line.split()[3] for line in ss.splitlines() if ":200" in line.split()[3]]
+                time.sleep(0.2)
+            addresses = subprocess.run(bed.command("n2", ["ip", "-o", "-4", "addr"]), capture_output=True,
+                                       text=True).stdout
+            if listening:   # while the job runs; the task's port is open on n2 itself before and after
+                port = int(listening[0].rsplit(":", 1)[1])
+                probes = _probes({"task port on n2's loopback": (n2.netns, "127.0.0.1", port)})
+                probes.update(_probes({"hook port from another host": (outsider, n2.address, testbed.HOOK_PORT),
+                                       "task port from another host": (outsider, n2.address, port),
+                                       "task port from the bridge": (bed.wire, n2.address, port)}))
+                probes.update(_probes({"task port on n2's loopback, after": (n2.netns, "127.0.0.1", port)}))
+            out, _ = coordinator.communicate(timeout=300)
+        finally:
+            kill_if_running(coordinator)
     assert coordinator.returncode == 0, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.8
@@ -164,6 +214,25 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
         with open(path, "rb") as a, open(run_dir / "data" / os.path.basename(path), "rb") as b:
             assert a.read() == b.read()
     assert not os.path.exists(f"{hook_root}{run_dir}")
+    # what protected the task ports, per node, as the hooks said; the coordinator's own TF server is open
+    ports = summary["task_ports"]
+    assert sorted(ports) == sorted(["coordinator", *bed.hooks]), ports
+    assert ports["coordinator"].startswith("every interface, unprotected: ")
+    if FIREWALL is not None:
+        assert all(ports[h].startswith(f"every interface, unprotected: {FIREWALL}") for h in bed.hooks), ports
+        pytest.skip(f"the job ran; its firewall checks did not: {FIREWALL}")
+    for h in bed.hooks:
+        assert ports[h].startswith("firewalled: ") and bed.node("c").advertised in ports[h], ports[h]
+    # another host reaches n2 (its hook port), but its packets to the task port are dropped (no
+    # answer, not refused: the task listened all along), as are the bridge's own
+    assert probes == {"task port on n2's loopback": "open", "hook port from another host": "open",
+                      "task port from another host": "no answer", "task port from the bridge": "no answer",
+                      "task port on n2's loopback, after": "open"}, probes
+    # the table went with the tasks; the hook never said its ports were open
+    assert "tfsync_hook" not in subprocess.run(bed.command("n2", ["nft", "list", "tables"]), capture_output=True,
+                                               text=True, check=True).stdout
+    with open(os.path.join(bed.dir, "hook-n2.log")) as f:
+        assert "unprotected" not in f.read()
 
 
 def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):

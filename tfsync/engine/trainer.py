@@ -429,8 +429,14 @@ class Engine:
                 self.progress(self, policy, total)
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
                     and self.state.samples < end_samples:
-                self.drain(policy)
-                self.checkpoint("periodic")
+                try:
+                    self.drain(policy)
+                    self.checkpoint("periodic")
+                except (EngineError, ChannelError, tf.errors.UnavailableError):
+                    # the PS died during the save (CI: UnavailableError "Socket closed" from it)
+                    if not recover_lost_ps(self, phase, wait_s=5.0):
+                        raise
+                    continue
                 self.apply(policy.start(self.view()))
         self.drain(policy)
 
@@ -659,7 +665,9 @@ class Engine:
             "evals": [e.to_dict() for e in self.evals],
             "converged_accuracy": converged_accuracy(curve) if curve else acc,
             "evals_skipped": self.evaluator.skipped if self.evaluator is not None else 0,
-            "task_ports": netns.describe(getattr(self._gen.cluster, "network", None)),
+            # what protects the task ports: a string (local cluster), or per node (hooks)
+            "task_ports": self._gen.cluster.task_ports() if hasattr(self._gen.cluster, "task_ports")
+            else netns.describe(getattr(self._gen.cluster, "network", None)),
             # each worker's last CPU/memory reading (cpu: contention; "node" where its hook measured it)
             "resources": {str(w): r for w, r in sorted(self.monitor.latest().items())},
         }

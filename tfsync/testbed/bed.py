@@ -14,8 +14,13 @@ Layout (slot ``s``: several testbeds can be up at once):
   (the hook binds it), and whose only other route is to the *advertised* addresses
   ``198.18.<2s+1>.<10+k>``: those live in the wire namespace, where the relay listens on
   the hook port and every task port and passes each connection on to the node's own
-  address after the sending node's latency. The cluster spec names advertised
-  addresses, so every connection between tasks crosses the relay;
+  address after the sending node's latency, from the sender's advertised address. The
+  cluster spec names advertised addresses, so every connection between tasks crosses
+  the relay;
+- each node's hook firewalls its task ports (``tfsync.hooks.firewall``): the spec's
+  hosts, loopback and the coordinator's node as the relay presents it (its advertised
+  address: the spec names the coordinator by its own address, ``HookNodes.chief_host``)
+  reach them, no other host on the bridge does;
 - bandwidth: a ``tbf`` qdisc on both ends of a node's veth (its upload and download);
 - a node's hook runs in its own mount namespace with an empty tmpfs over each
   ``private`` directory (``/tmp`` by default): a node sees nothing the coordinator
@@ -224,6 +229,7 @@ class Testbed:
                 continue
             argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tfsync.testbed.node",
                     "--listen", f"{node.address}:{HOOK_PORT}", "--token-file", self.token_file, "--node", node.name,
+                    "--task-allow", self.nodes[COORDINATOR].advertised,
                     *[a for d in self.private for a in ("--private", d)]]
             node.pid = self._spawn(node.netns, argv, f"hook-{node.name}.log", "tfsync hook listening")
             say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")

@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--token-file", required=True)
     p.add_argument("--private", action="append", default=[], help="a directory this node sees empty")
     p.add_argument("--node", required=True, help="the node's name (n1, n2, ...)")
+    p.add_argument("--task-allow", action="append", default=[], help="passed on to the hook (its firewall)")
     args = p.parse_args(argv)
     token = auth.read_token(args.token_file)
     for d in args.private:
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     token_file = os.path.join(work, "token")
     auth.write_token(token_file, token)
     return hook.main(["--listen", args.listen, "--token-file", token_file, "--log-dir", work, "--allow-remote",
-                      "--node", args.node])
+                      "--node", args.node, *[a for addr in args.task_allow for a in ("--task-allow", addr)]])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,11 @@ while a job runs.
 The relay listens on every node's advertised address (where the cluster spec points) on
 the hook's port and every task port, and connects to the node's own address on the same
 port: TF checks that a task's port in the spec is the port it serves on, the host may
-differ. ``python -m tfsync.testbed.relay CONFIG`` (run by ``tfsync testbed up`` in the
+differ. It connects *from* the sending node's advertised address, so a node sees each
+peer at the address the cluster spec gives it, as on a real network, and its hook's
+firewall (``tfsync.hooks.firewall``) can tell the cluster's hosts from others; a client
+that is not a node is passed on from the bridge's address, which no firewall lets in.
+``python -m tfsync.testbed.relay CONFIG`` (run by ``tfsync testbed up`` in the
 testbed's wire namespace); the config:
 
     {"nodes": {"n1": {"address": "198.18.0.11", "advertised": "198.18.1.11", "latency_ms": 10}, ...},
@@ -35,6 +39,7 @@ logger = logging.getLogger("tfsync.testbed.relay")
 
 CHUNK = 64 * 1024
 QUEUE_CHUNKS = 256          # at most 16 MiB held per direction of a connection
+CONNECT_TIMEOUT_S = 10.0    # a firewall that drops the relay's connection: the client's ends then
 RELOAD_S = 0.2
 
 
@@ -57,6 +62,7 @@ class Relay:
         self.nodes = config["nodes"]
         self.ports = [tuple(r) for r in config["ports"]]
         self.latency = {n["address"]: n.get("latency_ms", 0.0) / 1000.0 for n in self.nodes.values()}
+        self.advertised = {n["address"]: n["advertised"] for n in self.nodes.values()}
         return True
 
     async def watch(self) -> None:
@@ -81,9 +87,11 @@ class Relay:
     def _handler(self, target: str, port: int):
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             client = writer.get_extra_info("peername")[0]
+            source = self.advertised.get(client)   # the sender as the spec names it; None: not a node
             try:
-                up_reader, up_writer = await asyncio.open_connection(target, port)
-            except OSError:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(
+                    target, port, local_addr=(source, 0) if source else None), CONNECT_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError):
                 writer.close()   # nothing listens there: the client sees the connection end
                 return
             pipes = [asyncio.ensure_future(self._pipe(reader, up_writer, client)),
