@@ -93,11 +93,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="multiply every model's step count")
+    p.add_argument("--models", default=None, help=f"comma-separated model names (default all: {', '.join(MODELS)})")
     p.add_argument("--out", default=os.path.join(ROOT, "results"))
     args = p.parse_args(argv)
     runs = os.path.join(args.out, "bench_user_models_runs")
     rows = []
-    for name, (job, overrides, steps) in MODELS.items():
+    chosen = MODELS if args.models is None else {m: MODELS[m] for m in args.models.split(",")}
+    for name, (job, overrides, steps) in chosen.items():
         cfg, work = workload(job, overrides)
         batch, steps = cfg.train.batch_size, int(steps * args.scale)
         print(f"{name}: {job}, batch {batch} per worker, {steps} steps per configuration", flush=True)
