@@ -13,7 +13,7 @@ setup(
     packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
               "tfsync.datasets", "tfsync.sim", "tfsync.rl", "tfsync.manager", "tfsync.hooks",
               "tfsync.api", "tfsync.api.v1", "tfsync.predict", "tfsync.batching", "tfsync.inject",
-              "tfsync.report", "tfsync.testbed"],
+              "tfsync.report", "tfsync.testbed", "tfsync.examples"],
     # The design card keeps manager/ and hooks/ at the top of the repository; users
     # import them only as tfsync.manager and tfsync.hooks.
     package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},

@@ -39,7 +39,7 @@ def native_fit(data, model_name, workers, batch, steps, lr):
     import tf_keras as keras
 
     from tfsync.engine.cluster import LocalCluster, connect_strategy
-    from tfsync.engine.models import build_model
+    from tfsync.examples import images
 
     with LocalCluster(workers=workers, ps=1) as cluster:
         strategy = connect_strategy(cluster)
@@ -52,7 +52,7 @@ def native_fit(data, model_name, workers, batch, steps, lr):
                 lambda a, b: (tf.cast(a, tf.float32) / 255, b)).prefetch(2)
 
         with strategy.scope():
-            model = build_model(model_name, data.input_shape, data.num_classes)
+            model = getattr(images, model_name)(data.input_shape, data.num_classes)
             model.compile(keras.optimizers.SGD(lr, momentum=0.9),
                           keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           steps_per_execution=1)
@@ -72,11 +72,11 @@ def tfsync_run(data, model_name, workers, batch, steps, lr, phases_spec, out_dir
 
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.models import build_model
+    from tfsync.examples import images
     from tfsync.engine.trainer import Engine, Phase
 
     setup = TrainSetup(
-        lambda: build_model(model_name, data.input_shape, data.num_classes),
+        lambda: getattr(images, model_name)(data.input_shape, data.num_classes),
         lambda: keras.optimizers.SGD(lr, momentum=0.9),
         lambda y, l: keras.losses.sparse_categorical_crossentropy(y, l, from_logits=True),
         data.x_train, data.y_train, max_batch_size=batch)

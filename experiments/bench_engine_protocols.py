@@ -47,13 +47,13 @@ def main(argv=None) -> int:
     from tfsync import policy as P
     from tfsync.data import load
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.models import build_model
+    from tfsync.examples import images
     from tfsync.engine.trainer import Engine, Phase
 
     data = load("mnist", args.data)
     sizes = [int(s) for s in args.sizes.split(",")]
     setup = TrainSetup(
-        lambda: build_model(args.model, data.input_shape, data.num_classes),
+        lambda: getattr(images, args.model)(data.input_shape, data.num_classes),
         lambda: keras.optimizers.SGD(args.lr, momentum=0.9),
         lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True),
         data.x_train, data.y_train, max_batch_size=max(sizes), x_test=data.x_test, y_test=data.y_test)

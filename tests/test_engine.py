@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfsync import arrays
 from tfsync.engine.generation import TrainSetup
 from tfsync.engine.trainer import Engine, EngineError, Phase
 from tfsync.policy import ASP, BSP, SSP, FixedSizer
@@ -26,10 +27,9 @@ def _reference(problem, batch_order, sizes):
     x, y, model_fn, optimizer_fn, loss_fn = problem
     model, opt = model_fn(), optimizer_fn()
     for k in batch_order:
-        k %= len(y) // M  # the input pipeline repeats
-        rows = x[k * M:(k + 1) * M], y[k * M:(k + 1) * M]
-        bx = np.concatenate([rows[0][:b] for b in sizes])
-        by = np.concatenate([rows[1][:b] for b in sizes])
+        k %= arrays.length(y) // M  # the input pipeline repeats
+        rows = arrays.take((x, y), slice(k * M, (k + 1) * M))  # labels may be a dict (several outputs)
+        bx, by = tf.nest.map_structure(lambda a: np.concatenate([a[:b] for b in sizes]), rows)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(by, model(bx))) + sum(model.losses)
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
@@ -114,29 +114,38 @@ def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_
     assert sorted(r["lr"] for r in asp) == pytest.approx(sorted(want), rel=1e-6)
 
 
-@pytest.mark.parametrize("data", ["arrays", "dataset factory"])
+@pytest.mark.parametrize("data", ["two outputs from arrays", "dataset factory"])
 def test_float_targets_stay_floats_and_bsp_regression_equals_the_single_process_reference(tiny_problem, tmp_path,
                                                                                          data):
     """A regression target of 0.49 trains as 0.49 (labels keep their dtype; they were cast
-    to int64), BSP with batch sizes (5, 11) equal to single-process SGD on the 16 rows; the
-    same from a tf.data factory that each worker reads itself."""
+    to int64), BSP with batch sizes (5, 11) equal to single-process SGD on the 16 rows: from
+    arrays with a second, classification head beside it (the labels a dict of a float and
+    an integer array: tests/two_heads.py), and from a tf.data factory that each worker
+    reads itself."""
     import tf_keras as keras
 
     from tfsync import DatasetFactory
 
-    x = tiny_problem[0]
-    y = (x @ np.linspace(-1, 1, 5, dtype=np.float32) * 0.3 + 0.49).astype(np.float32)
+    if data == "two outputs from arrays":
+        import two_heads
 
-    def model_fn():
-        return keras.Sequential([keras.layers.Input((5,)),
-                                 keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
+        x, y = two_heads.data()
+        problem = (x, y, two_heads.build, lambda: keras.optimizers.SGD(0.1), two_heads.loss)
+        assert y["value"].dtype == np.float32 and y["kind"].dtype == np.int64
+    else:
+        x = tiny_problem[0]
+        y = (x @ np.linspace(-1, 1, 5, dtype=np.float32) * 0.3 + 0.49).astype(np.float32)
 
-    def loss_fn(targets, predictions):
-        return keras.losses.mean_squared_error(tf.reshape(targets, (-1, 1)), predictions)
+        def model_fn():
+            return keras.Sequential([keras.layers.Input((5,)), keras.layers.Dense(
+                1, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
 
-    problem = (x, y, model_fn, lambda: keras.optimizers.SGD(0.1), loss_fn)
+        def loss_fn(targets, predictions):
+            return keras.losses.mean_squared_error(tf.reshape(targets, (-1, 1)), predictions)
+
+        problem = (x, y, model_fn, lambda: keras.optimizers.SGD(0.1), loss_fn)
     ref = _reference(problem, [0, 1, 2, 3], (5, 11))
-    if data != "arrays":
+    if data == "dataset factory":
         factory = DatasetFactory(lambda context: tf.data.Dataset.from_tensor_slices((x, y)), examples=len(y))
         problem = (factory, None, *problem[2:])
     engine = _engine(problem, tmp_path)

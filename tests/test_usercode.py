@@ -238,3 +238,109 @@ def test_a_learning_rate_schedule_of_the_users_own_from_a_job_file(tmp_path, mon
     path.write_text(text.replace(old, 'learning_rate = "fast"'))
     with pytest.raises(ConfigError, match='train.learning_rate = "fast": must be a number > 0, a schedule table'):
         load_job(path)
+
+
+def _short_named_job(tmp_path, model="", data="", train=""):
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\n{model}\n[data]\n{data}\n[train]\n{train}\n')
+    return path
+
+
+@pytest.mark.unit
+def test_short_names_are_the_bundled_functions_called_as_user_code(tmp_path):
+    """model.name = "cnn" and data.name = "mnist" stand for tfsync.examples.images:cnn and
+    :mnist, called on the path that data.fn and model.fn take: the same model and data as
+    the references written out, and the job signature the search stores under is that of
+    the short names, as before they were references."""
+    from tfsync.config import DATASETS, MODELS, JobConfig
+    from tfsync.examples import images
+    from tfsync.switch.trials import config_signature
+
+    short = load_job(_short_named_job(tmp_path, data=f'path = "{SAMPLE}"'))
+    assert short.model.function == ("model.name", "tfsync.examples.images:cnn") == ("model.name", MODELS["cnn"])
+    assert short.data.function == ("data.name", "tfsync.examples.images:mnist") == ("data.name", DATASETS["mnist"])
+    (tmp_path / "ref").mkdir()
+    ref = load_job(_short_named_job(
+        tmp_path / "ref", model='fn = "tfsync.examples.images:cnn"\nargs = {input_shape = [28, 28, 1], classes = 10}',
+        data=f'fn = "tfsync.examples.images:mnist"\nargs = {{path = "{SAMPLE}"}}',
+        train='loss = "SparseCategoricalCrossentropy"\nloss_args = {from_logits = true}'))
+    assert ref.model.function == ("model.fn", "tfsync.examples.images:cnn")
+    a, b = workload(tmp_path / "job.toml"), workload(tmp_path / "ref" / "job.toml")
+    assert a.source == b.source == SAMPLE and a.model_field == "model.name" and b.model_field == "model.fn"
+    assert all(np.array_equal(p, q) for p, q in zip((a.x_train, a.y_train, a.x_test, a.y_test),
+                                                    (b.x_train, b.y_train, b.x_test, b.y_test)))
+    want = images.cnn((28, 28, 1), 10, seed=0).get_weights()
+    for work in (a, b):
+        assert all(np.array_equal(p, q) for p, q in zip(work.model_fn().get_weights(), want))
+    assert a.model_fn().name == "cnn" and a.y_train.dtype == np.int64
+    # the signatures of the bundled jobs, as stored by searches before the short names were references
+    assert config_signature(JobConfig().to_dict()) == "772726ade4a8af98"
+    assert config_signature(load_job(os.path.join(EXAMPLE, "..", "..", "jobs", "mnist.toml")).to_dict()) \
+        == "1435f408e18bb89a"
+
+
+@pytest.mark.unit
+def test_a_short_name_fails_as_a_reference_does_naming_its_field(tmp_path, monkeypatch):
+    """A short name goes through the checks of a reference: an entry of MODELS whose module
+    is missing, data that is not there, or data that a bundled classifier cannot take is
+    one line naming model.name or data.name."""
+    from tfsync import config
+
+    monkeypatch.setitem(config.MODELS, "broken", "no_such_module_xyz:build")
+    cases = [
+        (dict(model='name = "broken"', data=f'path = "{SAMPLE}"'), "model.name",
+         "module 'no_such_module_xyz' not found"),
+        (dict(data=f'path = "{tmp_path}/missing.npz"'), "data.name",
+         f"tfsync.examples.images:mnist(path=...) raised DataError: {tmp_path}/missing.npz: no such file"),
+        (dict(data=f'fn = "{MODULE}:data"'), "model.name",
+         "cnn classifies: it needs integer class labels, got float32"),
+        (dict(model='name = "mlp"', data=f'fn = "{TWO_HEADS}:data"'), "model.name",
+         "mlp is built for one input array and class labels"),
+    ]
+    for kw, field, words in cases:
+        with pytest.raises(UserCodeError) as e:
+            workload(_short_named_job(tmp_path, **kw))
+        assert e.value.field == field and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+TWO_HEADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_heads.py")
+
+
+@pytest.mark.unit
+def test_several_inputs_and_outputs_from_a_data_function_are_checked_written_and_read_back(tmp_path, monkeypatch):
+    """A data function returns a dict of labels (a regression and a classification head):
+    the job checks it on one batch, holds out validation rows of every array, evaluates the
+    loss (no argmax accuracy); the engine's records read back as the same structure, for
+    features as a tuple of two inputs too; wrong structures are one line naming data.fn."""
+    import tensorflow as tf
+
+    from tfsync.engine.evaluator import scores
+    from tfsync.engine.generation import TrainSetup, make_dataset_fn, write_records
+
+    job = _short_named_job(tmp_path, model=f'fn = "{TWO_HEADS}:build"',
+                           data=f'fn = "{TWO_HEADS}:data"\nvalidation = 0.25', train=f'loss = "{TWO_HEADS}:loss"')
+    work = workload(job)
+    assert set(work.y_train) == {"value", "kind"} and work.y_train["value"].dtype == np.float32
+    assert len(work.x_train) == len(work.y_train["kind"]) == 48 and len(work.y_test["value"]) == 16
+    s = scores(work.model_fn(), work.x_test, work.y_test, work.loss_fn)
+    assert s["accuracy"] is None and s["loss"] > 0
+    with pytest.raises(UserCodeError, match="train.loss: .*for several outputs name a loss of your own"):
+        workload(_short_named_job(tmp_path, model=f'fn = "{TWO_HEADS}:build"', data=f'fn = "{TWO_HEADS}:data"',
+                                  train='loss = "mse"'))
+    for fn, words in (("uneven", "y_train has arrays of different lengths: y_train['value'] 63, y_train['kind'] 64"),
+                      ("a_list_inside", "y_train['kind'] is a list, expected a NumPy array")):
+        with pytest.raises(UserCodeError) as e:
+            workload(_short_named_job(tmp_path, model=f'fn = "{TWO_HEADS}:build"', data=f'fn = "{TWO_HEADS}:{fn}"',
+                                      train=f'loss = "{TWO_HEADS}:loss"'))
+        assert e.value.field == "data.fn" and words in str(e.value), str(e.value)
+
+    x = (work.x_train[:, :2], work.x_train[:, 2:])  # two inputs
+    setup = TrainSetup(None, None, None, x, work.y_train, max_batch_size=8, shuffle=False)
+    records = write_records(setup, str(tmp_path / "run"))
+    assert sorted(os.path.basename(f) for f in records["files"]) == [
+        "train_x_0.bin", "train_x_1.bin", "train_y_0.bin", "train_y_1.bin"]
+    monkeypatch.chdir(tmp_path / "run")  # the tasks' working directory
+    bx, by = next(iter(make_dataset_fn(setup, records, workers=1)()))
+    assert isinstance(bx, tuple) and set(by) == {"value", "kind"} and by["kind"].dtype == tf.int64
+    for got, want in zip(tf.nest.flatten((bx, by)), tf.nest.flatten((x, work.y_train))):
+        np.testing.assert_array_equal(got.numpy(), want[:8])

@@ -20,10 +20,13 @@ from . import usercode
 from .policy import catalogue
 from .policy.options import OptionError
 
-# Registries: other modules may extend these tuples (e.g. DATASETS += ("svhn",)); protocols
-# are added to the catalogue (tfsync.policy.register).
-DATASETS: tuple[str, ...] = ("mnist", "cifar10")
-MODELS: tuple[str, ...] = ("cnn", "mlp", "linear")
+# Short names: data.name and model.name stand for these functions (bundled ones in
+# tfsync.examples.images), called as data.fn and model.fn are (tfsync.workload): a data
+# function with path = data.path, a model function with the data's input_shape and classes
+# and seed = job.seed. Other modules may add entries (DATASETS["svhn"] = "mypkg.svhn:load");
+# protocols are added to the catalogue (tfsync.policy.register).
+DATASETS: dict[str, str] = {"mnist": "tfsync.examples.images:mnist", "cifar10": "tfsync.examples.images:cifar10"}
+MODELS: dict[str, str] = {name: f"tfsync.examples.images:{name}" for name in ("cnn", "mlp", "linear")}
 # tf_keras optimizers by name -> their class in tf_keras.optimizers (or "module:function"
 # returning an optimizer). Not optimizers.get: its dict form can return legacy classes.
 OPTIMIZER_CLASSES: dict[str, str] = {
@@ -82,7 +85,7 @@ class ClusterSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    """A bundled data set by ``name`` (and ``path``), or the user's ``fn`` ("module:function"
+    """A data set by short ``name`` (and ``path``; ``DATASETS``), or the user's ``fn`` ("module:function"
     or "file.py:function", called with ``args``) returning the arrays. ``validation``: the
     share of the training arrays held out for the test_* numbers when there are no test
     arrays (tfsync.workload.hold_out)."""
@@ -93,14 +96,24 @@ class DataSection:
     args: dict = dataclasses.field(default_factory=dict, hash=False)
     validation: float | None = None
 
+    @property
+    def function(self) -> tuple[str, str]:
+        """(the field that names it, the "module:function" reference) of the data function."""
+        return ("data.fn", self.fn) if self.fn else ("data.name", DATASETS[self.name])
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """A bundled model by ``name``, or the user's ``fn`` returning a tf_keras Model."""
+    """A model by short ``name`` (``MODELS``), or the user's ``fn`` returning a tf_keras Model."""
 
     name: str = "cnn"
     fn: str | None = None
     args: dict = dataclasses.field(default_factory=dict, hash=False)
+
+    @property
+    def function(self) -> tuple[str, str]:
+        """(the field that names it, the "module:function" reference) of the model function."""
+        return ("model.fn", self.fn) if self.fn else ("model.name", MODELS[self.name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -541,7 +554,7 @@ def _number(lo: float, hi: float = math.inf, lo_open: bool = True) -> Callable:
 
 def _choice(registry: str | Callable) -> Callable:
     """One of a registry's names, read at call time (extensions count): the name of a
-    tuple in this module, or a function returning the names."""
+    tuple (or dict, by its keys) in this module, or a function returning the names."""
     names = registry if callable(registry) else lambda: globals()[registry]
     return _rule(lambda: "one of " + ", ".join(_fmt(n) for n in names()),
                  lambda v: type(v) is str, lambda v: v in names())

@@ -11,6 +11,7 @@ import resource
 import numpy as np
 import psutil
 
+from . import arrays
 from .config import ConfigError
 
 TASK_BYTES = 300 * 2**20  # a TF task process at rest (measured: 250-320 MB RSS with TF 2.21 on CPU)
@@ -20,11 +21,12 @@ FDS_SPARE = 64  # the coordinator's own files, servers and data
 USABLE = 0.8  # of the memory available now
 
 
-def example_bytes(x: np.ndarray, y: np.ndarray) -> int:
+def example_bytes(x, y) -> int:
     """Bytes one training example takes in a decoded batch (inputs as float32, as the
-    pipeline feeds them, and the label)."""
-    per_x = int(np.prod(x.shape[1:], dtype=np.int64)) * max(4, x.dtype.itemsize)
-    return per_x + int(np.prod(y.shape[1:], dtype=np.int64)) * y.dtype.itemsize
+    pipeline feeds them, and the label); ``x`` and ``y`` arrays or nests of them."""
+    def size(a, least=1):
+        return int(np.prod(a.shape[1:], dtype=np.int64)) * max(least, a.dtype.itemsize)
+    return sum(size(a, 4) for a in arrays.leaves(x)) + sum(size(a) for a in arrays.leaves(y))
 
 
 def check_job(workers: int, ps: int, max_batch: int, per_example: int, local_tasks: bool,

@@ -75,4 +75,4 @@ class DatasetFactory:
             raise ValueError("the dataset is empty") from None
         except tf.errors.OpError as e:
             raise ValueError(f"could not read the first examples here: {e.message.splitlines()[0]}") from None
-        return x.numpy(), y.numpy()
+        return tf.nest.map_structure(lambda t: t.numpy(), (x, y))

@@ -1,20 +1,26 @@
-"""What a job trains, from its JobConfig: data, model, loss and optimizer, bundled by name
-or the user's own (``usercode`` references), checked on one batch before any task starts.
+"""What a job trains, from its JobConfig: data, model, loss and optimizer, the user's own
+functions (``usercode`` references) or those a short name stands for (``data.name``,
+``model.name``: ``tfsync.config.DATASETS``, ``MODELS``), checked on one batch before any
+task starts.
 
     work = Workload.from_config(cfg, data_path=None)
     work.model_fn(), work.optimizer_fn(), work.loss_fn(y, outputs), work.x_train, ...
 
-A user's data function returns ``(x_train, y_train)``, ``(x_train, y_train, x_test,
-y_test)``, ``((x_train, y_train), (x_test, y_test))`` (tf_keras.datasets' form) or a dict
-with those keys: NumPy arrays of any shape, labels of any dtype the engine carries
-(tfsync.engine.generation.RECORD_DTYPES; float targets stay float). A model function
-returns a tf_keras Model (called under the strategy's scope, so its variables go to the
-parameter servers); it gets ``model.args`` and nothing else.
+A data function returns ``(x_train, y_train)``, ``(x_train, y_train, x_test, y_test)``,
+``((x_train, y_train), (x_test, y_test))`` (tf_keras.datasets' form) or a dict with those
+keys (and optionally ``source``, a line saying where the data came from, for the
+summary): NumPy arrays of any shape, labels of any dtype the engine carries
+(tfsync.engine.generation.RECORD_DTYPES; float targets stay float). Features or labels
+may be tuples, lists or dicts of arrays for several inputs or outputs (``tfsync.arrays``).
+A model function returns a tf_keras Model (called under the strategy's scope, so its
+variables go to the parameter servers); ``model.fn`` gets ``model.args`` and nothing else,
+``model.name``'s function the data's ``input_shape`` and ``classes`` and ``seed`` =
+``job.seed``; ``data.name``'s function gets ``path`` = ``data.path``.
 
 The test_* numbers of a run (``eval_data`` says which) are on the test arrays the data
-function returns (or the bundled set's test set); where it returns none, ``data.validation``
-holds a share of the training arrays out of training (``hold_out``). ``train.metrics`` are
-resolved (``tfsync.metrics``) and run on the one batch too.
+function returns; where it returns none, ``data.validation`` holds a share of the
+training arrays out of training (``hold_out``). ``train.metrics`` are resolved
+(``tfsync.metrics``) and run on the one batch too.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import usercode
+from . import arrays, usercode
 from .config import OPTIMIZER_CLASSES, JobConfig
 from .pipeline import DatasetFactory
 from .usercode import UserCodeError
@@ -53,6 +59,8 @@ class Workload:
     model_name: str
     metrics: list | None = None  # tfsync.metrics.MetricSpec; None: accuracy for class ids
     eval_data: str = ""  # what the test_* numbers are computed on, for the summary
+    model_field: str = "model.fn"  # the job-file fields that name the functions, for errors
+    data_field: str = "data.fn"
 
     @classmethod
     def from_config(cls, cfg: JobConfig, data_path: str | None = None) -> "Workload":
@@ -60,25 +68,26 @@ class Workload:
 
         data = _data(cfg, data_path)
         x, y, xt, yt, eval_data = _evaluation_data(cfg, *data[:4])
-        work = cls(_model_fn(cfg, data), _optimizer_fn(cfg), _loss_fn(cfg), x, y, xt, yt, data[4],
+        work = cls(_model_fn(cfg, *data[:4]), _optimizer_fn(cfg), _loss_fn(cfg), x, y, xt, yt, data[4],
                    model_name=cfg.model.fn or cfg.model.name, eval_data=eval_data,
-                   metrics=metrics.resolve(cfg.train.metrics and list(cfg.train.metrics)))
+                   metrics=metrics.resolve(cfg.train.metrics and list(cfg.train.metrics)),
+                   model_field=cfg.model.function[0], data_field=cfg.data.function[0])
         work.check()
         return work
 
     @property
     def train_examples(self) -> int:
         """The examples in one epoch."""
-        return self.x_train.examples if isinstance(self.x_train, DatasetFactory) else len(self.y_train)
+        return self.x_train.examples if isinstance(self.x_train, DatasetFactory) else arrays.length(self.y_train)
 
-    def sample(self, n: int = 2) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``n`` training examples and labels."""
+    def sample(self, n: int = 2) -> tuple:
+        """The first ``n`` training examples and labels (arrays, or nests of them)."""
         if isinstance(self.x_train, DatasetFactory):
             try:
                 return self.x_train.sample(n)
             except (TypeError, ValueError) as e:
-                raise UserCodeError("data.fn", f"the DatasetFactory's dataset: {e}") from None
-        return self.x_train[:n], self.y_train[:n]
+                raise UserCodeError(self.data_field, f"the DatasetFactory's dataset: {e}") from None
+        return arrays.take(self.x_train, slice(0, n)), arrays.take(self.y_train, slice(0, n))
 
     def check(self) -> None:
         """Build the model here and run one small batch through it and the loss: a shape
@@ -88,20 +97,24 @@ class Workload:
 
         model = self.model_fn()
         if not isinstance(model, keras.Model):
-            raise UserCodeError("model.fn", f"returned a {type(model).__name__}, expected a tf_keras Model "
-                                            "(import tf_keras as keras, not keras 3)")
+            raise UserCodeError(self.model_field, f"returned a {type(model).__name__}, expected a tf_keras Model "
+                                                  "(import tf_keras as keras, not keras 3)")
         x, y = self.sample()
         try:
             out = model(x, training=False)
         except Exception as e:
-            raise UserCodeError("model.fn", f"the model does not take the data's x_train (examples of shape "
-                                            f"{x.shape[1:]}, {x.dtype}): {usercode._one_line(e)}") from None
+            raise UserCodeError(self.model_field, f"the model does not take the data's x_train (examples of "
+                                                  f"{arrays.describe(x)}): {usercode._one_line(e)}") from None
         try:
-            loss = self.loss_fn(tf.constant(y), out)
+            loss = self.loss_fn(tf.nest.map_structure(tf.constant, y), out)
         except Exception as e:
-            raise UserCodeError("train.loss", f"the loss does not take y_train (labels of shape {y.shape[1:]}, "
-                                              f"{y.dtype}) with the model's output (shape "
-                                              f"{tuple(out.shape)}): {usercode._one_line(e)}") from None
+            several = "" if isinstance(y, np.ndarray) else (
+                '; for several outputs name a loss of your own ("module:function" taking the labels and '
+                "outputs as the model gives them, returning one loss per example)")
+            shapes = tf.nest.map_structure(lambda t: tuple(t.shape), out)
+            raise UserCodeError("train.loss", f"the loss does not take y_train (labels of {arrays.describe(y)}) "
+                                              f"with the model's output (shape {shapes}): "
+                                              f"{usercode._one_line(e)}{several}") from None
         if tuple(loss.shape) != (2,):
             raise UserCodeError("train.loss", f"returned shape {tuple(loss.shape)} for a batch of 2; expected one "
                                               "loss per example, shape (2,) (a loss class gets reduction='none')")
@@ -111,46 +124,49 @@ class Workload:
 
 
 def _data(cfg: JobConfig, data_path: str | None):
-    if not cfg.data.fn:
-        from .data import load
-        d = load(cfg.data.name, data_path or cfg.data.path)
-        return d.x_train, d.y_train, d.x_test, d.y_test, d.source, d.num_classes
-    got = usercode.call(cfg.data.fn, cfg.data.args, "data.fn")
+    """(x_train, y_train, x_test, y_test, source) from the data function: ``data.fn``, or the
+    one ``data.name`` stands for, called with ``path`` (``data_path`` or ``data.path``)."""
+    field, ref = cfg.data.function
+    got = usercode.call(ref, cfg.data.args if cfg.data.fn else {"path": data_path or cfg.data.path}, field)
     if isinstance(got, DatasetFactory):
-        return got, None, None, None, cfg.data.fn, None
+        return got, None, None, None, ref
     if isinstance(got, tuple) and got and isinstance(got[0], DatasetFactory):  # (factory, x_test, y_test)
-        if len(got) != 3 or not all(isinstance(a, np.ndarray) for a in got[1:]) or len(got[1]) != len(got[2]):
-            raise UserCodeError("data.fn", "returned a DatasetFactory with something else; expected the factory "
-                                           "alone or (factory, x_test, y_test) with test arrays of one length")
-        return got[0], None, got[1], got[2], cfg.data.fn, None
+        if len(got) != 3 or any(arrays.problem(a, "") for a in got[1:]) or \
+                arrays.length(got[1]) != arrays.length(got[2]):
+            raise UserCodeError(field, "returned a DatasetFactory with something else; expected the factory "
+                                       "alone or (factory, x_test, y_test) with test arrays of one length")
+        return got[0], None, got[1], got[2], ref
+    source = ref
     if isinstance(got, dict):
         missing = [k for k in ("x_train", "y_train") if k not in got]
         if missing:
-            raise UserCodeError("data.fn", f"returned a dict without {', '.join(missing)}; expected keys x_train, "
-                                           "y_train and optionally x_test, y_test")
+            raise UserCodeError(field, f"returned a dict without {', '.join(missing)}; expected keys x_train, "
+                                       "y_train and optionally x_test, y_test, source")
         parts = [got.get(k) for k in ("x_train", "y_train", "x_test", "y_test")]
+        source = got.get("source", ref)
+        if not isinstance(source, str):
+            raise UserCodeError(field, f"source is a {type(source).__name__}, expected a string (where the data "
+                                       "came from, for the summary)")
     elif isinstance(got, tuple) and len(got) == 2 and all(isinstance(p, tuple) and len(p) == 2 for p in got):
         parts = [*got[0], *got[1]]
     elif isinstance(got, tuple) and len(got) in (2, 4):
         parts = [*got, None, None][:4]
     else:
-        raise UserCodeError("data.fn", f"returned a {type(got).__name__}; expected (x_train, y_train), "
-                                       "(x_train, y_train, x_test, y_test), ((x_train, y_train), (x_test, y_test)) "
-                                       "or a dict with those keys, of NumPy arrays, or a tfsync.DatasetFactory")
-    arrays = []
+        raise UserCodeError(field, f"returned a {type(got).__name__}; expected (x_train, y_train), "
+                                   "(x_train, y_train, x_test, y_test), ((x_train, y_train), (x_test, y_test)) "
+                                   "or a dict with those keys, of NumPy arrays, or a tfsync.DatasetFactory")
     for name, a in zip(("x_train", "y_train", "x_test", "y_test"), parts):
-        if a is not None and not isinstance(a, np.ndarray):
-            raise UserCodeError("data.fn", f"{name} is a {type(a).__name__}, expected a NumPy array")
-        arrays.append(a)
-    x, y, xt, yt = arrays
+        if a is not None and arrays.problem(a, name):
+            raise UserCodeError(field, arrays.problem(a, name))
+    x, y, xt, yt = parts
     if (xt is None) != (yt is None):
-        raise UserCodeError("data.fn", "returned x_test without y_test or the other way round")
+        raise UserCodeError(field, "returned x_test without y_test or the other way round")
     for xs, ys, what in ((x, y, "train"), (xt, yt, "test")):
-        if xs is not None and len(xs) != len(ys):
-            raise UserCodeError("data.fn", f"x_{what} has {len(xs)} examples but y_{what} {len(ys)}")
-    if len(x) == 0:
-        raise UserCodeError("data.fn", "returned no training examples")
-    return x, y, xt, yt, cfg.data.fn, None
+        if xs is not None and arrays.length(xs) != arrays.length(ys):
+            raise UserCodeError(field, f"x_{what} has {arrays.length(xs)} examples but y_{what} {arrays.length(ys)}")
+    if arrays.length(x) == 0:
+        raise UserCodeError(field, "returned no training examples")
+    return x, y, xt, yt, source
 
 
 def hold_out(n: int, fraction: float) -> np.ndarray:
@@ -168,54 +184,57 @@ def _evaluation_data(cfg: JobConfig, x, y, xt, yt):
         if v is not None:
             logger.warning("data.validation = %s not used: the data gives test arrays, which the test_* numbers "
                            "are computed on", v)
-        return x, y, xt, yt, f"test arrays ({len(yt)} examples)"
+        return x, y, xt, yt, f"test arrays ({arrays.length(yt)} examples)"
     if v is None:
         return x, y, None, None, "none (no test arrays; data.validation holds a share of the training arrays out)"
     if isinstance(x, DatasetFactory):
         raise UserCodeError("data.validation", "cannot hold out from a tfsync.DatasetFactory; return "
                                                "(factory, x_test, y_test) for validation data")
-    held = hold_out(len(y), v)
-    if not 0 < len(held) < len(y):
-        raise UserCodeError("data.validation", f"{v} of {len(y)} training examples holds out {len(held)}; "
+    n = arrays.length(y)
+    held = hold_out(n, v)
+    if not 0 < len(held) < n:
+        raise UserCodeError("data.validation", f"{v} of {n} training examples holds out {len(held)}; "
                                                "expected at least one, and one left to train on")
-    keep = np.ones(len(y), bool)
+    keep = np.ones(n, bool)
     keep[held] = False
-    return x[keep], y[keep], x[held], y[held], (f"validation: {len(held)} of the {len(y)} training examples "
-                                                f"held out (data.validation = {v})")
+    return (arrays.take(x, keep), arrays.take(y, keep), arrays.take(x, held), arrays.take(y, held),
+            f"validation: {len(held)} of the {n} training examples held out (data.validation = {v})")
 
 
-def _model_fn(cfg: JobConfig, data) -> Callable:
-    if cfg.model.fn:
-        fn = usercode.resolve(cfg.model.fn, "model.fn")
+def _model_fn(cfg: JobConfig, x, y, xt, yt) -> Callable:
+    """The model function: ``model.fn`` with ``model.args``, or the one ``model.name``
+    stands for with the data's input shape and classes (``_short_name_args``)."""
+    field, ref = cfg.model.function
+    args = cfg.model.args if cfg.model.fn else _short_name_args(cfg.model.name, cfg.job.seed, x, y, yt)
+    fn = usercode.resolve(ref, field)
 
-        def model_fn():
-            try:
-                return fn(**cfg.model.args)
-            except Exception as e:
-                raise UserCodeError("model.fn", f"{cfg.model.fn} raised {usercode._one_line(e)}") from None
-        return model_fn
+    def model_fn():
+        try:
+            return fn(**args)
+        except Exception as e:
+            raise UserCodeError(field, f"{ref} raised {usercode._one_line(e)}") from None
+    return model_fn
 
-    from .engine.models import build_model
-    x, y, classes = data[0], data[1], data[5]
-    if isinstance(x, DatasetFactory):
-        raise UserCodeError("model.name", f"the bundled {cfg.model.name} is built from arrays; with a "
-                                          "DatasetFactory name your own model with model.fn")
-    if classes is None:  # a bundled model on the user's data: integer classes 0 .. max
-        if not np.issubdtype(y.dtype, np.integer):
-            raise UserCodeError("model.name", f"the bundled {cfg.model.name} classifies: it needs integer class "
-                                              f"labels, got {y.dtype}; name your own model with model.fn")
-        classes = int(np.max(y)) + 1
 
-    def bundled():
-        return build_model(cfg.model.name, x.shape[1:], classes, seed=cfg.job.seed)
-    return bundled
+def _short_name_args(name: str, seed: int, x, y, yt) -> dict:
+    """A short-named model classifies one input array: ``input_shape``, ``classes`` (the
+    integer labels are class ids 0 .. the largest) and ``seed``."""
+    if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
+        raise UserCodeError("model.name", f"{name} is built for one input array and class labels; for a "
+                                          "DatasetFactory or several inputs or outputs name your own model with "
+                                          "model.fn")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise UserCodeError("model.name", f"{name} classifies: it needs integer class labels, got {y.dtype}; "
+                                          "name your own model with model.fn")
+    labels = [y] + ([yt] if isinstance(yt, np.ndarray) and yt.size else [])
+    return {"input_shape": tuple(x.shape[1:]), "classes": int(max(np.max(a) for a in labels)) + 1, "seed": seed}
 
 
 def _loss_fn(cfg: JobConfig) -> Callable:
     import tf_keras as keras
 
     name, args = cfg.train.loss, dict(cfg.train.loss_args)
-    if name is None:  # the bundled models: logits over classes
+    if name is None:  # model.name's classifiers: logits over classes
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     if usercode.check(name):
         fn = usercode.resolve(name, "train.loss")

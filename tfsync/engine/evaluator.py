@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import arrays
 from ..metrics import MetricSpec, as_in_evaluate, value
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,9 @@ class Evaluation:
 
 
 def classifies(y: np.ndarray) -> bool:
-    """Whether labels ``y`` are class ids, so that argmax accuracy means something."""
-    return y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
+    """Whether labels ``y`` are class ids, so that argmax accuracy means something (not
+    for several outputs' labels)."""
+    return isinstance(y, np.ndarray) and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
 
 
 def accuracy(model, x: np.ndarray, y: np.ndarray, chunk: int = 1000) -> float | None:
@@ -86,11 +88,13 @@ def scores(model, x: np.ndarray, y: np.ndarray, loss_fn: Callable | None = None,
            metrics: list[MetricSpec] | None = None, chunk: int = 1000) -> dict:
     """One pass of ``(x, y)`` through ``model``: ``loss`` (the mean per-example loss; None
     without ``loss_fn``), ``accuracy`` (the "accuracy" metric if named, else argmax
-    accuracy where it applies, else None) and ``metrics`` (name -> value)."""
+    accuracy where it applies, else None) and ``metrics`` (name -> value). ``x`` and ``y``
+    may be tuples, lists or dicts of arrays (several inputs or outputs)."""
     total, correct, argmax = 0.0, 0, classifies(y)
     made = None
-    for i in range(0, len(y), chunk):
-        xb, yb = x[i:i + chunk], y[i:i + chunk]
+    n = arrays.length(y)
+    for i in range(0, n, chunk):
+        xb, yb = arrays.take(x, slice(i, i + chunk)), arrays.take(y, slice(i, i + chunk))
         out = model(xb, training=False)
         if loss_fn is not None:
             total += float(np.sum(loss_fn(yb, out)))
@@ -104,8 +108,8 @@ def scores(model, x: np.ndarray, y: np.ndarray, loss_fn: Callable | None = None,
             for m in made:
                 m.update_state(yt, yp)
     values = {s.name: value(m) for s, m in zip(metrics or [], made or [])}
-    acc = values.get("accuracy", correct / len(y) if argmax else None)
-    return {"loss": total / len(y) if loss_fn is not None else None, "accuracy": acc, "metrics": values}
+    acc = values.get("accuracy", correct / n if argmax else None)
+    return {"loss": total / n if loss_fn is not None else None, "accuracy": acc, "metrics": values}
 
 
 class Evaluator:
@@ -114,9 +118,10 @@ class Evaluator:
                  metrics: list[MetricSpec] | None = None):
         if int(every) < 1:
             raise ValueError(f"evaluate every {every!r} steps: must be >= 1")
-        if samples and samples < len(y_test):  # a fixed random subset (test sets may be sorted by class)
-            keep = np.sort(np.random.default_rng(seed).choice(len(y_test), int(samples), replace=False))
-            x_test, y_test = x_test[keep], y_test[keep]
+        n = arrays.length(y_test)
+        if samples and samples < n:  # a fixed random subset (test sets may be sorted by class)
+            keep = np.sort(np.random.default_rng(seed).choice(n, int(samples), replace=False))
+            x_test, y_test = arrays.take(x_test, keep), arrays.take(y_test, keep)
         self.model_fn, self.x, self.y = model_fn, x_test, y_test
         self.loss_fn, self.metrics = loss_fn, metrics
         self.every, self.nice = int(every), int(nice)

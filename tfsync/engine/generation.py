@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import safefile
+from .. import arrays, safefile
 from ..metrics import resolve as resolve_metrics
 from ..pipeline import DatasetFactory, worker_index
 from . import tfcompat
@@ -36,6 +36,8 @@ class TrainSetup:
     holds ``max_batch_size`` rows; a step uses the first ``batch_size`` of them.
     ``x_train`` is an array (with its labels ``y_train``), or a
     ``tfsync.pipeline.DatasetFactory`` that each worker reads itself (``y_train`` None).
+    Features and labels (and the test ones) may be tuples, lists or dicts of arrays, for
+    several inputs or outputs, as with a factory (``tfsync.arrays``).
     ``metrics``: what the evaluator reports beside the loss (tf_keras Metric objects or
     classes, functions ``fn(y_true, y_pred)``, or the job file's names; ``tfsync.metrics``);
     None: accuracy where the labels are class ids.
@@ -63,7 +65,7 @@ class TrainSetup:
     @property
     def train_examples(self) -> int:
         """The examples in one epoch."""
-        return self.factory.examples if self.factory else len(self.y_train)
+        return self.factory.examples if self.factory else arrays.length(self.y_train)
 
 
 def _transport(x: np.ndarray):
@@ -81,49 +83,58 @@ def write_records(setup: TrainSetup, work_dir: str) -> dict:
     """Write the training arrays as fixed-length binary records that workers read with
     ``FixedLengthRecordDataset``: a graph constant of the data set would be shipped to
     every worker at every (re)connect, seconds for MNIST. The files go to
-    ``work_dir/data/``; the dataset names them relative to the task's working directory
-    (``files``), which is ``work_dir`` for tasks on this machine and the job's stage
-    directory on other nodes, where the hooks were sent them (no shared filesystem). A
-    dataset factory's workers read their own data: nothing is written."""
+    ``work_dir/data/``, one per array (``train_x.bin``, ``train_y.bin``; ``train_x_0.bin``,
+    ... for the arrays of a tuple, list or dict, in tf.nest's order); the dataset names them
+    relative to the task's working directory (``files``), which is ``work_dir`` for tasks
+    on this machine and the job's stage directory on other nodes, where the hooks were sent
+    them (no shared filesystem). A dataset factory's workers read their own data: nothing
+    is written."""
     if setup.factory:
         return {}
-    x, scale = _transport(np.ascontiguousarray(setup.x_train))
-    y = np.ascontiguousarray(setup.y_train)  # labels keep their dtype and shape (float targets too)
-    for name, a in (("x_train", x), ("y_train", y)):
-        if a.dtype.name not in RECORD_DTYPES:
-            raise ValueError(f"{name} has dtype {a.dtype.name}; the engine takes "
-                             f"{', '.join(RECORD_DTYPES)} (convert it, e.g. with .astype(np.float32))")
-        if a.dtype.byteorder == ">":
-            raise ValueError(f"{name} is big-endian ({a.dtype.str}); convert it with .astype('{a.dtype.name}')")
-    if len(x) != len(y):
-        raise ValueError(f"x_train has {len(x)} examples but y_train {len(y)}; expected one label per example")
+    n = arrays.length(setup.y_train)
+    leaves = []  # one dict per array: its file and how to decode it
+    for part in ("x", "y"):
+        flat = tf.nest.flatten(getattr(setup, f"{part}_train"))
+        for i, a in enumerate(flat):
+            name = f"{part}_train" + (f"[{i}]" if len(flat) > 1 else "")
+            a, scale = _transport(np.ascontiguousarray(a)) if part == "x" else (np.ascontiguousarray(a), None)
+            if a.dtype.name not in RECORD_DTYPES:
+                raise ValueError(f"{name} has dtype {a.dtype.name}; the engine takes "
+                                 f"{', '.join(RECORD_DTYPES)} (convert it, e.g. with .astype(np.float32))")
+            if a.dtype.byteorder == ">":
+                raise ValueError(f"{name} is big-endian ({a.dtype.str}); convert it with .astype('{a.dtype.name}')")
+            if len(a) != n:
+                raise ValueError(f"{name} has {len(a)} examples but y_train {n}; expected one label per example")
+            path = os.path.join("data", f"train_{part}" + (f"_{i}" if len(flat) > 1 else "") + ".bin")
+            leaves.append({"part": part, "path": path, "array": a, "dtype": a.dtype.name, "shape": a.shape[1:],
+                           "scale": scale})
     safefile.make_dir(os.path.join(work_dir, "data"))
-    paths = {"x": os.path.join("data", "train_x.bin"), "y": os.path.join("data", "train_y.bin")}
-    for key, array in (("x", x), ("y", y)):
-        with safefile.replacing(os.path.join(work_dir, paths[key]), binary=True) as f:
-            array.tofile(f)
-    return {**paths, "files": (paths["x"], paths["y"]), "x_dtype": x.dtype.name, "x_shape": x.shape[1:], "scale": scale, "n": len(y),
-            "y_dtype": y.dtype.name, "y_shape": y.shape[1:]}
+    for leaf in leaves:
+        with safefile.replacing(os.path.join(work_dir, leaf["path"]), binary=True) as f:
+            leaf.pop("array").tofile(f)
+    return {"files": tuple(leaf["path"] for leaf in leaves), "leaves": leaves, "n": n}
 
 
 def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
+    """Each worker's input pipeline: the factory's dataset, or the records read back and
+    decoded to the arrays' structure (``(features, labels)`` batches, as a factory gives)."""
     if setup.factory:
         factory = setup.factory
         return lambda: factory.dataset(workers).repeat().batch(setup.max_batch_size, drop_remainder=True).prefetch(2)
-    shape, n = tuple(records["x_shape"]), records["n"]
-    dtype, y_dtype = tf.as_dtype(records["x_dtype"]), tf.as_dtype(records["y_dtype"])
-    y_shape = tuple(records["y_shape"])
-    scale = records["scale"]
+    leaves, n = records["leaves"], records["n"]
 
-    def decode(xr, yr):  # a whole batch of records at once
-        xv = tf.reshape(tf.io.decode_raw(xr, dtype), (-1, *shape))
-        xv = tf.cast(xv, tf.float32) * scale if scale is not None else xv
-        return xv, tf.reshape(tf.io.decode_raw(yr, y_dtype), (-1, *y_shape))
+    def decode(*raw):  # a whole batch of records at once, one tensor per array
+        values = []
+        for r, leaf in zip(raw, leaves):
+            v = tf.reshape(tf.io.decode_raw(r, tf.as_dtype(leaf["dtype"])), (-1, *leaf["shape"]))
+            values.append(tf.cast(v, tf.float32) * leaf["scale"] if leaf["scale"] is not None else v)
+        nx = sum(leaf["part"] == "x" for leaf in leaves)
+        return (tf.nest.pack_sequence_as(setup.x_train, values[:nx]),
+                tf.nest.pack_sequence_as(setup.y_train, values[nx:]))
 
     def dataset_fn():
-        ds = tf.data.Dataset.zip((
-            tf.data.FixedLengthRecordDataset(records["x"], int(np.prod(shape)) * dtype.size),
-            tf.data.FixedLengthRecordDataset(records["y"], int(np.prod(y_shape)) * y_dtype.size)))
+        ds = tf.data.Dataset.zip(tuple(tf.data.FixedLengthRecordDataset(
+            leaf["path"], int(np.prod(leaf["shape"])) * tf.as_dtype(leaf["dtype"]).size) for leaf in leaves))
         if setup.shuffle:
             ds = ds.shuffle(n, reshuffle_each_iteration=True)
         ds = ds.repeat()
@@ -133,7 +144,7 @@ def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
             # at its own offset in it, or BSP would average the same gradient n times.
             ds = ds.skip(tf.cast(worker_index(), tf.int64) * (n // workers))
         ds = ds.batch(setup.max_batch_size, drop_remainder=True)
-        return ds.map(lambda xr, yr: decode(xr, yr)).prefetch(2)
+        return ds.map(decode).prefetch(2)
 
     return dataset_fn
 

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import netns
+from .. import arrays, netns
 from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
                            validate_decision)
 from ..curves import converged_accuracy
@@ -646,7 +646,7 @@ class Engine:
             for e in ev.drain():
                 self._log_eval(e)
             t = time.perf_counter()
-            last = final if len(ev.y) == len(self.setup.y_test) else ev.evaluate(self._gen)
+            last = final if arrays.length(ev.y) == arrays.length(self.setup.y_test) else ev.evaluate(self._gen)
             self._log_eval(Evaluation(s.updates, s.samples, self.recorder.since(), last["accuracy"],
                                       time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
         curve = [e.accuracy for e in self.evals if e.accuracy is not None]
