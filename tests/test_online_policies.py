@@ -136,3 +136,38 @@ def test_greedy_goes_final_when_the_switch_point_passes_during_a_straggler():
     assert states[-1] == "final" and "asp" in states and "bsp" not in states[states.index("asp"):]
     t_final = policy.timeline[-1][0]
     assert all(p.mode is PushMode.APPLY for p in result.log if p.granted_at >= t_final)
+
+
+def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
+    """Going to ASP, a straggler policy's decision carries the last BSP round's barrier and
+    ASP's rate factor together: the engine applies the round at BSP's factor (n: the rate
+    its pushes recorded), then sets ASP's, then releases the ASP grants."""
+    from tfsync.engine.trainer import Engine, EngineState
+    from tfsync.policy.base import Decision, Grant
+
+    scale, calls = [3.0], []
+
+    class Gen:
+        def set_hyper(self, lr_scale=None):
+            scale[0] = lr_scale
+
+    class Channel:
+        def barrier(self, k, rows):
+            calls.append(("barrier", k, len(rows), scale[0]))
+
+        def release(self, rows):
+            calls.append(("release", len(rows), scale[0]))
+
+        def call(self, fn):
+            fn()
+
+    engine = object.__new__(Engine)
+    engine.state, engine._lr_scale, engine._gen, engine._channel, engine._wake_at = EngineState(3), 3.0, Gen(), \
+        Channel(), None
+    engine.state.pending_workers = [0, 1, 2]
+    engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
+    assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]
+    assert engine.state.updates == 1 and engine.state.round == 1 and engine.state.granted == [1, 1, 1]
+    calls.clear()
+    engine.apply(Decision((Grant(0, 16),), lr_scale=3.0))  # no round pending: the new factor, then the grant
+    assert calls == [("release", 1, 3.0)]

@@ -15,43 +15,12 @@ from test_control import tfsync, wait_for
 from tfsync.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
+from userjob import JOB_HEAD, user_job
 
 pytestmark = pytest.mark.cluster
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 
-MODULE = '''
-import numpy as np
-import tf_keras as keras
-
-
-def blobs(n=1600, features=12, classes=4, seed=0):
-    """Gaussian blobs: float features, int32 class ids."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=2.0, size=(classes, features)).astype(np.float32)
-    y = rng.integers(0, classes, n).astype(np.int32)
-    x = (centers[y] + rng.normal(size=(n, features))).astype(np.float32)
-    return (x[:1280], y[:1280]), (x[1280:], y[1280:])
-
-
-def mlp(features=12, classes=4, units=16):
-    return keras.Sequential([keras.layers.Input((features,)), keras.layers.Dense(units, activation="tanh"),
-                             keras.layers.Dense(classes)])
-'''
-
-JOB = """
-[job]
-name = "blobs"
-run_dir = "{run_dir}"
-[model]
-fn = "blobs_model.py:mlp"
-args = {{units = 16}}
-[data]
-fn = "blobs_model.py:blobs"
-[train]
-loss = "SparseCategoricalCrossentropy"
-loss_args = {{from_logits = true}}
-optimizer = "adam"
-learning_rate = 0.01
+JOB = JOB_HEAD + """learning_rate = 0.01
 batch_size = 16
 epochs = {epochs}
 checkpoint_every = 20
@@ -62,12 +31,8 @@ name = "bsp"
 
 
 def project(tmp_path, epochs, protocols="", run="run"):
-    folder = tmp_path / "project"
-    folder.mkdir(exist_ok=True)
-    (folder / "blobs_model.py").write_text(MODULE)
-    job = folder / f"{run}.toml"
-    job.write_text(JOB.format(run_dir=tmp_path / run, epochs=epochs, protocols=protocols))
-    return job
+    return user_job(tmp_path / "project", JOB.format(name="blobs", run_dir=tmp_path / run, units=16, epochs=epochs,
+                                                     protocols=protocols), file=f"{run}.toml")
 
 
 @pytest.mark.slow
@@ -147,20 +112,7 @@ def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
     assert shown.returncode == 0 and "-ln(test loss)" in shown.stdout and "a test loss <= 1010" in shown.stdout
 
 
-LBBSP_JOB = """
-[job]
-name = "blobs-lb"
-run_dir = "{run_dir}"
-[model]
-fn = "blobs_model.py:mlp"
-args = {{units = 64}}
-[data]
-fn = "blobs_model.py:blobs"
-[train]
-loss = "SparseCategoricalCrossentropy"
-loss_args = {{from_logits = true}}
-optimizer = "adam"
-learning_rate = 0.005
+LBBSP_JOB = JOB_HEAD + """learning_rate = 0.005
 batch_size = 32
 epochs = 12
 [[protocol]]
@@ -178,11 +130,7 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     """LB-BSP and straggler injection on a model tfsync has never seen: worker 1 paused to a
     quarter of its speed from 3 s on; every full round still trains X = 2 x 32 examples,
     split so that the slow worker gets the smaller share once its slowdown is measured."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "blobs_model.py").write_text(MODULE)
-    job = folder / "job.toml"
-    job.write_text(LBBSP_JOB.format(run_dir=tmp_path / "run"))
+    job = user_job(tmp_path / "project", LBBSP_JOB.format(name="blobs-lb", run_dir=tmp_path / "run", units=64))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
                        env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")), capture_output=True, text=True,
                        timeout=300)

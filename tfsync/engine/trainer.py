@@ -275,11 +275,14 @@ class Engine:
         if decision.remove or decision.restore:
             s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
         validate_decision(decision, frozenset(s.active))
+        barrier = decision.barrier and s.pending_workers
+        rescale = None
         if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
             self._lr_scale = scale = decision.lr_scale
             gen = self._gen
-            self._channel.call(lambda: gen.set_hyper(lr_scale=scale))
-        barrier = decision.barrier and s.pending_workers
+            rescale = lambda: gen.set_hyper(lr_scale=scale)  # noqa: E731
+        if rescale is not None and not barrier:
+            self._channel.call(rescale)  # before the grants: their steps use the new rate
         if barrier:
             s.round += 1
         seqs = []
@@ -287,12 +290,20 @@ class Engine:
             s.granted[g.worker] += 1
             seqs.append(s.granted[g.worker])
         rows = token_rows(decision.grants, s.round, seqs)
-        if barrier:  # the channel is FIFO: earlier releases go out before the barrier
+        if barrier and rescale is not None:
+            # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
+            # straggler policy goes to ASP): apply it so, then change the rate, then grant
+            self._channel.barrier(len(s.pending_workers), rows[:0])
+            self._channel.call(rescale)
+            if decision.grants:
+                self._channel.release(rows)
+        elif barrier:  # the channel is FIFO: earlier releases go out before the barrier
             self._channel.barrier(len(s.pending_workers), rows)
-            s.updates += 1
-            s.pending_workers, s.pending_samples = [], 0
         elif decision.grants:
             self._channel.release(rows)  # merged there with every release still waiting
+        if barrier:
+            s.updates += 1
+            s.pending_workers, s.pending_samples = [], 0
         if decision.grants:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
