@@ -104,6 +104,13 @@ def test_bad_choices():
     assert _error({"switch": {"momentum": "auto"}}).field == "switch.momentum"
 
 
+def test_a_momentum_rule_with_a_straggler_policy_is_refused():
+    protocols = [{"name": "bsp", "until": 0.5}, {"name": "asp"}]
+    e = _error({"switch": {"stragglers": "greedy", "momentum": "zero"}, "protocol": protocols})
+    assert e.field == "switch.momentum" and "keeps the base momentum" in str(e)
+    JobConfig.from_dict({"switch": {"stragglers": "greedy", "momentum": "keep"}, "protocol": protocols})
+
+
 def test_bad_protocol_name():
     e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
     assert e.field == "protocol[0].name"

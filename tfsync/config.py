@@ -709,6 +709,10 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}switch.stragglers = {_fmt(out['switch'].stragglers)}: needs the protocol "
                           "list bsp -> asp (the online policies act before the switch to ASP); got "
                           + " -> ".join(p.name for p in out["protocol"]), "switch.stragglers")
+    if out["switch"].stragglers != "none" and out["switch"].momentum != "keep":
+        raise ConfigError(f"{where}switch.momentum = {_fmt(out['switch'].momentum)}: a straggler policy "
+                          "moves between BSP and ASP many times and keeps the base momentum; use \"keep\" "
+                          "or switch.stragglers = \"none\"", "switch.momentum")
     _user_code(where, d, out)
     c = out["cluster"]
     if c.hooks and not c.token_file:
