@@ -1,11 +1,16 @@
-"""SyncSwitch: a user's own ``model.fit`` under ParameterServerStrategy trains BSP, then ASP.
+"""SyncSwitch: a user's own ``model.fit`` under ParameterServerStrategy trains its plan
+(BSP then ASP, BSP or ASP alone); ``local_cluster`` gives the strategy in one line.
 
-One cluster (2 worker processes + 1 PS process) serves the whole module; each test builds
-its own model and SyncSwitch on it. A watchdog turns a BSP deadlock into a loud failure.
+One cluster (2 worker processes + 1 PS process, from ``local_cluster``) serves the module's
+fits; each test builds its own model and SyncSwitch on it. The first test starts and
+tears down a cluster of its own before that one starts (a process coordinates one cluster
+at a time). A watchdog turns a BSP deadlock into a loud failure.
 """
 
 import faulthandler
-import gc
+import os
+import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -15,12 +20,13 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tfsync import netns
 from tfsync.engine import tfcompat
-from tfsync.engine.cluster import LocalCluster, connect_strategy
-from tfsync.keras import SyncSwitch
-from tfsync.keras.sync_switch import ASP
+from tfsync.keras import SyncSwitch, local_cluster
+from tfsync.keras.plan import Plan, parse
+from tfsync.keras.sync_switch import ASP, BSP
 
-pytestmark = pytest.mark.cluster
+cluster = pytest.mark.cluster
 
 N = 2  # workers
 SAMPLE = "tfsync/datasets/mnist_sample.npz"
@@ -29,17 +35,8 @@ WATCHDOG_S = 150  # a deadlocked round would block fit forever; raise this on a 
 
 @pytest.fixture(scope="module")
 def strategy():
-    cluster = LocalCluster(workers=N, ps=1).start()
-    coordinator = None
-    try:
-        strategy = connect_strategy(cluster)
-        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with local_cluster(workers=N) as strategy:  # the README's one line
         yield strategy
-    finally:
-        gc.collect()  # free PS resources while the PS still answers
-        if coordinator is not None:
-            tfcompat.stop_coordinator(coordinator)
-        cluster.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +78,53 @@ def _build(strategy, eta, momentum, **kw):
     return sync, model
 
 
+def _port_open(host, port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def _fixed_batch(xb, yb):
+    """A DatasetCreator whose every batch is ``xb, yb`` (uint8 images scaled on the workers)."""
+    def dataset_fn(_):
+        ds = tf.data.Dataset.from_tensors((xb, yb)).repeat()
+        return ds.map(lambda a, b: (tf.cast(a, tf.float32) / 255, b))
+    return keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def _sequential(w0, xb, yb, loss_fn, updates, rate, momentum):
+    """The user's model trained in this process: ``updates`` SGD steps on batch ``xb, yb``."""
+    ref = _linear()
+    ref.set_weights(w0)
+    opt = keras.optimizers.SGD(rate, momentum=momentum)
+    bx = tf.constant(xb.astype(np.float32) / 255)
+    for _ in range(updates):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(tf.constant(yb), ref(bx)))
+        opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables))
+    return ref.get_weights()
+
+
+@cluster
+def test_local_cluster_starts_and_tears_down_even_when_the_body_raises():
+    """The README's one line: every task process runs and listens inside the block; leaving
+    it by an exception (which propagates) kills them all and closes their ports. It runs
+    before the module's cluster starts: this process coordinates one cluster at a time."""
+    local = local_cluster(workers=N)
+    with pytest.raises(RuntimeError, match="the body failed"):
+        with local as strategy:
+            spec, procs = local.cluster.spec, list(local.cluster.procs.values())
+            addresses = [a.rsplit(":", 1) for a in spec["ps"] + spec["worker"]]
+            assert tfcompat.cluster_resolver(strategy).cluster_spec().num_tasks("worker") == N
+            assert len(procs) == N + 1 and all(p.poll() is None for p in procs)
+            assert all(_port_open(h, int(p)) for h, p in addresses)
+            raise RuntimeError("the body failed")
+    assert all(p.poll() is not None and not netns.pid_alive(p.pid) for p in procs)
+    assert not any(_port_open(h, int(p)) for h, p in addresses)
+    assert local.coordinator is None
+
+
+@cluster
 def test_a_learning_rate_schedule_is_followed_and_scaled_in_bsp(strategy, mnist):
     """With a LearningRateSchedule, update k uses schedule(k) (times n in BSP), as
     apply_gradients would; before, the rate stayed at its first value."""
@@ -99,6 +143,7 @@ def test_a_learning_rate_schedule_is_followed_and_scaled_in_bsp(strategy, mnist)
     assert sync.rate().numpy() == pytest.approx(float(sched(k)), rel=1e-6)
 
 
+@cluster
 def test_fit_trains_bsp_then_asp_at_the_requested_fraction(strategy, mnist):
     """3 epochs x 20 steps, switch at 0.5: steps 1-30 run as 15 BSP rounds of N pushes
     (one update each, LR n*eta), steps 31-60 as 30 ASP updates (LR eta, momentum kept)."""
@@ -131,42 +176,59 @@ def test_fit_trains_bsp_then_asp_at_the_requested_fraction(strategy, mnist):
     assert test_acc > 0.6, f"held-out accuracy {test_acc:.3f} (chance 0.1)"
 
 
+@cluster
 def test_bsp_rounds_equal_single_process_sgd_on_the_mean_gradient(strategy, mnist):
-    """Every input batch is the same 16 examples, so each BSP round must equal one SGD
-    (momentum) step at LR n*eta on that batch, computed on the weights the previous round
-    left: a gradient read before the last update landed, an update applied per push, or a
-    push lost would all break the equality. 3 steps per epoch (odd), so round 1 spans
-    the epoch boundary and must not deadlock the epoch's join."""
+    """plan=["bsp"]. Every input batch is the same 16 examples, so each BSP round must
+    equal one SGD (momentum) step at LR n*eta on that batch, computed on the weights the
+    previous round left: a gradient read before the last update landed, an update applied
+    per push, or a push lost would all break the equality. 3 steps per epoch (odd), so
+    round 1 spans the epoch boundary and must not deadlock the epoch's join. BSP
+    throughout: no switch at the end (switch_at=1.0 would leave ASP for the next fit)."""
     x, y, _, _ = mnist
     xb, yb = x[:16], y[:16]
     eta, momentum = 0.5, 0.9
-    sync, model = _build(strategy, eta, momentum, switch_at=1.0)
+    sync, model = _build(strategy, eta, momentum, plan=["bsp"])
     w0 = model.inner.get_weights()
-
-    def dataset_fn(_):
-        ds = tf.data.Dataset.from_tensors((xb, yb)).repeat()
-        return ds.map(lambda a, b: (tf.cast(a, tf.float32) / 255, b))
-
-    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=3,
-              callbacks=[sync.callback()], verbose=0)
+    model.fit(_fixed_batch(xb, yb), epochs=2, steps_per_epoch=3, callbacks=[sync.callback()], verbose=0)
     rounds = 6 // N
     assert int(sync.rounds.numpy()) == rounds
     assert int(model.optimizer.iterations.numpy()) == rounds
-    assert sync.switched_at_step == 6  # switch_at=1.0: after the last round
+    assert int(sync.mode.numpy()) == BSP and sync.switched_at_step is None
+    assert sync.rate().numpy() == pytest.approx(N * eta)
 
-    ref = _linear()
-    ref.set_weights(w0)
-    opt = keras.optimizers.SGD(N * eta, momentum=momentum)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    bx = tf.constant(xb.astype(np.float32) / 255)
-    for _ in range(rounds):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, ref(bx))
-        opt.apply_gradients(zip(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables))
-    for got, want in zip(model.inner.get_weights(), ref.get_weights()):
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    for got, want in zip(model.inner.get_weights(), _sequential(w0, xb, yb, loss_fn, rounds, N * eta, momentum)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@cluster
+def test_an_asp_plan_applies_every_steps_gradient_at_eta(strategy, mnist):
+    """plan=["asp"]: each of the 6 steps applies its own gradient at LR eta, momentum kept.
+    The loss is the true class's logit, so a gradient does not depend on the weights it
+    was computed on: whatever order the two workers' steps land in, the weights must equal
+    6 sequential SGD steps. An aggregating step (3 updates at n*eta), a step lost, or a
+    BSP gate left on (the first round's token would block forever) all fail here."""
+    x, y, _, _ = mnist
+    xb, yb = x[:16], y[:16]
+    eta, momentum = 0.1, 0.9
+
+    def logit(labels, logits):
+        return tf.reduce_sum(logits * tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), 10), -1)
+
+    with strategy.scope():
+        sync = SyncSwitch(strategy, N, plan=["asp"])
+        model = sync.wrap(_linear())
+        model.compile(optimizer=keras.optimizers.SGD(eta, momentum=momentum), loss=logit)
+    assert sync.rate().numpy() == pytest.approx(eta)
+    w0 = model.inner.get_weights()
+    model.fit(_fixed_batch(xb, yb), epochs=2, steps_per_epoch=3, callbacks=[sync.callback()], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert int(sync.rounds.numpy()) == 0 and sync.switched_at_step is None
+    for got, want in zip(model.inner.get_weights(), _sequential(w0, xb, yb, logit, 6, eta, momentum)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@cluster
 def test_a_bsp_update_is_the_mean_of_the_rounds_gradients(strategy):
     """The check above cannot tell a mean from the leader's own gradient (all gradients are
     equal there). Here each example is a random one-hot row e_i and the loss is the model
@@ -193,6 +255,7 @@ def test_a_bsp_update_is_the_mean_of_the_rounds_gradients(strategy):
     model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=steps,
               callbacks=[sync.callback()], verbose=0)
     assert int(model.optimizer.iterations.numpy()) == steps // N
+    assert sync.switched_at_step == steps  # switch_at=1.0: after the last round
     counts = -model.inner.get_weights()[0][:, 0] / eta
     np.testing.assert_allclose(counts, np.round(counts), atol=1e-5)
     counts = np.round(counts).astype(int)
@@ -200,6 +263,7 @@ def test_a_bsp_update_is_the_mean_of_the_rounds_gradients(strategy):
     assert (counts % 2).any(), f"every row counted an even number of times: {counts[counts > 0]}"
 
 
+@cluster
 @pytest.mark.parametrize("how", ["request_switch", "switch_at_zero"])
 def test_switch_now(strategy, mnist, how):
     """request_switch() ends BSP after the round in progress (here the first); switch_at=0
@@ -217,6 +281,7 @@ def test_switch_now(strategy, mnist, how):
     assert model.optimizer.learning_rate.numpy() == pytest.approx(eta)
 
 
+@cluster
 def test_rejects_a_worker_count_other_than_the_clusters(strategy):
     """Any count would run (only leaders wait, for pushes already dequeued), but a round
     of 3 pushes on 2 workers is not the BSP of the paper's configuration policy."""
@@ -224,8 +289,48 @@ def test_rejects_a_worker_count_other_than_the_clusters(strategy):
         SyncSwitch(strategy, 3)
     with pytest.raises(ValueError, match="switch_at"):
         SyncSwitch(strategy, N, switch_at=1.5)
+    with pytest.raises(ValueError, match=r"request_switch\(\): the plan is bsp throughout"):
+        SyncSwitch(strategy, N, plan=["bsp"]).request_switch()
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("plan, says", [
+    ([{"name": "bsp", "until": 0.5}, {"name": "ssp", "staleness": 3}],
+     r"^plan\[1\]: ssp cannot be honoured inside model.fit: .*no step knows its worker.*tfsync run"),
+    (["ssp"], r"^plan\[0\]: ssp cannot be honoured"),
+    ([{"name": "asp", "until": 0.5}, "bsp"], r"^plan=asp -> bsp: asp -> bsp cannot be honoured"),
+    ([{"name": "bsp", "until": 0.3}, {"name": "asp", "until": 0.6}, "bsp"], r"^plan=bsp -> asp -> bsp: asp -> bsp"),
+    ([{"name": "bsp", "until": 0.5}, "bsp"], r"^plan=bsp -> bsp: one phase per protocol"),
+    (["fluentps"], r"^plan\[0\]: protocol 'fluentps' cannot run inside model.fit .*tfsync run"),
+    (["bsb"], r"^plan\[0\]: protocol 'bsb' is unknown; the callback runs bsp, asp$"),
+    ([{"name": "asp", "depth": 3}], r"^plan\[0\].depth: the callback's asp takes no option 'depth'"),
+    ([{"name": "bsp", "batch_sizes": [8, 24]}], r"^plan\[0\].batch_sizes: per-worker batch sizes cannot"),
+    (["bsp", "asp"], r"^plan\[0\].until: missing"),
+    ([{"name": "bsp", "until": 1.0}, "asp"], r"^plan\[0\].until = 1.0: expected a fraction in \(0, 1\)"),
+    ([{"name": "bsp", "until": 0.5}], r"^plan\[0\].until = 0.5: expected 1.0 or omitted"),
+    ([], r"^plan=\[\]: expected a non-empty list"),
+    ([("bsp", 0.5)], r"^plan\[0\] = \('bsp', 0.5\): expected a protocol name or a dict"),
+])
+def test_a_plan_it_cannot_honour_is_refused_in_one_line_naming_the_phase(plan, says):
+    """Refused before the strategy is touched: nothing runs a different protocol than asked."""
+    with pytest.raises(ValueError, match=says) as e:
+        SyncSwitch(None, N, plan=plan)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.unit
+def test_the_plans_the_callback_runs():
+    """BSP or ASP throughout, or BSP then ASP at a fraction (switch_at is its short form;
+    both at once is refused); a phase is written as in a job file's [[protocol]]."""
+    assert parse("asp") == parse(["ASP"]) == parse([{"name": "asp", "until": 1.0}]) == Plan("asp", None)
+    assert parse(["bsp"]) == Plan("bsp", None)
+    assert parse([{"name": "bsp", "until": 0.3}, "asp"]) == parse(None, 0.3) == Plan("bsp", 0.3)
+    assert parse() == Plan("bsp", 0.5) and parse(None, 0) == Plan("bsp", 0.0)
+    with pytest.raises(ValueError, match=r"^SyncSwitch: give plan or switch_at, not both"):
+        SyncSwitch(None, N, plan=["asp"], switch_at=0.5)
+
+
+@cluster
 def test_keras_tensorboard_callback_runs_beside_sync_switch(strategy, mnist, tmp_path):
     """`tensorboard` is installed with tfsync (TF 2.21 no longer brings it: the callback raised
     TBNotInstalledError): Keras's own TensorBoard callback logs a SyncSwitch fit, per epoch."""
@@ -242,3 +347,20 @@ def test_keras_tensorboard_callback_runs_beside_sync_switch(strategy, mnist, tmp
     values = acc.Scalars("epoch_loss") if "epoch_loss" in acc.Tags()["scalars"] else \
         [types.SimpleNamespace(step=e.step, value=float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors("epoch_loss")]
     assert [e.step for e in values] == [0, 1] and all(np.isfinite(e.value) for e in values)
+
+
+@cluster
+def test_the_readme_keras_example_runs_as_a_script(tmp_path):
+    """The README's Keras block, run as a user would paste it: it trains, switches after
+    half the steps, and leaves no TensorFlow noise on stderr (start-up lines, or the lines
+    TF's exit clean-up writes for tasks the block stopped)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Keras: Sync-Switch inside your own `model.fit`", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("TFSYNC_VERBOSE", "TF_CPP_MIN_LOG_LEVEL")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=WATCHDOG_S - 10)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ASP after 100 BSP steps" in r.stdout, r.stdout
+    noise = [line for line in r.stderr.splitlines() if "every interface" not in line]  # no namespace: a warning
+    assert not noise, "\n".join(noise[:20])

@@ -1,9 +1,11 @@
-"""Keras (tf_keras) integration: callbacks for model.fit under ParameterServerStrategy."""
+"""Keras (tf_keras) integration: callbacks for model.fit under ParameterServerStrategy,
+and a local cluster to try them on in one line (``local_cluster``)."""
 
 from ..quiet import import_tensorflow
 
 import_tensorflow()  # without its start-up lines (tfsync.quiet)
 
+from .local import LocalStrategy, local_cluster  # noqa: E402
 from .sync_switch import SyncSwitch  # noqa: E402
 
-__all__ = ["SyncSwitch"]
+__all__ = ["LocalStrategy", "SyncSwitch", "local_cluster"]

@@ -1,7 +1,7 @@
-"""Sync-Switch inside ``model.fit``: BSP for the first ``switch_at`` of the steps, then ASP.
+"""Sync-Switch inside ``model.fit``: BSP for the first part of the steps, then ASP (or either alone).
 
     with strategy.scope():
-        sync = SyncSwitch(strategy, num_workers=2, switch_at=0.5)
+        sync = SyncSwitch(strategy, num_workers=2, plan=[{"name": "bsp", "until": 0.5}, "asp"])
         model = sync.wrap(build_model())          # trains build_model()'s own weights
         model.compile(optimizer=tf_keras.optimizers.SGD(eta, momentum=0.9), loss=...)
     model.fit(DatasetCreator(fn), epochs=E, steps_per_epoch=S, callbacks=[sync.callback()])
@@ -28,6 +28,11 @@ of TF1's SyncReplicasOptimizer, with everything that decides on the PS:
   with round -1, which let steps already waiting in ``dequeue`` run as ASP. Later steps
   read mode == ASP and apply their own gradient at once. A coordinator-side flag set in
   ``on_train_batch_begin`` would fire up to an epoch early, because scheduling runs ahead.
+
+The plan (``tfsync.keras.plan``) may also be BSP throughout (``["bsp"]``: the switch round
+is never reached) or ASP throughout (``["asp"]``: the mode is ASP from the start, no token
+is ever taken); ``switch_at=f`` is ``[{"name": "bsp", "until": f}, "asp"]``. SSP, ASP
+before BSP and the engine's other protocols are refused there, with the reason.
 
 Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_scale * eta``
 (default ``num_workers * eta``) during BSP and eta after the switch; momentum is kept.
@@ -56,6 +61,7 @@ import tf_keras as keras
 
 from ..engine import tfcompat
 from ..engine.control import LearningRate, apply_update, check_optimizer, read_back, weighted_flat, weighted_mean
+from .plan import parse
 
 logger = logging.getLogger(__name__)
 
@@ -65,20 +71,24 @@ _uid = itertools.count()
 
 
 class SyncSwitch:
-    """PS-side state of one BSP -> ASP job; see the module docstring."""
+    """PS-side state of one job's plan (BSP, ASP, or BSP then ASP); see the module docstring.
 
-    def __init__(self, strategy, num_workers: int, switch_at: float = 0.5,
+    ``plan``: a job file's [[protocol]] list as Python, e.g. ``["asp"]`` or
+    ``[{"name": "bsp", "until": 0.3}, "asp"]`` (``tfsync.keras.plan``); ``switch_at=f``
+    is short for ``[{"name": "bsp", "until": f}, "asp"]``; neither: BSP, ASP at 0.5.
+    """
+
+    def __init__(self, strategy, num_workers: int, switch_at: float | None = None,
                  bsp_lr_scale: float | None = None, release_slack: int | None = None,
-                 device: str = "/job:ps/task:0"):
+                 device: str = "/job:ps/task:0", *, plan=None):
+        self.plan = parse(plan, switch_at)  # first: a plan it cannot honour is refused here
         # ParameterServerStrategyV2 leaves the public ``cluster_resolver`` None (TF 2.21).
         resolver = tfcompat.cluster_resolver(strategy)
         have = resolver.cluster_spec().num_tasks("worker") if resolver is not None else None
         if have is not None and have != num_workers:
             raise ValueError(f"num_workers={num_workers} but the strategy's cluster has {have} "
                              "workers; a BSP round aggregates num_workers gradients: pass the real count")
-        if not 0.0 <= switch_at <= 1.0:
-            raise ValueError(f"switch_at={switch_at!r} is a fraction of the training steps; use 0..1")
-        self.strategy, self.num_workers, self.switch_at = strategy, int(num_workers), float(switch_at)
+        self.strategy, self.num_workers, self.switch_at = strategy, int(num_workers), self.plan.switch_at
         self.bsp_lr_scale = float(num_workers if bsp_lr_scale is None else bsp_lr_scale)
         self.release_slack = int(2 * num_workers if release_slack is None else release_slack)
         if self.release_slack < num_workers - 1:
@@ -90,7 +100,8 @@ class SyncSwitch:
         self.model = self.optimizer = self.accumulator = None
         with strategy.scope():
             i64 = dict(dtype=tf.int64, trainable=False)
-            self.mode = tf.Variable(BSP, name="sync_mode", **i64)            # 0 BSP, 1 ASP
+            first = BSP if self.plan.first == "bsp" else ASP
+            self.mode = tf.Variable(first, name="sync_mode", **i64)          # 0 BSP, 1 ASP
             self.switch_flag = tf.Variable(0, name="sync_switch_flag", **i64)  # switch now
             self.switch_round = tf.Variable(_NEVER, name="sync_switch_round", **i64)
             self.rounds = tf.Variable(0, name="sync_rounds", **i64)          # BSP updates done
@@ -108,12 +119,18 @@ class SyncSwitch:
 
     def request_switch(self) -> None:
         """Switch at the end of the BSP round in progress (online timing policies)."""
+        if self.switch_at is None:
+            raise ValueError(f"request_switch(): the plan is {self.plan.first} throughout, with no switch "
+                             "to ASP; give plan=[{'name': 'bsp', 'until': f}, 'asp'] to have one")
         self.switch_flag.assign(1)
 
     # -- set-up (from the wrapped model's compile) ------------------------------------------
     def _attach(self, model, optimizer) -> None:
         check_optimizer(optimizer)
         variables = list(model.trainable_variables)
+        if not variables:
+            raise ValueError("the wrapped model has no trainable weights yet: build it before compile "
+                             "(start it with keras.Input(shape), or call it on a batch)")
         if self.model is not None and [v.ref() for v in variables] != self._var_refs:
             raise ValueError("this SyncSwitch already serves another model; create one per model")
         with self.strategy.scope():
@@ -129,7 +146,8 @@ class SyncSwitch:
                 self.accumulator = tf.compat.v1.ConditionalAccumulator(
                     tf.float32, shape=[sum(self.sizes) + 1],
                     shared_name=f"tfsync_sync_switch_{next(_uid)}", name="sync_accumulator")
-                self.tokens.enqueue_many(self._round_tokens(0))
+                if self.plan.first == "bsp":
+                    self.tokens.enqueue_many(self._round_tokens(0))
 
     def _round_tokens(self, round_):
         """``num_workers`` tokens of one round, the leader (index 0) last."""
@@ -138,8 +156,8 @@ class SyncSwitch:
 
     def _start(self, total_steps: int) -> int | None:
         """From the callback: fix the switch round; returns the BSP step count planned."""
-        if int(self.mode.numpy()) == ASP:
-            return None
+        if int(self.mode.numpy()) == ASP or self.switch_at is None:
+            return None  # ASP already, or BSP throughout (switch_round stays _NEVER)
         bsp_rounds = int(math.floor(self.switch_at * total_steps / self.num_workers + 0.5))
         if bsp_rounds == 0:  # no BSP at all: nothing runs yet, switch from here
             self.rate.scale.assign(1.0)
@@ -244,10 +262,10 @@ class _SyncSwitchCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
-        if not steps:
+        if not steps and self.sync.switch_at is not None:
             raise ValueError("SyncSwitch needs fit(..., steps_per_epoch=N) to place the switch")
         self.scheduled = 0
-        self.planned_step = self.sync._start(int(steps) * int(epochs))
+        self.planned_step = self.sync._start(int(steps or 0) * int(epochs))
         logger.debug("sync-switch planned after %s BSP steps", self.planned_step)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -267,6 +285,6 @@ class _SyncSwitchCallback(keras.callbacks.Callback):
         sync.history.append({"event": "epoch_end" if epoch is not None else "train_end",
                              "epoch": epoch, "mode": mode, "rounds": int(sync.rounds.numpy()),
                              "learning_rate": float(sync.rate().numpy())})  # of the next update
-        if mode == "asp" and sync.switched_at_step is None:
+        if mode == "asp" and sync.switched_at_step is None and int(sync.switch_step.numpy()) >= 0:
             sync.switched_at_step = int(sync.switch_step.numpy())
             logger.debug("sync-switch observed: ASP after %d BSP steps", sync.switched_at_step)
