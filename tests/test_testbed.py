@@ -9,6 +9,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,18 +51,42 @@ def bed(tmp_path_factory):
         assert not any(n.startswith(f"tfsb{made.slot}-") for n in os.listdir("/run/netns"))
 
 
-def _rtt_ms(bed, host, port, tries=5) -> float:
-    """The median round trip of one byte from the coordinator's node to host:port."""
+def _rtts_ms(bed, host, port, tries=5) -> list[float]:
+    """Round trips of one byte from the coordinator's node to host:port, sorted."""
     probe = ("import socket, sys, time\n"
              "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
              "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\nts = []\n"
              f"for _ in range({tries}):\n"
              "    t = time.perf_counter(); c.sendall(b'x'); c.recv(1); ts.append(time.perf_counter() - t)\n"
-             "print(sorted(ts)[len(ts) // 2] * 1000)\n")
+             "print(*sorted(t * 1000 for t in ts))\n")
     out = subprocess.run(bed.command("c", [sys.executable, "-c", probe, host, str(port)]), capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    return float(out.stdout)
+    return [float(t) for t in out.stdout.split()]
+
+
+def _rtt_ms(bed, host, port, tries=5) -> float:
+    """The median round trip of one byte from the coordinator's node to host:port."""
+    ts = _rtts_ms(bed, host, port, tries)
+    return ts[len(ts) // 2]
+
+
+def _udp_received(bed, sender, receiver, count=400) -> int:
+    """How many of ``count`` datagrams ``sender`` sends reach ``receiver`` (node names)."""
+    listen = ("import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              "s.bind((sys.argv[1], 20060)); print('ready', flush=True); s.settimeout(3); n = 0\n"
+              "try:\n    while s.recv(64) != b'end':\n        n += 1\nexcept socket.timeout:\n    pass\nprint(n)\n")
+    send = ("import socket, sys, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"for _ in range({count}):\n    s.sendto(b'x', (sys.argv[1], 20060)); time.sleep(0.001)\n")
+    address = bed.node(receiver).address
+    rx = subprocess.Popen(bed.command(receiver, [sys.executable, "-c", listen, address]), stdout=subprocess.PIPE,
+                          text=True)
+    try:
+        assert rx.stdout.readline().strip() == "ready"
+        subprocess.run(bed.command(sender, [sys.executable, "-c", send, address]), check=True, timeout=30)
+        return int(rx.communicate(timeout=30)[0])
+    finally:
+        rx.kill()
 
 
 def test_the_relay_adds_each_senders_latency_and_follows_changes_while_connections_run(bed, tmp_path):
@@ -81,15 +106,36 @@ def test_the_relay_adds_each_senders_latency_and_follows_changes_while_connectio
         bed.set("c", latency_ms=10)           # and now c's requests 10 ms
         time.sleep(0.5)
         assert 40 <= _rtt_ms(bed, n1.advertised, 20050) < 40 + base + 15
+        bed.set("c", latency_ms=0)
+        bed.set("n1", latency_ms=20, jitter_ms=15)   # replies wait 5 to 35 ms, still in order
+        time.sleep(0.5)
+        ts = _rtts_ms(bed, n1.advertised, 20050, tries=15)
+        assert ts[0] >= 5 and ts[-1] < 35 + base + 15 and ts[-1] - ts[0] > 10, ts
         bed.set("n1", up=False)               # a partition: nothing gets through
         with pytest.raises(AssertionError):
             _rtt_ms(bed, n1.advertised, 20050, tries=1)
     finally:
-        bed.set("n1", latency_ms=0, up=True)
+        bed.set("n1", latency_ms=0, jitter_ms=0, up=True)
         bed.set("c", latency_ms=0)
         server.kill()
     with pytest.raises(testbed.TestbedInputError, match="no node 'n9'"):
         bed.set("n9", latency_ms=1)
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="packet loss needs nftables (apt-get install nftables)")
+def test_a_nodes_packet_loss_drops_that_share_of_what_it_sends_and_is_removed(bed):
+    bed.set("n2", loss_pct=50)
+    try:
+        lost = _udp_received(bed, "n2", "c")
+        back = _udp_received(bed, "c", "n2")  # n2 receives all: the loss is on what it sends
+    finally:
+        bed.set("n2", loss_pct=0)
+    assert 140 <= lost <= 260 and back == 400, (lost, back)
+    assert _udp_received(bed, "n2", "c") == 400
+    tables = subprocess.run(bed.command("n2", ["nft", "list", "tables"]), capture_output=True, text=True).stdout
+    assert "tfsync_testbed" not in tables
+    with pytest.raises(testbed.TestbedInputError, match="loss 150 %: give 0 to 100 %"):
+        bed.set("n2", loss_pct=150)
 
 
 def _wait_for(predicate, what, proc, timeout=120):

@@ -4,6 +4,7 @@
     bed.hooks                          # ["198.18.1.11:7070", ...]: the job file's cluster.hooks
     subprocess.run(bed.command("c", ["tfsync", "run", "job.toml"]))   # the coordinator's node
     bed.set("n2", latency_ms=30)       # while the job runs: n2's link turns slow
+    bed.set("n3", jitter_ms=5, loss_pct=1)
     bed.down()                         # every namespace, link, process and file removed
 
 Layout (slot ``s``: several testbeds can be up at once):
@@ -22,6 +23,9 @@ Layout (slot ``s``: several testbeds can be up at once):
   address: the spec names the coordinator by its own address, ``HookNodes.chief_host``)
   reach them, no other host on the bridge does;
 - bandwidth: a ``tbf`` qdisc on both ends of a node's veth (its upload and download);
+- jitter: the relay's (``relay.py``); packet loss: an nftables rule in the node's namespace
+  that drops that share of what it sends, at random (netem's ``loss``, which this kernel
+  lacks; needs ``nft``);
 - a node's hook runs in its own mount namespace with an empty tmpfs over each
   ``private`` directory (``/tmp`` by default): a node sees nothing the coordinator
   keeps there, as a separate machine would not (no shared run directory);
@@ -74,6 +78,8 @@ class Node:
     advertised: str           # where the cluster spec points: the relay, on the way to ``address``
     latency_ms: float = 0.0
     rate: str | None = None   # tbf rate ("100mbit"), None: unshaped
+    jitter_ms: float = 0.0    # each chunk it sends waits latency +- up to this (the relay)
+    loss_pct: float = 0.0     # share of the packets it sends that are dropped (nftables)
     up: bool = True
     pid: int | None = None    # its hook (None for the coordinator's node)
 
@@ -102,6 +108,17 @@ def _run(*cmd: str) -> str:
 
 def _netns_list() -> set[str]:
     return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+
+
+def check_link(latency_ms: float | None = None, jitter_ms: float | None = None,
+               loss_pct: float | None = None) -> None:
+    """One line for a latency, jitter or loss out of range."""
+    for what, value, hi, unit in (("latency", latency_ms, 10_000, "ms"), ("jitter", jitter_ms, 10_000, "ms"),
+                                  ("loss", loss_pct, 100, "%")):
+        if value is not None and not 0 <= value <= hi:
+            raise TestbedInputError(f"{what} {value:g} {unit}: give 0 to {hi} {unit}")
+    if loss_pct and shutil.which("nft") is None:
+        raise TestbedInputError("loss needs nftables' `nft` (apt-get install nftables)")
 
 
 def check_rate(rate: str | None) -> str | None:
@@ -157,14 +174,14 @@ class Testbed:
     # -- making and removing -----------------------------------------------------------------
     @classmethod
     def up(cls, name: str = "tfsync", nodes: int = 3, latency_ms: float = 0.0, rate: str | None = None,
-           private: tuple[str, ...] = ("/tmp",), log=None) -> "Testbed":
+           private: tuple[str, ...] = ("/tmp",), log=None, jitter_ms: float = 0.0,
+           loss_pct: float = 0.0) -> "Testbed":
         """Make a testbed of ``nodes`` nodes (each running a hook) plus the coordinator's node."""
         if not _NAME.fullmatch(name):
             raise TestbedInputError(f"testbed name {name!r}: use 1-16 lower-case letters, digits and '-'")
         if not 1 <= nodes <= 200:
             raise TestbedInputError(f"nodes = {nodes}: a testbed has 1 to 200 nodes")
-        if latency_ms < 0 or latency_ms > 10_000:
-            raise TestbedInputError(f"latency {latency_ms} ms: give 0 to 10000 ms")
+        check_link(latency_ms, jitter_ms, loss_pct)
         check_rate(rate)
         for d in private:
             if not os.path.isabs(d) or os.path.realpath(d) in ("/", "/proc", "/sys", "/dev", "/run"):
@@ -178,7 +195,8 @@ class Testbed:
         base, adv = (ipaddress.ip_network(f"198.18.{2 * slot + i}.0/24") for i in (0, 1))
         made = {}
         for k, node in enumerate([COORDINATOR] + [f"n{i}" for i in range(1, nodes + 1)]):
-            made[node] = Node(node, f"tfsb{slot}-{node}", str(base[10 + k]), str(adv[10 + k]), latency_ms, rate)
+            made[node] = Node(node, f"tfsb{slot}-{node}", str(base[10 + k]), str(adv[10 + k]), latency_ms, rate,
+                              jitter_ms, loss_pct)
         bed = cls(name, slot, made, private=tuple(private))
         safefile.make_dir(state_root(), 0o700)
         safefile.make_dir(bed.dir, 0o700)
@@ -219,6 +237,7 @@ class Testbed:
             _run("ip", "-n", ns, "route", "add", str(adv), "via", str(base[1]))
             _run("ip", "-n", w, "addr", "add", f"{node.advertised}/32", "dev", "lo")
             self._shape(node)
+            self._lose(node)
         say(f"{len(self.nodes)} namespaces on bridge {base} (advertised {adv})")
         self._write_relay_config()
         self.relay_pid = self._spawn(w, [sys.executable, "-m", "tfsync.testbed.relay", self.relay_config],
@@ -272,15 +291,19 @@ class Testbed:
 
     # -- changing links while a job runs ------------------------------------------------------
     def set(self, node: str, latency_ms: float | None = None, rate: str | None = None,
-            up: bool | None = None) -> Node:
-        """Change ``node``'s link: latency (the relay picks it up within 0.2 s), bandwidth
-        (``rate``; "none" removes the limit) or whether it is up at all (down: a partition)."""
+            up: bool | None = None, jitter_ms: float | None = None, loss_pct: float | None = None) -> Node:
+        """Change ``node``'s link: latency and jitter (the relay picks them up within 0.2 s),
+        packet loss, bandwidth (``rate``; "none" removes the limit) or whether it is up at
+        all (down: a partition)."""
         n = self.node(node)
-        if latency_ms is not None:
-            if not 0 <= latency_ms <= 10_000:
-                raise TestbedInputError(f"latency {latency_ms} ms: give 0 to 10000 ms")
-            n.latency_ms = float(latency_ms)
+        check_link(latency_ms, jitter_ms, loss_pct)
+        if latency_ms is not None or jitter_ms is not None:
+            n.latency_ms = n.latency_ms if latency_ms is None else float(latency_ms)
+            n.jitter_ms = n.jitter_ms if jitter_ms is None else float(jitter_ms)
             self._write_relay_config()
+        if loss_pct is not None:
+            n.loss_pct = float(loss_pct)
+            self._lose(n)
         if rate is not None:
             n.rate = None if rate == "none" else check_rate(rate)
             self._shape(n)
@@ -289,6 +312,21 @@ class Testbed:
             _run("ip", "-n", self.wire, "link", "set", f"v-{n.name}", "up" if up else "down")
         self.save()
         return n
+
+    def _lose(self, node: Node) -> None:
+        """Drop ``loss_pct`` % of the packets the node sends on its link, at random (an
+        nftables rule in its namespace: this kernel has no netem); loopback is spared."""
+        text = "table inet tfsync_testbed {}\ndelete table inet tfsync_testbed\n"  # add-then-delete: never fails
+        if node.loss_pct > 0:
+            text += ("table inet tfsync_testbed {\n\tchain output {\n"
+                     "\t\ttype filter hook output priority filter; policy accept;\n"
+                     f"\t\toifname != \"lo\" numgen random mod 10000 < {round(node.loss_pct * 100)} drop\n\t}}\n}}\n")
+        elif shutil.which("nft") is None:
+            return  # never set: nothing to remove
+        r = subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=text, capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode != 0:
+            raise TestbedError(f"packet loss on {node.name}: nft failed: {r.stderr.strip() or r.returncode}")
 
     def _shape(self, node: Node) -> None:
         for ns, dev in ((node.netns, "eth0"), (self.wire, f"v-{node.name}")):
@@ -305,8 +343,8 @@ class Testbed:
         return os.path.join(self.dir, "relay.json")
 
     def _write_relay_config(self) -> None:
-        config = {"nodes": {n.name: {"address": n.address, "advertised": n.advertised, "latency_ms": n.latency_ms}
-                            for n in self.nodes.values()},
+        config = {"nodes": {n.name: {"address": n.address, "advertised": n.advertised, "latency_ms": n.latency_ms,
+                                     "jitter_ms": n.jitter_ms} for n in self.nodes.values()},
                   "ports": [[HOOK_PORT, HOOK_PORT], list(TASK_PORTS)]}
         safefile.write(self.relay_config, json.dumps(config, indent=1))
 

@@ -19,18 +19,28 @@ def latency(text: str) -> float:
     return float(m.group(1)) * (1000.0 if m.group(2) == "s" else 1.0)
 
 
+def percent(text: str) -> float:
+    """"1%", "0.5" -> percent."""
+    try:
+        return float(text.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"loss {text!r}: give a percentage such as 1% or 0.5") from None
+
+
 def add_commands(sub) -> None:
     tb = sub.add_parser(
         "testbed", help="separate hosts on this machine (network namespaces) with an emulated network",
         description="A test cluster of separate hosts on one machine: each node is a Linux network namespace "
                     "with its own address on a bridge (198.18.0.0/15, never routed out) running a tfsync "
                     "hook, plus a node 'c' for the coordinator. Every connection between nodes passes a "
-                    "latency relay; bandwidth is shaped with tbf. Each node sees an empty /tmp of its own "
+                    "latency relay (with jitter); bandwidth is shaped with tbf and packets dropped at "
+                    "random with nftables (loss). Each node sees an empty /tmp of its own "
                     "(no shared run directory). Needs root and iproute2.",
         epilog="example:\n  tfsync testbed up --nodes 3 --latency 10ms --rate 1gbit\n"
                "  tfsync testbed status            # the [cluster] table for a job file\n"
                "  tfsync testbed exec c -- tfsync run job.toml\n"
                "  tfsync testbed set n2 --latency 30ms     # while the job runs\n"
+               "  tfsync testbed set n3 --jitter 5ms --loss 1%\n"
                "  tfsync testbed down",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     s = tb.add_subparsers(dest="testbed_command", metavar="COMMAND")
@@ -43,6 +53,10 @@ def add_commands(sub) -> None:
     up.add_argument("--nodes", type=int, default=3, help="nodes that run tasks (default 3), beside the coordinator's")
     up.add_argument("--latency", type=latency, default=0.0, help="every node's one-way latency (e.g. 10ms)")
     up.add_argument("--rate", help="every node's bandwidth up and down, as tc writes it (e.g. 100mbit, 1gbit)")
+    up.add_argument("--jitter", type=latency, default=0.0,
+                    help="every node's jitter: each chunk waits latency +- up to this (e.g. 2ms)")
+    up.add_argument("--loss", type=percent, default=0.0,
+                    help="every node's packet loss on what it sends, in %% (e.g. 1%%; needs nftables)")
     up.add_argument("--private", action="append", metavar="DIR",
                     help="a directory each node sees empty (repeatable; default /tmp)")
     s.add_parser("down", parents=[name], help="stop every process and remove every namespace and link",
@@ -53,11 +67,14 @@ def add_commands(sub) -> None:
                                   "[cluster] table for a job file.")
     st.add_argument("--json", action="store_true")
     ch = s.add_parser("set", parents=[name], help="change a node's link while a job runs",
-                      description="Change one node's link while a job runs: its one-way latency (what every "
-                                  "chunk it sends waits in the relay), its bandwidth (tbf, both ways), or take "
-                                  "it down and up again (a partition).")
+                      description="Change one node's link while a job runs: its one-way latency and jitter "
+                                  "(what every chunk it sends waits in the relay), its packet loss (what it "
+                                  "sends), its bandwidth (tbf, both ways), or take it down and up again (a "
+                                  "partition).")
     ch.add_argument("node", help="n1, n2, ... or c")
-    ch.add_argument("--latency", type=latency)
+    ch.add_argument("--latency", type=latency, help="one-way latency of what it sends (e.g. 30ms)")
+    ch.add_argument("--jitter", type=latency, help="each chunk it sends waits latency +- up to this (e.g. 5ms)")
+    ch.add_argument("--loss", type=percent, help="percent of the packets it sends dropped (0: none)")
     ch.add_argument("--rate", help="tc rate, or none")
     ch.add_argument("--down", action="store_true", help="take the link down (a partition)")
     ch.add_argument("--up", action="store_true", help="bring the link back")
@@ -79,7 +96,7 @@ def cmd_testbed(args) -> int:
     try:
         if args.testbed_command == "up":
             bed = Testbed.up(args.name, args.nodes, args.latency, args.rate, tuple(args.private or ["/tmp"]),
-                             log=lambda msg: print(msg, flush=True))
+                             log=lambda msg: print(msg, flush=True), jitter_ms=args.jitter, loss_pct=args.loss)
             print(f"testbed {bed.name} is up; its job file table:\n\n{bed.cluster_toml()}")
             return 0
         bed = Testbed.load(args.name)
@@ -95,15 +112,16 @@ def cmd_testbed(args) -> int:
                     hook = "coordinator" if n["pid"] is None else \
                         f"hook {'running' if n['hook_alive'] else 'GONE'} (pid {n['pid']})"
                     print(f"{n['name']:>4}  {n['address']:<14} advertised {n['advertised']:<14} "
-                          f"latency {n['latency_ms']:g} ms  rate {n['rate'] or '-'}  "
+                          f"latency {_link(n)}  rate {n['rate'] or '-'}  "
                           f"link {'up' if n['up'] else 'DOWN'}  {hook}")
                 print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
         elif args.testbed_command == "set":
             if args.up and args.down:
                 return _fail("--up and --down: give one", EXIT_BAD_INPUT)
             n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
-                        up=True if args.up else False if args.down else None)
-            print(f"{n.name}: latency {n.latency_ms:g} ms, rate {n.rate or '-'}, link {'up' if n.up else 'down'}")
+                        up=True if args.up else False if args.down else None, jitter_ms=args.jitter,
+                        loss_pct=args.loss)
+            print(f"{n.name}: latency {_link(vars(n))}, rate {n.rate or '-'}, link {'up' if n.up else 'down'}")
         elif args.testbed_command == "exec":
             argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             if not argv:
@@ -116,3 +134,9 @@ def cmd_testbed(args) -> int:
     except TestbedError as e:
         return _fail(str(e), EXIT_BAD_INPUT if isinstance(e, TestbedInputError) else EXIT_FAILED)
     return 0
+
+
+def _link(n: dict) -> str:
+    """"10 ms", "10 +- 2 ms, 1 % loss": a node's latency, jitter and loss."""
+    text = f"{n['latency_ms']:g}" + (f" +- {n['jitter_ms']:g}" if n.get("jitter_ms") else "") + " ms"
+    return text + (f", {n['loss_pct']:g} % loss" if n.get("loss_pct") else "")

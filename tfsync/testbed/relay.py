@@ -11,6 +11,10 @@ client chunks the server node's, so two nodes at 10 ms see a 20 ms round trip. T
 delays are read from the config file again whenever it changes, so a link can turn slow
 while a job runs.
 
+Jitter: a node's ``jitter_ms`` adds to each chunk's delay a uniform draw in [-jitter,
++jitter] (at least 0), as ``netem delay L J`` does, but a chunk never overtakes the one
+before it (a TCP stream has one order), so a large jitter also slows the stream down.
+
 The relay listens on every node's advertised address (where the cluster spec points) on
 the hook's port and every task port, and connects to the node's own address on the same
 port: TF checks that a task's port in the spec is the port it serves on, the host may
@@ -21,7 +25,8 @@ that is not a node is passed on from the bridge's address, which no firewall let
 ``python -m tfsync.testbed.relay CONFIG`` (run by ``tfsync testbed up`` in the
 testbed's wire namespace); the config:
 
-    {"nodes": {"n1": {"address": "198.18.0.11", "advertised": "198.18.1.11", "latency_ms": 10}, ...},
+    {"nodes": {"n1": {"address": "198.18.0.11", "advertised": "198.18.1.11", "latency_ms": 10,
+                      "jitter_ms": 2}, ...},
      "ports": [[7070, 7070], [20000, 20099]]}
 """
 
@@ -32,6 +37,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import resource
 import sys
 
@@ -62,6 +68,7 @@ class Relay:
         self.nodes = config["nodes"]
         self.ports = [tuple(r) for r in config["ports"]]
         self.latency = {n["address"]: n.get("latency_ms", 0.0) / 1000.0 for n in self.nodes.values()}
+        self.jitter = {n["address"]: n.get("jitter_ms", 0.0) / 1000.0 for n in self.nodes.values()}
         self.advertised = {n["address"]: n["advertised"] for n in self.nodes.values()}
         return True
 
@@ -118,8 +125,12 @@ class Relay:
                 await queue.put(None)
 
         async def write():
+            release = 0.0   # when the last chunk went out: the next never goes before it
             while (item := await queue.get()) is not None:
-                wait = item[0] + self.latency.get(sender, 0.0) - loop.time()
+                jitter = self.jitter.get(sender, 0.0)
+                delay = max(0.0, self.latency.get(sender, 0.0) + (random.uniform(-jitter, jitter) if jitter else 0.0))
+                release = max(release, item[0] + delay)
+                wait = release - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
                 writer.write(item[1])
