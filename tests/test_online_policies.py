@@ -1,6 +1,8 @@
 """Sync-Switch's online straggler policies (paper 003 §IV-B2) and the timing plan, on the
 simulator with an injected transient straggler."""
 
+import collections
+
 import pytest
 
 from tfsync.policy import BSP, PushMode
@@ -164,6 +166,7 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     engine = object.__new__(Engine)
     engine.state, engine._lr_scale, engine._gen, engine._channel, engine._wake_at = EngineState(3), 3.0, Gen(), \
         Channel(), None
+    engine._grant_times = [collections.deque() for _ in range(3)]
     engine.state.pending_workers = [0, 1, 2]
     engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]

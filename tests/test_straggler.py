@@ -68,6 +68,27 @@ def test_hand_fed_windows_and_counters():
     assert d.stragglers == frozenset()
 
 
+def test_a_worker_slow_to_begin_its_steps_is_a_straggler_though_its_steps_are_short():
+    """BSP rounds granted every 0.1 s: workers 0-2 push 0.02 s after the grant; worker 3's
+    steps take as little time on its own clock, but it begins them late (paused before its
+    gate opened) and pushes 0.09 s after the grant. Its turnaround shows it; end - start
+    alone did not."""
+    from tfsync.policy import Push
+
+    def rounds(late):
+        d, events = StragglerDetector(window_s=1.0, k=2, origin=0.0), []
+        for r in range(30):
+            t = r * 0.1
+            for w in range(4):
+                arrival = t + (late if w == 3 else 0.02)
+                events += d.observe(Push(worker=w, step=r + 1, batch_size=16, start=arrival - 0.015, end=arrival,
+                                         arrival=arrival, loss=0.0, granted_at=t))
+        return events + d.advance(3.0)
+
+    assert rounds(late=0.09) == [StragglerEvent(2.0, 3, BECAME)]
+    assert rounds(late=0.02) == []
+
+
 def test_windows_start_at_the_first_time_seen():
     """The engine's clock is epoch seconds: windows must not be counted from 0 (that was
     1.8e9 windows to close on the first push, and an out-of-memory kill)."""

@@ -115,6 +115,9 @@ class Engine:
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
         self.state = EngineState(workers)
         self.history: collections.deque[Push] = collections.deque(maxlen=256)
+        # when each worker's outstanding grants were made (coordinator clock), oldest first:
+        # a push's granted_at (its tokens are taken in order)
+        self._grant_times: list[collections.deque] = [collections.deque() for _ in range(workers)]
         self.timeline: list[dict] = []
         self.switches: list[dict] = []
         self.checkpoints: list[dict] = []
@@ -240,6 +243,8 @@ class Engine:
         self._close_generation(kill=True)
         self._open_generation(self._launch(), restore=restore)
         self.state.granted = list(self.state.clocks)
+        for times in self._grant_times:
+            times.clear()
 
     def rewind(self, checkpoint: dict, why: str) -> None:
         """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
@@ -285,10 +290,11 @@ class Engine:
             self._channel.call(rescale)  # before the grants: their steps use the new rate
         if barrier:
             s.round += 1
-        seqs = []
+        seqs, now = [], time.time()
         for g in decision.grants:
             s.granted[g.worker] += 1
             seqs.append(s.granted[g.worker])
+            self._grant_times[g.worker].append(now)
         rows = token_rows(decision.grants, s.round, seqs)
         if barrier and rescale is not None:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
@@ -369,6 +375,7 @@ class Engine:
             return None
         s = self.state
         w, b = int(wid), int(token[BATCH])
+        granted_at = self._grant_times[w].popleft() if self._grant_times[w] else 0.0
         mode = PushMode.AGGREGATE if int(token[MODE]) == MODE_AGGREGATE else PushMode.APPLY
         s.clocks[w] += 1
         if int(token[SEQ]) != s.clocks[w]:
@@ -388,7 +395,7 @@ class Engine:
         now = time.time()
         push = Push(worker=w, step=s.clocks[w], batch_size=b, start=float(start), end=float(end),
                     arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
-                    version=int(version), pushes_during=during)
+                    version=int(version), pushes_during=during, granted_at=granted_at)
         self.history.append(push)
         record = push_record(push, time=self.recorder.since(now), pushes=s.pushes, updates=s.updates,
                              samples=s.samples, protocol=policy.name, lr=float(rate),
