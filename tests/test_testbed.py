@@ -132,8 +132,9 @@ def test_a_nodes_packet_loss_drops_that_share_of_what_it_sends_and_is_removed(be
         bed.set("n2", loss_pct=0)
     assert 140 <= lost <= 260 and back == 400, (lost, back)
     assert _udp_received(bed, "n2", "c") == 400
-    tables = subprocess.run(bed.command("n2", ["nft", "list", "tables"]), capture_output=True, text=True).stdout
-    assert "tfsync_testbed" not in tables
+    tables = subprocess.run(["ip", "netns", "exec", bed.wire, "nft", "list", "tables"], capture_output=True,
+                            text=True).stdout
+    assert "tfsync_loss" not in tables
     with pytest.raises(testbed.TestbedInputError, match="loss 150 %: give 0 to 100 %"):
         bed.set("n2", loss_pct=150)
 

@@ -23,9 +23,9 @@ Layout (slot ``s``: several testbeds can be up at once):
   address: the spec names the coordinator by its own address, ``HookNodes.chief_host``)
   reach them, no other host on the bridge does;
 - bandwidth: a ``tbf`` qdisc on both ends of a node's veth (its upload and download);
-- jitter: the relay's (``relay.py``); packet loss: an nftables rule in the node's namespace
-  that drops that share of what it sends, at random (netem's ``loss``, which this kernel
-  lacks; needs ``nft``);
+- jitter: the relay's (``relay.py``); packet loss: an nftables ingress rule on the node's
+  veth in the wire namespace that drops that share of what it sends, at random (netem's
+  ``loss``, which this kernel lacks; needs ``nft``);
 - a node's hook runs in its own mount namespace with an empty tmpfs over each
   ``private`` directory (``/tmp`` by default): a node sees nothing the coordinator
   keeps there, as a separate machine would not (no shared run directory);
@@ -237,7 +237,7 @@ class Testbed:
             _run("ip", "-n", ns, "route", "add", str(adv), "via", str(base[1]))
             _run("ip", "-n", w, "addr", "add", f"{node.advertised}/32", "dev", "lo")
             self._shape(node)
-            self._lose(node)
+        self._lose()
         say(f"{len(self.nodes)} namespaces on bridge {base} (advertised {adv})")
         self._write_relay_config()
         self.relay_pid = self._spawn(w, [sys.executable, "-m", "tfsync.testbed.relay", self.relay_config],
@@ -303,7 +303,7 @@ class Testbed:
             self._write_relay_config()
         if loss_pct is not None:
             n.loss_pct = float(loss_pct)
-            self._lose(n)
+            self._lose()
         if rate is not None:
             n.rate = None if rate == "none" else check_rate(rate)
             self._shape(n)
@@ -313,20 +313,23 @@ class Testbed:
         self.save()
         return n
 
-    def _lose(self, node: Node) -> None:
-        """Drop ``loss_pct`` % of the packets the node sends on its link, at random (an
-        nftables rule in its namespace: this kernel has no netem); loopback is spared."""
-        text = "table inet tfsync_testbed {}\ndelete table inet tfsync_testbed\n"  # add-then-delete: never fails
-        if node.loss_pct > 0:
-            text += ("table inet tfsync_testbed {\n\tchain output {\n"
-                     "\t\ttype filter hook output priority filter; policy accept;\n"
-                     f"\t\toifname != \"lo\" numgen random mod 10000 < {round(node.loss_pct * 100)} drop\n\t}}\n}}\n")
+    def _lose(self) -> None:
+        """Drop ``loss_pct`` % of the packets each node sends, at random, where they enter the
+        wire (an nftables ingress chain on the node's veth in the wire namespace: this kernel
+        has no netem). Dropped on the way, as netem's loss: in the node's own output chain the
+        sender would be told (EPERM) instead. One table for every node, written whole."""
+        text = "table netdev tfsync_loss {}\ndelete table netdev tfsync_loss\n"  # add-then-delete: never fails
+        lossy = [n for n in self.nodes.values() if n.loss_pct > 0]
+        if lossy:
+            text += "table netdev tfsync_loss {\n" + "".join(
+                f"\tchain {n.name} {{\n\t\ttype filter hook ingress device \"v-{n.name}\" priority filter;\n"
+                f"\t\tnumgen random mod 10000 < {round(n.loss_pct * 100)} drop\n\t}}\n" for n in lossy) + "}\n"
         elif shutil.which("nft") is None:
             return  # never set: nothing to remove
-        r = subprocess.run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], input=text, capture_output=True,
+        r = subprocess.run(["ip", "netns", "exec", self.wire, "nft", "-f", "-"], input=text, capture_output=True,
                            text=True, timeout=30)
         if r.returncode != 0:
-            raise TestbedError(f"packet loss on {node.name}: nft failed: {r.stderr.strip() or r.returncode}")
+            raise TestbedError(f"packet loss: nft failed: {r.stderr.strip() or r.returncode}")
 
     def _shape(self, node: Node) -> None:
         for ns, dev in ((node.netns, "eth0"), (self.wire, f"v-{node.name}")):
