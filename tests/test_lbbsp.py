@@ -131,6 +131,9 @@ def test_observations_carry_speed_and_resources_to_the_predictors():
     assert sizer.predictors[2].calls == [(32.0, None, None)]
     sizer.observe(fake_push(0, 16, 0.0), view)  # no compute time: no speed, not recorded
     assert len(sizer.predictors[0].calls) == 1
+    # a step that began late (ready at 10.0, on the worker 0.5 s, arrived at 12.0): its turnaround counts
+    sizer.observe(Push(1, 2, 16, 11.5, 12.0, 12.0, 0.0, PushMode.AGGREGATE, ready_at=10.0), view)
+    assert sizer.predictors[1].calls[-1] == (8.0, 75.0, 40.0)
     assert resource_reading(None) == (None, None)
 
 

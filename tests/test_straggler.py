@@ -82,7 +82,7 @@ def test_a_worker_slow_to_begin_its_steps_is_a_straggler_though_its_steps_are_sh
             for w in range(4):
                 arrival = t + (late if w == 3 else 0.02)
                 events += d.observe(Push(worker=w, step=r + 1, batch_size=16, start=arrival - 0.015, end=arrival,
-                                         arrival=arrival, loss=0.0, granted_at=t))
+                                         arrival=arrival, loss=0.0, granted_at=t, ready_at=t))
         return events + d.advance(3.0)
 
     assert rounds(late=0.09) == [StragglerEvent(2.0, 3, BECAME)]

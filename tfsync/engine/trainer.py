@@ -118,6 +118,7 @@ class Engine:
         # when each worker's outstanding grants were made (coordinator clock), oldest first:
         # a push's granted_at (its tokens are taken in order)
         self._grant_times: list[collections.deque] = [collections.deque() for _ in range(workers)]
+        self._arrivals = [0.0] * workers  # each worker's last push arrival: a step is ready when both are past
         self.timeline: list[dict] = []
         self.switches: list[dict] = []
         self.checkpoints: list[dict] = []
@@ -393,9 +394,11 @@ class Engine:
             else:
                 s.updates += 1
         now = time.time()
+        ready_at = max(granted_at, self._arrivals[w]) if granted_at else 0.0
+        self._arrivals[w] = now
         push = Push(worker=w, step=s.clocks[w], batch_size=b, start=float(start), end=float(end),
                     arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
-                    version=int(version), pushes_during=during, granted_at=granted_at)
+                    version=int(version), pushes_during=during, granted_at=granted_at, ready_at=ready_at)
         self.history.append(push)
         record = push_record(push, time=self.recorder.since(now), pushes=s.pushes, updates=s.updates,
                              samples=s.samples, protocol=policy.name, lr=float(rate),

@@ -91,8 +91,12 @@ class Push:
 
     Worker clock: ``start`` (its gate opened, just before it read the weights) and
     ``end`` (its push was done), so ``end - start`` is the whole iteration: pull, compute
-    and push (paper 002 §3.1 t = t_p + t_m). Coordinator clock: ``granted_at`` and
-    ``arrival``. Never subtract times across the two clocks.
+    and push (paper 002 §3.1 t = t_p + t_m). Coordinator clock: ``granted_at``,
+    ``ready_at`` (when the step could start: granted, and the worker's previous push in;
+    0: unknown) and ``arrival``. Never subtract times across the two clocks.
+    ``turnaround``: ``arrival - ready_at`` where known, else ``compute_time``: the time the
+    step cost the round, including a late start (a worker paused or preempted before its
+    gate opened, a slow link), which ``end - start`` misses.
     ``loss`` is the worker's minibatch loss at the weights it read (a proxy of L(w)).
     ``version``: model updates applied when the step read the weights;
     ``pushes_during``: updates applied by other workers while the step ran (paper 004
@@ -112,10 +116,15 @@ class Push:
     version: int = 0
     pushes_during: int = 0
     granted_at: float = 0.0
+    ready_at: float = 0.0
 
     @property
     def compute_time(self) -> float:
         return max(self.end - self.start, 0.0)
+
+    @property
+    def turnaround(self) -> float:
+        return max(self.arrival - self.ready_at, 0.0) if self.ready_at > 0 else self.compute_time
 
     @property
     def samples_per_s(self) -> float:

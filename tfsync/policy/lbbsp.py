@@ -4,7 +4,10 @@ simulator already aggregate AGGREGATE pushes that way) and the round total kept 
 X = n * batch_size, so every round processes as many samples as BSP (§3.4).
 
 ``LBBSPSizer`` keeps one speed predictor per worker (``tfsync.predict``; EMA by default,
-NARX as in the paper), fed by every push: speed = batch / (end - start), with CPU and
+NARX as in the paper), fed by every push: speed = batch / the push's ``turnaround`` (from
+when it could start to its arrival: a worker paused or preempted before its gate opened
+is slow there, where ``end - start`` on the worker missed it and a paused worker got the
+larger share), with CPU and
 memory from ``view.resources[w]`` where a monitor provides them (the last reading at push
 time; what the engine and the simulator put there: tfsync.sim.monitor). Sizes come from the CPU
 rule (§3.2, proportional to predicted speeds) or, given per-worker GPU profiles, from
@@ -115,7 +118,7 @@ class LBBSPSizer(BatchSizer):
     def observe(self, push: Push, view: ClusterView) -> None:
         t0 = time.perf_counter()
         self._t0 = t0 if self._t0 is None else self._t0
-        t = push.compute_time
+        t = push.turnaround
         if t > 0 and push.batch_size > 0:
             cpu, mem = resource_reading(view.resources.get(push.worker) if view.resources else None)
             p = self.predictors.get(push.worker)

@@ -259,7 +259,7 @@ class Simulator:
             else:
                 self._update(step.grads)
         push = Push(w, self.clocks[w], g.batch_size, step.start, self.now, self.now, step.loss,
-                    g.mode, step.round, dropped, step.version, during, step.granted_at)
+                    g.mode, step.round, dropped, step.version, during, step.granted_at, step.start)
         self.history.append(push)
         if self.record:
             self.log.append(push)

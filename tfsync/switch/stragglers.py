@@ -8,10 +8,9 @@ rule: a straggler recovers after ``k`` consecutive windows at or above the thres
 Throughput of a worker in a window: the samples of its pushes that *ended* in the window
 divided by the time those steps took, i.e. samples per busy second. Under BSP every
 worker pushes once per round, so samples per wall second are equal for all and cannot
-show a straggler; per-busy-second throughput can. A step's time, for a ``Push`` that
-carries ``granted_at`` (the engine's and the simulator's), is its turnaround on the
-coordinator's clock: from when it could start (granted, and the worker's previous push
-in) to its arrival. A worker that is slow to *begin* its steps (paused or preempted
+show a straggler; per-busy-second throughput can. A step's time, for a ``Push``, is its
+``turnaround`` on the coordinator's clock: from when it could start (granted, and the
+worker's previous push in) to its arrival. A worker that is slow to *begin* its steps (paused or preempted
 before it reads its token, or behind a slow link) is slow there, where ``end - start``,
 taken on the worker after its gate opened, misses it (seen: a worker paused to a fifth of
 its speed went undetected on a loaded machine, its short steps fitting between pauses).
@@ -71,7 +70,7 @@ def as_sample(record) -> Sample:
     ``start`` / ``compute_s``). Note: in metrics.jsonl ``samples`` is the run's running
     total, so ``batch_size`` is preferred when both are present."""
     if isinstance(record, Push):
-        return Sample(record.worker, record.end, record.batch_size, record.compute_time)
+        return Sample(record.worker, record.end, record.batch_size, record.turnaround)
     if not isinstance(record, Mapping):
         raise TypeError(f"straggler record {record!r}: expected a Push or a dict with keys "
                         "worker, end (or time), batch_size (or samples)")
@@ -115,7 +114,6 @@ class StragglerDetector:
         self._bad: dict[int, int] = {}  # consecutive windows below threshold, per worker
         self._good: dict[int, int] = {}  # consecutive windows at or above, per straggler
         self._stragglers: set[int] = set()
-        self._arrival: dict[int, float] = {}  # each worker's last push arrival (coordinator clock)
 
     @property
     def stragglers(self) -> frozenset[int]:
@@ -135,10 +133,6 @@ class StragglerDetector:
 
     def observe(self, record) -> list[StragglerEvent]:
         s = as_sample(record)
-        if isinstance(record, Push) and record.granted_at > 0:  # the turnaround (module docstring)
-            ready = max(record.granted_at, self._arrival.get(s.worker, record.granted_at))
-            self._arrival[s.worker] = record.arrival
-            s = Sample(s.worker, s.end, s.samples, max(record.arrival - ready, 0.0))
         events = self.advance(s.end)
         i = self.window_of(s.end)
         if i < self._index:
@@ -172,7 +166,6 @@ class StragglerDetector:
         """Drop a worker's counters and straggler mark (e.g. when it is readmitted)."""
         self._bad.pop(worker, None)
         self._good.pop(worker, None)
-        self._arrival.pop(worker, None)
         self._stragglers.discard(worker)
 
     def _close(self, index: int) -> list[StragglerEvent]:
