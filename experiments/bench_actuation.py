@@ -32,10 +32,10 @@ import sys
 import tempfile
 import time
 
+from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
-from tfsync.manager import auth
 from tfsync.manager.launcher import HookLauncher
 
 HERE = os.path.dirname(os.path.abspath(__file__))

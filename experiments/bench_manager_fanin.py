@@ -55,7 +55,8 @@ def manager_process(token, db_path, kind, workers, port_q, cmd_q, res_q):
     import threading
 
     from tfsync.api.v1 import manager_pb2_grpc
-    from tfsync.manager import aio, transport
+    from tfsync.api import transport
+    from tfsync.manager import aio
     from tfsync.manager.resources import AioResourceReports, ResourceBoard, ResourceReports
     from tfsync.manager.store import Store
 
@@ -108,7 +109,7 @@ async def _hooks(mode, port, token, first, count, rate, start_at, measure_from, 
     import grpc
 
     from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc
-    from tfsync.manager.auth import call_metadata
+    from tfsync.api.auth import call_metadata
 
     # Separate subchannel pools: each channel gets its own TCP connection.
     chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -225,7 +226,7 @@ def plot(rows, path):
 
 def run_mode(ctx, mode, server_kind, args):
     """All N for one way of reporting, against one fresh manager; returns the rows."""
-    from tfsync.manager.auth import new_token
+    from tfsync.api.auth import new_token
 
     token, tmp = new_token(), tempfile.mkdtemp(prefix="tfsync-fanin-")
     port_q, cmd_q, res_q = ctx.Queue(), ctx.Queue(), ctx.Queue()

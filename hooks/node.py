@@ -6,7 +6,7 @@
 
 Requests are checked before anything runs; a bad one gets INVALID_ARGUMENT with the
 reason and the hook goes on serving. Every call requires the job token
-(``tfsync.manager.auth``). Run one per node: ``python -m tfsync.hooks.node --help``.
+(``tfsync.api.auth``). Run one per node: ``python -m tfsync.hooks.node --help``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ import grpc
 import psutil
 
 from tfsync import safefile
+from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.exits import EXIT_BAD_INPUT, interrupt
 from tfsync.hooks import firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
 from tfsync.hooks.tasks import (ENV_ALLOWLIST, TASK_COMMAND, TASK_JOBS, Task, TaskConflictError, TaskLaunchError,
                                 TaskRequestError, TaskSupervisor, check_job_id, shown)
-from tfsync.manager import auth, transport
 
 logger = logging.getLogger(__name__)
 
@@ -271,10 +272,7 @@ def main(argv=None) -> int:
                              node=args.node, task_allow=args.task_allow)
     except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
         print(f"tfsync hook: {e}", file=sys.stderr)
-        return 2
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        return EXIT_BAD_INPUT
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C

@@ -1,7 +1,7 @@
 """asyncio (``grpc.aio``) servers of the control plane, for the many long-lived streams
 of a large cluster: one event loop holds thousands of open streams, where the threaded
 server needs one thread per open stream. Same token rule and binding rules as
-``tfsync.manager.transport``.
+``tfsync.api.transport``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 
 import grpc
 
-from tfsync.manager import auth, transport
+from tfsync.api import auth, transport
 
 logger = logging.getLogger(__name__)
 

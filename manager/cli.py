@@ -11,7 +11,7 @@ import os
 import uuid
 from pathlib import Path
 
-from tfsync.cli import EXIT_BAD_INPUT, EXIT_FAILED, _fail
+from tfsync.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
 
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
@@ -44,7 +44,7 @@ def run_dir_of(target: str) -> Path:
 
 def locate(target: str) -> tuple[dict, str]:
     """(manager.json contents, token) of the job at ``target`` (job file or run dir)."""
-    from tfsync.manager.auth import read_token
+    from tfsync.api.auth import read_token
 
     path = run_dir_of(target)
     info = path / "control" / "manager.json"
@@ -64,7 +64,7 @@ def client_tls(args, info: dict | None = None):
     """The TLS settings of a call to a manager: ``--ca`` (or $TFSYNC_CA) and ``--server-name``;
     None for plaintext. A job whose manager.json says its manager serves TLS needs a CA; the
     plaintext manager of a `tfsync run` job is reached without, even with $TFSYNC_CA set."""
-    from tfsync.manager import transport
+    from tfsync.api import transport
 
     ca = args.ca or (os.environ.get(ENV_CA) if info is None or info.get("tls") else None)
     server_name = args.server_name or (info or {}).get("server_name")
@@ -80,8 +80,8 @@ def client_tls(args, info: dict | None = None):
 def _stub(args):
     import grpc
 
+    from tfsync.api import transport
     from tfsync.api.v1 import manager_pb2_grpc
-    from tfsync.manager import transport
 
     info, token = locate(args.target)
     try:
@@ -106,15 +106,15 @@ def _call(args, make, ended=None):
         stub, info, grpc = _stub(args)
         reply = make(stub, info["job_id"])
     except NotRunning as e:
-        return ended(args, e) if ended else _fail(str(e), EXIT_BAD_INPUT)
+        return ended(args, e) if ended else fail(str(e), EXIT_BAD_INPUT)
     except ControlError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     except Exception as e:  # grpc.RpcError: the manager's own message
         if hasattr(e, "code"):
             if ended and e.code().name == "UNAVAILABLE":  # it ended after it answered wait_ready
                 return ended(args, NotRunning(f"the manager of job {info['job_id']} has gone: {e.details()}", info))
-            return _fail(f"{e.code().name}: {e.details()}", EXIT_BAD_INPUT if e.code().name in
-                         ("INVALID_ARGUMENT", "NOT_FOUND") else EXIT_FAILED)
+            return fail(f"{e.code().name}: {e.details()}", EXIT_BAD_INPUT if e.code().name in
+                        ("INVALID_ARGUMENT", "NOT_FOUND") else EXIT_FAILED)
         raise
     d = MessageToDict(reply, preserving_proto_field_name=True)
     print(json.dumps(d, indent=2) if args.json else _text(d))
@@ -169,7 +169,7 @@ def cmd_switch(args):
             given["staleness"] = args.staleness
         options = catalogue.spec(args.to).to_numbers(given)
     except ValueError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     if args.lr_scale is not None:
         options["lr_scale"] = float(args.lr_scale)
     return _call(args, lambda s, j: s.Switch(manager_pb2.SwitchRequest(
@@ -213,14 +213,14 @@ def cmd_metrics(args):
                 print(f"step {rec.step:>7}  worker {rec.worker}  batch {rec.batch_size:>4}  {speed:>9,.0f} samples/s  "
                       f"loss {rec.loss:.4f}  {rec.protocol}  samples {rec.samples}", flush=True)
     except ControlError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # grpc.RpcError: the manager's own message
         if hasattr(e, "code"):
             if e.code().name == "UNAVAILABLE":
                 return 0  # the run ended and its manager with it
-            return _fail(f"{e.code().name}: {e.details()}", EXIT_FAILED)
+            return fail(f"{e.code().name}: {e.details()}", EXIT_FAILED)
         raise
     return 0
 
@@ -230,7 +230,8 @@ def cmd_manager(args):
     import signal
     import threading
 
-    from tfsync.manager import auth, daemon, transport
+    from tfsync.api import auth, transport
+    from tfsync.manager import daemon
     from tfsync.manager.embedded import default_store, home
 
     token_file = Path(args.token_file or home() / "manager.token").expanduser()
@@ -249,7 +250,7 @@ def cmd_manager(args):
         server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
                                              home=home(), tls=tls, allow_remote=args.allow_remote)
     except (auth.TokenFileError, transport.TransportError, ValueError) as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     print(f"tfsync manager listening on {args.listen.rsplit(':', 1)[0]}:{port} (token in {token_file}, "
           f"job store {store})", flush=True)
     done = threading.Event()
@@ -269,9 +270,9 @@ def cmd_submit(args):
 
     import grpc
 
+    from tfsync.api import auth, transport
     from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
     from tfsync.config import ConfigError, load_job
-    from tfsync.manager import auth, transport
 
     try:
         cfg = load_job(args.job, overrides=args.set)
@@ -284,17 +285,17 @@ def cmd_submit(args):
         tls = client_tls(args)
         channel = transport.make_channel(args.manager, token=token, tls=tls)  # a bad --ca: bad input
     except (ConfigError, auth.TokenFileError, transport.TransportError) as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     try:
         transport.wait_ready(channel, 10.0, f"the manager at {args.manager}", target=args.manager, tls=tls)
     except transport.TransportError as e:
-        return _fail(str(e), EXIT_FAILED)
+        return fail(str(e), EXIT_FAILED)
     try:
         status = manager_pb2_grpc.ManagerStub(channel).SubmitJob(manager_pb2.SubmitJobRequest(
             request_id=uuid.uuid4().hex, name=cfg.job.name, config_json=json.dumps(cfg.to_dict())), timeout=30)
     except grpc.RpcError as e:
-        return _fail(f"{e.code().name}: {e.details()}",
-                     EXIT_BAD_INPUT if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED)
+        return fail(f"{e.code().name}: {e.details()}",
+                    EXIT_BAD_INPUT if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED)
     if args.json:
         from google.protobuf.json_format import MessageToDict
         print(json.dumps(MessageToDict(status, preserving_proto_field_name=True), indent=2))

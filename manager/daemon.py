@@ -26,14 +26,15 @@ from pathlib import Path
 import grpc
 
 from tfsync import safefile
+from tfsync.api import transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-from tfsync.manager import transport
+from tfsync.exits import EXIT_DONE, EXIT_INTERRUPTED
 from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, one_line, shown
 from tfsync.manager.store import ManagerLock, Store
 
 logger = logging.getLogger(__name__)
 
-EXIT_STATES = {0: "done", 130: "stopped"}
+EXIT_STATES = {EXIT_DONE: "done", EXIT_INTERRUPTED: "stopped"}  # a coordinator's exit code (tfsync.exits)
 
 
 class Coordinators:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfsync import safefile
+from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2_grpc
 from tfsync.hooks.node import serve as serve_hook
-from tfsync.manager import auth, transport
 from tfsync.manager.hook_cluster import HookNodes
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService

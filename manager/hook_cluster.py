@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from tfsync import netns
+from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.manager import transport
 from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.manager.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback

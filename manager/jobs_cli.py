@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from tfsync.cli import EXIT_BAD_INPUT, _fail
+from tfsync.exits import EXIT_BAD_INPUT, fail
 from tfsync.manager.store_types import JOB_STATES
 
 ENDED = ("stopped", "failed", "done")
@@ -164,8 +164,8 @@ def cmd_runs(args) -> int:
         run_dir = str(run_dir_of(args.job)) if os.path.exists(args.job) else None
         job = find_job(store, run_dir=run_dir, key=args.job) if store else None
         if job is None:
-            return _fail(f"no job {args.job!r} in the job store {path}" + ("" if store else " (there is none yet)")
-                         + "; `tfsync jobs` lists the jobs with their ids and names", EXIT_BAD_INPUT)
+            return fail(f"no job {args.job!r} in the job store {path}" + ("" if store else " (there is none yet)")
+                        + "; `tfsync jobs` lists the jobs with their ids and names", EXIT_BAD_INPUT)
         record, runs = job_record(store, job), run_records(store, job)
     if args.json:
         print(json.dumps({"job": record, "runs": runs}, indent=2))
@@ -195,8 +195,8 @@ def show_ended(args, e) -> int:
         job = find_job(store, job_id=e.info.get("job_id"), run_dir=str(run_dir_of(args.target)),
                        key=args.target) if store else None
         if job is None:
-            return _fail(f"{e}; the job store {path} has no job with that run directory, id or name either",
-                         EXIT_BAD_INPUT)
+            return fail(f"{e}; the job store {path} has no job with that run directory, id or name either",
+                        EXIT_BAD_INPUT)
         record, runs = job_record(store, job), store.runs(job.id)
     if args.json:
         print(json.dumps({"job_id": job.id, "name": job.name, "state": f"JOB_STATE_{job.state.upper()}",

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import grpc
 
 from tfsync import safefile
+from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.manager import transport
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import subprocess
 import grpc
 import pytest
 
+from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-from tfsync.manager import auth, transport
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_right_token_is_served(server):
 
 def test_no_token_is_refused(server, caplog):
     _, port = server
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, caplog.at_level(logging.WARNING, "tfsync.manager.auth"):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, caplog.at_level(logging.WARNING, "tfsync.api.auth"):
         with pytest.raises(grpc.RpcError) as e:
             _status(ch)
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -68,7 +68,7 @@ def test_wrong_token_is_refused_and_logged_without_the_token(server, caplog):
     token, port = server
     wrong = auth.new_token()
     with transport.make_channel(f"127.0.0.1:{port}", token=wrong) as ch, \
-            caplog.at_level(logging.WARNING, "tfsync.manager.auth"):
+            caplog.at_level(logging.WARNING, "tfsync.api.auth"):
         with pytest.raises(grpc.RpcError) as e:
             _status(ch)
         for _ in range(20):  # a flood of refused calls
@@ -85,7 +85,7 @@ def test_wrong_token_is_refused_and_logged_without_the_token(server, caplog):
 def test_refusal_warnings_are_rate_limited_and_count_what_they_held_back(caplog):
     now = [100.0]
     log = auth.RefusalLog(interval=10.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, "tfsync.manager.auth"):
+    with caplog.at_level(logging.WARNING, "tfsync.api.auth"):
         for k in range(30):   # 3 s of refusals, one every 0.1 s
             log.refused("/m/Call", "ipv4:127.0.0.1:1", "wrong token")
             now[0] += 0.1

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tfsync.api import auth
 from tfsync.config import ConfigError, JobConfig
 from tfsync.limits import check_job
-from tfsync.manager import auth
 from tfsync.manager.store import Store, StoreError
 
 pytestmark = pytest.mark.unit

@@ -11,11 +11,11 @@ import grpc
 import psutil
 import pytest
 
+from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import firewall, node
 from tfsync.hooks.tasks import port_open
-from tfsync.manager import auth, transport
 
 RUNNING, STOPPED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_STOPPED
 

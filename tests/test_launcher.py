@@ -5,11 +5,11 @@ import time
 import psutil
 import pytest
 
+from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
-from tfsync.manager import auth, transport
 from tfsync.manager.launcher import HookLauncher, LaunchError
 
 RUNNING = common_pb2.TASK_STATE_RUNNING

@@ -14,8 +14,8 @@ import pytest
 from test_control import tfsync_run
 from test_recovery import check_ps_recovered
 from test_resume import DATA, JOB, wait_for_checkpoints
+from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
-from tfsync.manager import auth
 
 pytestmark = pytest.mark.cluster
 

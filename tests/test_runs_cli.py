@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from tfsync.api import auth, transport
 from tfsync.cli import main
 from tfsync.config import JobConfig
-from tfsync.manager import auth, transport
 from tfsync.manager.store import StepSummary, Store
 from tfsync.switch.trials import config_signature
 

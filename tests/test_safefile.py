@@ -80,8 +80,9 @@ def test_the_run_recorder_never_writes_through_links(tmp_path, victim):
 
 
 def test_training_records_control_files_and_tokens_never_follow_links(tmp_path, victim):
+    from tfsync.api import auth
     from tfsync.engine.generation import TrainSetup, write_records
-    from tfsync.manager import auth, embedded
+    from tfsync.manager import embedded
 
     run = tmp_path / "run"
     for name in ("data/train_x.bin", "data/train_y.bin", "control/token", "control/manager.json"):

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from test_control import DATA, JOB, interrupt, tfsync, wait_for
+from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.cluster import free_ports
-from tfsync.manager import auth, transport
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster

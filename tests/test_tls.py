@@ -13,11 +13,11 @@ import time
 import pytest
 
 from test_control import DATA, JOB, interrupt, tfsync, wait_for
+from tfsync.api import auth, transport
 from tfsync.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks.node import serve as serve_hook
 from tfsync.jobrun import hook_nodes
-from tfsync.manager import auth, transport
 from tfsync.manager.launcher import HookLauncher, LaunchError
 from tfsync.manager.store import Store
 

@@ -1,5 +1,8 @@
-"""The ``tfsync`` command line. Known errors print one line on stderr and exit non-zero:
-2 for bad input (job file, data), 1 for a failed run, 130 when interrupted."""
+"""The ``tfsync`` command line: the top of tfsync's layers. It assembles the sub-commands
+(each sub-command module adds its parsers with ``add_commands``; none imports this one)
+and runs ``tfsync run`` / ``tfsync resume`` itself. Known errors print one line on stderr
+and exit non-zero (``tfsync.exits``): 2 for bad input (job file, data), 1 for a failed run,
+130 when interrupted."""
 
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ import signal
 import sys
 import time
 
+from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, codes_help, fail, interrupt
 from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
-EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
 
 
@@ -47,17 +50,17 @@ def cmd_run(args) -> int:
         from .switch.cli import stored_switch_point
         cfg, found = stored_switch_point(cfg)
     except ConfigError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     if found is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
+    from .api.auth import TokenFileError
+    from .api.transport import TransportError
     from .engine.channel import ChannelError
     from .engine.cluster import ClusterError
     from .engine.trainer import EngineError
     from .jobrun import run_job
-    from .manager.auth import TokenFileError
-    from .manager.transport import TransportError
     from .policy.base import PolicyError
     from .usercode import UserCodeError
 
@@ -66,8 +69,8 @@ def cmd_run(args) -> int:
         from .engine.records import last_checkpoint
         resume = last_checkpoint(cfg.job.run_dir)
         if resume is None:
-            return _fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
-                         f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)
+            return fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
+                        f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)
         print(f"resuming {cfg.job.name} from {resume['path']} ({resume['samples']} samples done)", file=sys.stderr)
     else:
         from .engine.records import set_aside_previous_run
@@ -79,8 +82,8 @@ def cmd_run(args) -> int:
     manager, state, summary = None, "failed", None
     try:
         if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome
+            from .api.transport import TlsConfig
             from .manager import embedded
-            from .manager.transport import TlsConfig
             manager = embedded.attach(args.attach, args.token_file, args.job_id, args.run_id, cfg.job.run_dir,
                                       cfg.cluster.workers, cfg.protocol[0].name, local_tasks=not cfg.cluster.hooks,
                                       tls=TlsConfig(ca_file=args.ca, server_name=args.server_name) if args.ca else None)
@@ -95,17 +98,17 @@ def cmd_run(args) -> int:
                           cluster_factory=manager.nodes if manager else None)
         state = "stopped" if summary.get("stopped") else "done"
     except (DataError, ConfigError, TokenFileError) as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     except UserCodeError as e:
-        return _fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
+        return fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
     except (EngineError, ClusterError, PolicyError, TransportError, ChannelError) as e:
-        return _fail(str(e), EXIT_FAILED)
+        return fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:
         state = "stopped"
         if progress:
             progress.done()
-        return _fail(f"interrupted; all tasks stopped. Checkpoints: {cfg.job.run_dir}/checkpoints",
-                     EXIT_INTERRUPTED)
+        return fail(f"interrupted; all tasks stopped. Checkpoints: {cfg.job.run_dir}/checkpoints",
+                    EXIT_INTERRUPTED)
     finally:
         if manager:
             manager.finish(state, summary)
@@ -133,23 +136,13 @@ def _report(run_dir: str) -> str | None:
         return None
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"tfsync: error: {message}", file=sys.stderr)
-    return code
-
-
 def build_parser() -> argparse.ArgumentParser:
     # The epilog keeps its lines (a table); the description is wrapped here for the same reason.
     p = argparse.ArgumentParser(
         prog="tfsync", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Parameter-server training with per-worker synchronization control\n"
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
-        epilog="exit codes:\n"
-               "  0    done (for `run`: the job trained to the end or was stopped by `tfsync stop`)\n"
-               f"  {EXIT_FAILED}    a run failed (a task, the cluster, the job store or the network)\n"
-               f"  {EXIT_BAD_INPUT}    bad input: the job file or a --set, data, options, a job that is not there\n"
-               f"  {EXIT_INTERRUPTED}  interrupted (Ctrl-C or SIGTERM): every task stopped, checkpoints kept\n"
-               "\n`tfsync COMMAND --help` describes a command.")
+        epilog=codes_help() + "\n`tfsync COMMAND --help` describes a command.")
     from . import __version__
     from .config import OVERRIDE_HELP
     p.add_argument("--version", action="version", version=f"tfsync {__version__}")
@@ -201,10 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv=None) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not a log line per failed TLS handshake; tfsync says why
@@ -217,7 +206,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     # SIGTERM (kill, timeout, a batch system) ends a run as Ctrl-C does: every task stopped,
     # a paused (injected) worker continued first, the job store told
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
     if args.verbose:  # TF's start-up lines and gRPC logs too (tfsync.quiet)
         os.environ[ENV_VERBOSE] = "1"
@@ -235,18 +224,18 @@ def main(argv=None) -> int:
         code = known_error(e)
         if code is None:
             raise
-        return _fail(f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e),
-                     code)
+        return fail(f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e),
+                    code)
 
 
 def known_error(e: BaseException) -> int | None:
     """The exit code of an error tfsync reports in one line (its message says what and
     what to do), or None for a bug, which keeps its traceback."""
+    from .api.auth import TokenFileError
+    from .api.transport import TransportError
     from .config import ConfigError
-    from .manager.auth import TokenFileError
     from .manager.cli import ControlError
     from .manager.store import StoreError
-    from .manager.transport import TransportError
 
     if isinstance(e, (ConfigError, TokenFileError, ControlError)):
         return EXIT_BAD_INPUT

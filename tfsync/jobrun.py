@@ -87,7 +87,7 @@ def hook_nodes(cfg: JobConfig):
     if not cfg.cluster.hooks:
         return None
     from .config import ConfigError
-    from .manager import auth, transport
+    from .api import auth, transport
     from .manager.hook_cluster import HookNodes
     token = auth.read_token(os.path.expanduser(cfg.cluster.token_file))
     tls = None

@@ -1,5 +1,6 @@
 """The progress display of `tfsync run`: samples done of the workload, elapsed training
-time, ETA, the protocol running now, steps/s and each worker's batch size and speed.
+time, ETA, the protocol running now, steps/s and each worker's batch size and speed;
+and ``progress_bar``, the plain bar of `tfsync search` and `tfsync policy`.
 
 Rates are over training time only: from the moment the engine's first generation was up
 (``Engine.train_started``), not from the process start, so the cluster's start-up does not
@@ -103,3 +104,22 @@ class Progress:
             self._bar.update(self._task, completed=min(self._engine.state.samples, total))
             self._bar.stop()
             self._bar = None
+
+
+def progress_bar(stream=sys.stderr):
+    """``update(done, total, message)``: one line redrawn on a terminal, else a line per
+    update."""
+    t0 = time.time()
+
+    def update(done: int, total: int, message: str = "") -> None:
+        frac = done / max(total, 1)
+        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
+        eta = (time.time() - t0) / max(frac, 1e-9) * (1 - frac)
+        line = f"[{bar}] {done}/{total}  eta {eta:,.0f} s  {message}"
+        if stream.isatty():
+            stream.write("\r" + line[:160].ljust(120) + ("\n" if done >= total else ""))
+        else:
+            stream.write(line + "\n")
+        stream.flush()
+
+    return update

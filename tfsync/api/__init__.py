@@ -1,1 +1,4 @@
-"""The control-plane API of tfsync, one subpackage per version (generated from proto/)."""
+"""The control-plane API of tfsync: the wire contract, one subpackage per version
+(``v1``, generated from proto/), and how to speak it: job tokens (``auth``) and gRPC
+servers, channels and TLS (``transport``). The node hooks and the manager both build on
+it, so the hooks need nothing of the manager."""

@@ -10,9 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
+from ..exits import EXIT_BAD_INPUT, fail
 from .score import COLUMNS
-
-EXIT_BAD_INPUT = 2
 
 
 def add_commands(sub) -> None:
@@ -51,11 +50,6 @@ def add_commands(sub) -> None:
     s.set_defaults(func=cmd_score)
 
 
-def _fail(message: str) -> int:
-    print(f"tfsync: error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def load_input(args) -> dict:
     """``{worker: {"speed", "cpu", "mem"}}`` from a series or a trace (args as parsed)."""
     import os
@@ -82,11 +76,11 @@ def cmd_score(args) -> int:
 
     specs = [x.strip() for arg in args.predictors for x in arg.split(",") if x.strip()]
     if not specs:
-        return _fail("--predictors: give at least one predictor (last, ema, arima, narx, rnn, lstm)")
+        return fail("--predictors: give at least one predictor (last, ema, arima, narx, rnn, lstm)", EXIT_BAD_INPUT)
     for name, value in (("--skip", args.skip), ("--warmup", args.warmup), ("--workers", args.workers),
                         ("--steps", args.steps)):
         if value is not None and value < (0 if name == "--skip" else 1):
-            return _fail(f"{name} must be >= {0 if name == '--skip' else 1}, got {value}")
+            return fail(f"{name} must be >= {0 if name == '--skip' else 1}, got {value}", EXIT_BAD_INPUT)
     try:
         series = load_input(args)
         t0 = time.perf_counter()
@@ -95,9 +89,9 @@ def cmd_score(args) -> int:
                                                      f"({r['nrmse_pct']:.2f} % of the mean) "
                                                      f"{time.perf_counter() - t0:7.1f} s", flush=True))
     except OSError as e:
-        return _fail(f"cannot read {e.filename or args.input}: {e.strerror or e}")
+        return fail(f"cannot read {e.filename or args.input}: {e.strerror or e}", EXIT_BAD_INPUT)
     except ValueError as e:  # TraceError, SeriesError, bad predictor names or options
-        return _fail(str(e))
+        return fail(str(e), EXIT_BAD_INPUT)
     steps = {w: len(d["speed"]) for w, d in series.items()}
     print(f"{len(steps)} worker(s), {sum(steps.values())} steps, scored from step {args.skip}")
     width = max(len("predictor"), *(len(s) for s in specs))

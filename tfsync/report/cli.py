@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..exits import EXIT_BAD_INPUT, fail
+
 
 def add_commands(sub) -> None:
     p = sub.add_parser(
@@ -21,15 +23,14 @@ def add_commands(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from ..cli import EXIT_BAD_INPUT, _fail
     from .load import ReportError
 
     if len(args.runs) > 1 and not args.output:
-        return _fail("several runs: name the report file with -o PATH.html", EXIT_BAD_INPUT)
+        return fail("several runs: name the report file with -o PATH.html", EXIT_BAD_INPUT)
     try:
         from .page import write_report
         out = write_report(args.runs, args.output)
     except ReportError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     print(os.path.abspath(out))
     return 0

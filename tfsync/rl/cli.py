@@ -7,31 +7,10 @@ import json
 import math
 import os
 import statistics
-import sys
-import time
 
 from .. import safefile
-
-EXIT_BAD_INPUT = 2
-
-
-def progress_bar(stream=sys.stderr):
-    """``update(done, total, message)``: one line redrawn on a terminal, else a line per
-    update."""
-    t0 = time.time()
-
-    def update(done: int, total: int, message: str = "") -> None:
-        frac = done / max(total, 1)
-        bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
-        eta = (time.time() - t0) / max(frac, 1e-9) * (1 - frac)
-        line = f"[{bar}] {done}/{total}  eta {eta:,.0f} s  {message}"
-        if stream.isatty():
-            stream.write("\r" + line[:160].ljust(120) + ("\n" if done >= total else ""))
-        else:
-            stream.write(line + "\n")
-        stream.flush()
-
-    return update
+from ..exits import EXIT_BAD_INPUT, fail
+from ..progress import progress_bar
 
 
 def _one_blas_thread() -> None:
@@ -71,7 +50,7 @@ def cmd_train(args) -> int:
     from .train import train
 
     if args.episodes < 0 or args.pretrain_instances < 0:
-        return _fail("--episodes and --pretrain-instances must be >= 0")
+        return fail("--episodes and --pretrain-instances must be >= 0", EXIT_BAD_INPUT)
     bar = None if args.quiet else progress_bar()
     net, log = train(_spec(args), args.out, pretrain_instances=args.pretrain_instances,
                      episodes=args.episodes, cfg=dataclasses.replace(PRESETS[args.preset], seed=args.seed),
@@ -118,15 +97,17 @@ def cmd_eval(args) -> int:
     policies = args.policies.split(",")
     unknown = [p for p in policies if p != "rlp" and p not in STATIC]
     if unknown:
-        return _fail(f"--policies: unknown {unknown[0]!r}; expected rlp or one of {', '.join(STATIC)}")
+        return fail(f"--policies: unknown {unknown[0]!r}; expected rlp or one of {', '.join(STATIC)}",
+                    EXIT_BAD_INPUT)
     if "rlp" in policies and not args.model:
-        return _fail("policy rlp needs MODEL, a file from `tfsync policy train` (or leave rlp out of --policies)")
+        return fail("policy rlp needs MODEL, a file from `tfsync policy train` (or leave rlp out of --policies)",
+                    EXIT_BAD_INPUT)
     if "rlp" in policies:
         from ..policy.rlp import QNetwork
         try:
             QNetwork.load(args.model)
         except (ValueError, FileNotFoundError) as e:
-            return _fail(str(e))
+            return fail(str(e), EXIT_BAD_INPUT)
     bar = None if (args.quiet or args.json) else progress_bar()
     rows = evaluate(policies, _spec(args), range(args.first_seed, args.first_seed + args.seeds),
                     args.model, processes=args.processes, progress=bar)
@@ -135,11 +116,6 @@ def cmd_eval(args) -> int:
     summary = summarize(rows)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0
-
-
-def _fail(message: str) -> int:
-    from ..cli import _fail as fail
-    return fail(message, EXIT_BAD_INPUT)
 
 
 def add_commands(sub) -> None:

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+from ..exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
+
 EVALS_PER_RUN = 20  # when the job file sets no train.eval_every: the curve's resolution
 
 
@@ -53,11 +54,6 @@ def add_commands(sub) -> None:
     s.add_argument("--show", action="store_true", help="print the stored result for this job and exit")
     s.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     s.set_defaults(func=cmd_search)
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"tfsync: error: {message}", file=sys.stderr)
-    return code
 
 
 def _job_words(args) -> str:
@@ -199,7 +195,7 @@ def format_result(d: dict, signature: str) -> str:
 
 def cmd_search(args) -> int:
     from ..config import ConfigError, load_job
-    from ..rl.cli import progress_bar
+    from ..progress import progress_bar
     from .search import SearchSettings, binary_search
     from .trials import JobStoreTrials, TrialResult, config_signature
 
@@ -210,15 +206,15 @@ def cmd_search(args) -> int:
         target = args.target if args.target_loss is None else -math.log(args.target_loss)  # on the score's scale
         settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0)
     except (ConfigError, ValueError) as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
+        return fail(str(e), EXIT_BAD_INPUT)
     signature = config_signature(cfg.to_dict())
     with open_store(args.store) as store:
         if args.show:
             found = store.switch_point(signature)
             if found is None:
                 trials = [r for r, _ in store.runs_by_signature(signature) if r.kind == "trial"]
-                return _fail(f"no switch point stored for {args.job} (signature {signature}; {len(trials)} "
-                             f"trial runs stored); run `tfsync search {_job_words(args)}`", EXIT_FAILED)
+                return fail(f"no switch point stored for {args.job} (signature {signature}; {len(trials)} "
+                            f"trial runs stored); run `tfsync search {_job_words(args)}`", EXIT_FAILED)
             fraction, detail, when = found
             if args.json:
                 print(json.dumps({"signature": signature, "stored": when, **detail}, indent=2))
@@ -267,14 +263,14 @@ def cmd_search(args) -> int:
             result = binary_search(run_trial, signature, settings, trials, progress)
         except KeyboardInterrupt:
             store.set_job_state(job.id, "stopped")
-            return _fail(f"search interrupted; {done['n']} trials are stored. Run the same command to resume",
-                         130)
+            return fail(f"search interrupted; {done['n']} trials are stored. Run the same command to resume",
+                        EXIT_INTERRUPTED)
         except ValueError as e:
             store.set_job_state(job.id, "failed")
-            return _fail(str(e), EXIT_BAD_INPUT)
+            return fail(str(e), EXIT_BAD_INPUT)
         except RuntimeError as e:
             store.set_job_state(job.id, "failed")
-            return _fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
+            return fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
         detail = describe(result, settings, done["metric"] or "accuracy")
         store.set_switch_point(signature, result.fraction, detail)
         store.set_job_state(job.id, "done")

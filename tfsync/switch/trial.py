@@ -12,15 +12,15 @@ import signal
 import sys
 
 from .. import safefile
+from ..exits import EXIT_BAD_INPUT, EXIT_FAILED, interrupt
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m tfsync.switch.trial OUT < request.json", file=sys.stderr)
-        return 2
-    from ..cli import _interrupt
-    signal.signal(signal.SIGTERM, _interrupt)  # stop the tasks on the way out, as `tfsync run` does
+        return EXIT_BAD_INPUT
+    signal.signal(signal.SIGTERM, interrupt)  # stop the tasks on the way out, as `tfsync run` does
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
                           evals_per_run=int(request.get("evals_per_run") or 0))
     except Exception as e:  # reported to the search in one line
         print(f"tfsync trial: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     safefile.write(argv[0], json.dumps(summary))
     return 0
 

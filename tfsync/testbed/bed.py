@@ -217,7 +217,7 @@ class Testbed:
 
     def _make(self, base, adv, log) -> None:
         say = log or (lambda msg: None)
-        from tfsync.manager import auth
+        from tfsync.api import auth
         auth.write_token(self.token_file)
         self.save()
         w = self.wire

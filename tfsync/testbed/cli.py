@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+from ..exits import EXIT_BAD_INPUT, EXIT_FAILED, fail
+
 _MS = re.compile(r"(\d+(?:\.\d+)?)(ms|s)?")
 
 
@@ -87,7 +89,6 @@ def add_commands(sub) -> None:
 
 
 def cmd_testbed(args) -> int:
-    from ..cli import EXIT_BAD_INPUT, EXIT_FAILED, _fail
     from .bed import Testbed, TestbedError, TestbedInputError
 
     if not args.testbed_command:
@@ -117,7 +118,7 @@ def cmd_testbed(args) -> int:
                 print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
         elif args.testbed_command == "set":
             if args.up and args.down:
-                return _fail("--up and --down: give one", EXIT_BAD_INPUT)
+                return fail("--up and --down: give one", EXIT_BAD_INPUT)
             n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
                         up=True if args.up else False if args.down else None, jitter_ms=args.jitter,
                         loss_pct=args.loss)
@@ -125,14 +126,14 @@ def cmd_testbed(args) -> int:
         elif args.testbed_command == "exec":
             argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             if not argv:
-                return _fail("exec: give the command after --", EXIT_BAD_INPUT)
+                return fail("exec: give the command after --", EXIT_BAD_INPUT)
             command = bed.command(args.node, argv)
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(sys.stderr.fileno(), 2)   # the real stderr: tfsync.quiet points fd 2 at /dev/null
             os.execvp(command[0], command)
     except TestbedError as e:
-        return _fail(str(e), EXIT_BAD_INPUT if isinstance(e, TestbedInputError) else EXIT_FAILED)
+        return fail(str(e), EXIT_BAD_INPUT if isinstance(e, TestbedInputError) else EXIT_FAILED)
     return 0
 
 

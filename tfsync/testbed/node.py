@@ -15,8 +15,8 @@ import os
 import subprocess
 import sys
 
+from tfsync.api import auth
 from tfsync.hooks import node as hook
-from tfsync.manager import auth
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ A job's token is ``secrets.token_urlsafe(32)``, kept in a file only its owner ca
 server interceptor refuses any call without it, or with another token, with
 UNAUTHENTICATED, and logs the method and the peer (never the token).
 
-Transport (plaintext on loopback, TLS elsewhere) is in ``tfsync.manager.transport``.
+Transport (plaintext on loopback, TLS elsewhere) is in ``tfsync.api.transport``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def write_token(path: str | os.PathLike, token: str | None = None) -> str:
     token = new_token() if token is None else token
     if not token or any(c.isspace() for c in token):
         raise ValueError("a token must be a non-empty string without whitespace; "
-                         "use tfsync.manager.auth.new_token()")
+                         "use tfsync.api.auth.new_token()")
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
@@ -62,7 +62,7 @@ def read_token(path: str | os.PathLike) -> str:
         st = os.stat(path)
     except FileNotFoundError:
         raise TokenFileError(f"token file {path!r} does not exist; expected the file the manager "
-                             "wrote when the job was submitted (tfsync.manager.auth.write_token)") from None
+                             "wrote when the job was submitted (tfsync.api.auth.write_token)") from None
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise TokenFileError(f"token file {path!r} has mode {mode:04o}: group or others can access it; "
@@ -72,7 +72,7 @@ def read_token(path: str | os.PathLike) -> str:
         token = f.read().strip()
     if not token:
         raise TokenFileError(f"token file {path!r} is empty; expected one token line; "
-                             "write one with tfsync.manager.auth.write_token")
+                             "write one with tfsync.api.auth.write_token")
     return token
 
 

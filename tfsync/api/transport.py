@@ -1,5 +1,5 @@
 """gRPC servers and channels of the control plane: loopback by default, TLS on demand,
-the job token on every call (``tfsync.manager.auth``).
+the job token on every call (``tfsync.api.auth``).
 
 Binding to anything but a loopback address must be asked for (``allow_remote=True``),
 and without TLS that logs a warning: the token would cross the network in plaintext.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tfsync.manager import auth
+from tfsync.api import auth
 from tfsync.netns import is_loopback
 
 logger = logging.getLogger(__name__)
