@@ -165,7 +165,7 @@ def open_firewall(hook_port: int, allow=()) -> tuple[Firewall | None, str | None
     try:
         for name in remove_stale(hook_port):
             logger.info("removed firewall table %s of a hook that no longer runs", name)
-        _nft(text=f"table inet {fw.table} {{}}\n" + ruleset(fw.table, []))
+        _nft(text=ruleset(fw.table, []))   # makes and deletes the table: nf_tables works
     except FirewallError as e:
         return None, str(e)
     return fw, None
