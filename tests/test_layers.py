@@ -21,11 +21,11 @@ FOLDERS = {"tfsync": ROOT / "tfsync", "tfsync.manager": ROOT / "manager", "tfsyn
 # unit: a module, or a package with everything in it that a longer entry does not claim
 # ("tfsync" alone is the package's __init__).
 LAYERS = [
-    # base: helpers that import no other layer: safe file writes, network namespaces, TF's
+    # base: helpers that import no other layer: safe file writes, free ports, network namespaces, TF's
     # noise, the name registry, curves, arrays and the input pipeline, user-code references,
     # data readers and the bundled data and models, the task command line, progress
     # displays, exit codes and the one-line error
-    ("base", ["tfsync", "tfsync.safefile", "tfsync.netns", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
+    ("base", ["tfsync", "tfsync.safefile", "tfsync.ports", "tfsync.netns", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
               "tfsync.arrays", "tfsync.pipeline", "tfsync.usercode", "tfsync.data", "tfsync.datasets",
               "tfsync.examples", "tfsync.taskcmd", "tfsync.progress", "tfsync.exits"]),
     # decisions, plain Python (no gRPC; TensorFlow only inside the learned predictors'

@@ -32,9 +32,10 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
+
+from . import ports
 
 logger = logging.getLogger(__name__)
 
@@ -174,16 +175,7 @@ class PrivateNetwork:
     def free_ports(self, count: int) -> list[int]:
         """``count`` distinct ports free on ``address`` inside the namespace."""
         with self.entered():
-            socks = []
-            try:
-                for _ in range(count):
-                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    s.bind((self.address, 0))
-                    socks.append(s)
-                return [s.getsockname()[1] for s in socks]
-            finally:
-                for s in socks:
-                    s.close()
+            return ports.free_ports(count, self.address)
 
     def close(self) -> None:
         """Remove the namespace (its link goes with it once no socket or process holds it)."""

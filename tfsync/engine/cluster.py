@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import netns
+from ..ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from .. import safefile
 from ..taskcmd import task_command, task_env
 
@@ -28,20 +29,6 @@ logger = logging.getLogger(__name__)
 
 class ClusterError(RuntimeError):
     """A task process failed to start or died."""
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ask the OS for ``count`` distinct free TCP ports (held open together, then released)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def connect_strategy(cluster):
