@@ -123,26 +123,3 @@ class ResourceReports(manager_pb2_grpc.ManagerServicer):
             self._take(request, context)
         return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)
 
-
-class AioResourceReports(manager_pb2_grpc.ManagerServicer):
-    """``ResourceReports`` for a ``grpc.aio`` server (``tfsync.manager.aio``): one event
-    loop serves thousands of hooks' open report streams."""
-
-    def __init__(self, board: ResourceBoard, interval_s: float = 1.0):
-        self.board = board
-        self.interval_s = interval_s
-
-    async def _take(self, request, context) -> None:
-        problem = sample_problem(request.sample)
-        if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        self.board.report(request.sample)
-
-    async def ReportResources(self, request, context):
-        await self._take(request, context)
-        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)
-
-    async def StreamReportResources(self, request_iterator, context):
-        async for request in request_iterator:
-            await self._take(request, context)
-        return manager_pb2.ReportResourcesResponse(interval_s=self.interval_s)

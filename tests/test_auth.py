@@ -150,36 +150,3 @@ def test_tls_with_token_works_and_plaintext_cannot_talk_to_it(tmp_path):
         assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     finally:
         srv.stop(grace=None).wait(5)
-
-
-def test_asyncio_server_requires_the_token_too():
-    import asyncio
-
-    from tfsync.manager.aio import make_aio_server
-
-    class _AioManager(manager_pb2_grpc.ManagerServicer):
-        async def GetStatus(self, request, context):
-            return manager_pb2.JobStatus(job_id=request.job_id)
-
-    async def scenario():
-        token = auth.new_token()
-        server, port = make_aio_server(token=token)
-        manager_pb2_grpc.add_ManagerServicer_to_server(_AioManager(), server)
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-                stub = manager_pb2_grpc.ManagerStub(ch)
-                ok = await stub.GetStatus(manager_pb2.GetStatusRequest(job_id="j"), timeout=5,
-                                          metadata=auth.call_metadata(token))
-                codes = []
-                for md in ((), auth.call_metadata(auth.new_token())):
-                    try:
-                        await stub.GetStatus(manager_pb2.GetStatusRequest(), timeout=5, metadata=md)
-                    except grpc.aio.AioRpcError as e:
-                        codes.append(e.code())
-                return ok.job_id, codes
-        finally:
-            await server.stop(None)
-
-    job_id, codes = asyncio.run(scenario())
-    assert job_id == "j" and codes == [grpc.StatusCode.UNAUTHENTICATED] * 2
