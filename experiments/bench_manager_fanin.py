@@ -106,7 +106,7 @@ def manager_process(token, db_path, kind, workers, port_q, cmd_q, res_q):
     from tfsync.manager.store import Store
 
     store = Store(db_path)
-    board = ResourceBoard(store, flush_interval=1.0).start()
+    board = ResourceBoard(store, flush_interval=1.0)
     timed = _TimedBoard(board)
     stopped = threading.Event()
 
@@ -138,7 +138,7 @@ def manager_process(token, db_path, kind, workers, port_q, cmd_q, res_q):
         port_q.put(port)
         control(stopped.set)
         server.stop(None)
-    board.stop()
+    board.flush()
     port_q.put(board.flushed)
     store.close()
 

@@ -259,6 +259,7 @@ def cmd_manager(args):
     done.wait()
     service.coordinators.stop_all()  # each job stops at a step boundary with its tasks, resumable
     server.stop(grace=2.0)
+    service.close()
     service.store.close()
     return 0
 

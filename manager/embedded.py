@@ -69,6 +69,7 @@ class EmbeddedManager:
         finally:
             self.hook.stop()
             self.server.stop(grace=1.0)
+            self.service.close()
             (self.control_dir / "manager.json").unlink(missing_ok=True)
             self.store.close()
 

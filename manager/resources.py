@@ -1,6 +1,7 @@
 """The manager's view of node resources: hooks report samples (``ReportResources``), the
-board keeps the latest per node in memory, and a background thread writes what changed
-to the job store every ``flush_interval`` seconds.
+board keeps the latest per node and writes them to the job store in one transaction once
+``flush_interval`` seconds have passed (a report that finds the interval over writes every
+node reported since the last write); ``flush()`` writes the rest, at the manager's end.
 
 The board is the manager's ReportResources / StreamReportResources; the rest of the
 Manager service is added around it.
@@ -11,11 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 
 import grpc
 
 from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc
-from tfsync.manager.store import ResourceRecord, Store
+from tfsync.manager.store import ResourceRecord, Store, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -46,59 +48,46 @@ def _record(sample: common_pb2.ResourceSample) -> ResourceRecord:
 
 
 class ResourceBoard:
-    """Latest sample per node; ``start()`` flushes changed nodes to ``store`` periodically."""
+    """Latest sample per node, written to ``store`` every ``flush_interval`` seconds of
+    ``clock`` (by the report that finds the interval over) and by ``flush()``."""
 
-    def __init__(self, store: Store | None = None, flush_interval: float = 1.0):
+    def __init__(self, store: Store | None = None, flush_interval: float = 1.0, clock=time.monotonic):
         if flush_interval <= 0:
             raise ValueError(f"flush_interval must be > 0 s, got {flush_interval}")
         self.store = store
         self.flush_interval = flush_interval
+        self._clock = clock
         self._latest: dict[str, common_pb2.ResourceSample] = {}
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._flushed_at = clock()
         self.flushed = 0  # records written so far
 
     def report(self, sample: common_pb2.ResourceSample) -> None:
         with self._lock:
             self._latest[sample.node] = sample
             self._dirty.add(sample.node)
-
-    def latest(self) -> dict[str, common_pb2.ResourceSample]:
-        with self._lock:
-            return dict(self._latest)
+            due = self._clock() - self._flushed_at >= self.flush_interval
+        if due:
+            self.flush()
 
     def flush(self) -> int:
-        """Write the nodes that reported since the last flush; return how many."""
+        """Write the nodes that reported since the last flush; return how many. A store
+        that fails is logged; those samples are dropped, the next ones written."""
         with self._lock:
             samples = [self._latest[n] for n in self._dirty]
             self._dirty.clear()
-        if samples and self.store is not None:
+            self._flushed_at = self._clock()
+        if not samples or self.store is None:
+            return len(samples)
+        try:
             self.store.add_resources([_record(s) for s in samples])
+        except StoreError as e:
+            logger.warning("%d resource samples not stored: %s", len(samples), e)
+            return 0
+        with self._lock:
             self.flushed += len(samples)
         return len(samples)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.flush_interval):
-            try:
-                self.flush()
-            except Exception:  # noqa: BLE001 - a failed flush must not end the loop; logged
-                logger.exception("flushing resource samples to %s failed; retrying in %.1f s",
-                                 getattr(self.store, "path", None), self.flush_interval)
-
-    def start(self) -> "ResourceBoard":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="resource-flush", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-        self.flush()
 
 
 class ResourceReports(manager_pb2_grpc.ManagerServicer):

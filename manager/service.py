@@ -151,6 +151,10 @@ class ManagerService(ResourceReports):
                                      protocol=job.protocol, step=job.step, samples=job.samples,
                                      loss=job.loss, run_id=job.run_id, batch_sizes=sizes, **stored_fields)
 
+    def close(self) -> None:
+        """The manager is going: write what it still holds (the last resource samples)."""
+        self.board.flush()
+
     def end(self, job_id: str) -> None:
         """The job's run is over: its metric streams end once they have sent every record."""
         job = self.jobs.get(job_id)

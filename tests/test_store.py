@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
@@ -173,28 +172,68 @@ def test_concurrent_inserts_from_threads_lose_nothing(db):
         assert len(db.events(r)) == 20
 
 
-def test_resource_board_flushes_the_latest_sample_per_node(db):
+def _sample(node, t, **kw):
+    from tfsync.api.v1 import common_pb2
+
+    return common_pb2.ResourceSample(node=node, time=t, **kw)
+
+
+def test_resource_board_writes_the_latest_sample_per_node_once_the_interval_is_over(db, caplog, monkeypatch):
     from tfsync.api.v1 import common_pb2
     from tfsync.manager.resources import ResourceBoard
 
-    board = ResourceBoard(db, flush_interval=0.05)
-    for t in (1.0, 2.0):  # two reports of node-a before a flush: only the newest is written
-        board.report(common_pb2.ResourceSample(node="node-a", time=t, cpu_percent=10 * t, processes=[
-            common_pb2.ProcessSample(task=common_pb2.TaskRef(job="ps", index=0), pid=5, alive=True, rss_bytes=7)]))
-    board.report(common_pb2.ResourceSample(node="node-b", time=1.5))
-    assert board.flush() == 2 and board.flush() == 0
+    now = [0.0]
+    board = ResourceBoard(db, flush_interval=1.0, clock=lambda: now[0])
+    proc = common_pb2.ProcessSample(task=common_pb2.TaskRef(job="ps", index=0), pid=5, alive=True, rss_bytes=7)
+    for t in (1.0, 2.0):  # two reports of node-a within the interval: only the newest is written
+        board.report(_sample("node-a", t, cpu_percent=10 * t, processes=[proc]))
+    board.report(_sample("node-b", 1.5))
+    assert db.resources("node-a") == [] and board.flushed == 0  # the interval is not over
+    now[0] = 1.0
+    board.report(_sample("node-b", 3.0))  # the interval is over: every node reported since, in one write
     got = db.resources("node-a")
-    assert [(r.time, r.cpu_percent) for r in got] == [(2.0, 20.0)]
-    assert got[0].processes[0]["task"] == "ps:0" and got[0].processes[0]["rss_bytes"] == 7
-    board.start()
+    assert [(r.time, r.cpu_percent) for r in got] == [(2.0, 20.0)] and [r.time for r in db.resources("node-b")] == [3.0]
+    assert got[0].processes[0]["task"] == "ps:0" and got[0].processes[0]["rss_bytes"] == 7 and board.flushed == 2
+    board.report(_sample("node-b", 4.0))
+    assert [r.time for r in db.resources("node-b")] == [3.0]  # within the next interval
+    assert board.flush() == 1 and board.flush() == 0
+    assert [r.time for r in db.resources("node-b")] == [3.0, 4.0]
+
+    def broken(records):
+        raise StoreError("job store 'jobs.db' is read-only")
+
+    monkeypatch.setattr(db, "add_resources", broken)  # a failing store: logged, the reports still taken
+    now[0] = 3.0
+    with caplog.at_level("WARNING"):
+        board.report(_sample("node-c", 6.0))
+    assert board.flushed == 3 and "1 resource samples not stored: job store 'jobs.db' is read-only" in caplog.text
+    monkeypatch.undo()
+    board.report(_sample("node-c", 7.0))
+    assert board.flush() == 1 and [r.time for r in db.resources("node-c")] == [7.0]
+
+
+def test_the_managers_resource_reports_reach_the_store_by_its_end(tmp_path):
+    """The embedded manager of `tfsync run`: samples reported within the last interval are
+    written when it finishes."""
+    from tfsync.api import auth, transport
+    from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
+    from tfsync.manager import embedded
+
+    m = embedded.start(str(tmp_path / "run"), "res", {"model": {"name": "linear"}, "cluster": {"workers": 1}},
+                       workers=1, protocol="bsp", store_path=str(tmp_path / "jobs.db"))
     try:
-        board.report(common_pb2.ResourceSample(node="node-b", time=3.0))
-        deadline = time.monotonic() + 5
-        while len(db.resources("node-b")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        token = auth.read_token(m.control_dir / "token")
+        with transport.make_channel(m.address, token=token) as channel:
+            stub = manager_pb2_grpc.ManagerStub(channel)
+            reply = stub.ReportResources(manager_pb2.ReportResourcesRequest(sample=_sample("n1", 7.0, cpu_percent=30.0)),
+                                         timeout=10)
+            stub.StreamReportResources(iter([manager_pb2.ReportResourcesRequest(sample=_sample("n2", 8.0))]), timeout=10)
+        assert reply.interval_s == 1.0
     finally:
-        board.stop()
-    assert [r.time for r in db.resources("node-b")] == [1.5, 3.0]
+        m.finish("done")
+    with Store(tmp_path / "jobs.db") as db:
+        assert [(r.time, r.cpu_percent) for r in db.resources("n1")] == [(7.0, 30.0)]
+        assert [r.time for r in db.resources("n2")] == [8.0]
 
 
 def test_switch_points_and_migration_from_schema_1(tmp_path):
