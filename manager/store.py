@@ -2,7 +2,9 @@
 
 Tables: jobs, runs (a job has one per start, resume or search trial), steps (one summary
 per step of a run), events (worker lost / rejoined, task restarted, switch, checkpoint),
-switch points, results (key -> JSON per run) and resource samples of nodes.
+results (key -> JSON per run), resource samples of nodes and the switch point the search
+found per job signature. (Schema 1's ``switches`` table is not written: a run's switches
+are its ``switch`` events.)
 
 Threads: each thread gets its own connection (``threading.local``), so readers never wait
 for one another; SQLite serialises writers (WAL allows one writer and many readers, across
@@ -22,13 +24,12 @@ import threading
 import time
 import uuid
 
-from tfsync.manager.store_types import (EVENT_KINDS, JOB_STATES, RUN_KINDS, SWITCH_METHODS, Event, Job,
-                                       ResourceRecord, ResumePoint, Run, StepSummary, SwitchPoint)
+from tfsync.manager.store_types import EVENT_KINDS, JOB_STATES, RUN_KINDS, Event, Job, ResourceRecord, Run, StepSummary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Store", "StoreError", "Job", "Run", "StepSummary", "Event", "SwitchPoint", "ResumePoint",
-           "ResourceRecord", "JOB_STATES", "RUN_KINDS", "EVENT_KINDS", "SWITCH_METHODS"]
+__all__ = ["Store", "StoreError", "Job", "Run", "StepSummary", "Event", "ResourceRecord", "JOB_STATES", "RUN_KINDS",
+           "EVENT_KINDS"]
 
 SCHEMA_VERSION = 2
 
@@ -271,32 +272,11 @@ class Store:
                           "ORDER BY time, id", (run_id, kind, kind))
         return [Event(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
 
-    def add_switch(self, sw: SwitchPoint) -> None:
-        _check(sw.method, SWITCH_METHODS, "switch method")
-        self._write("INSERT INTO switches (run_id, step, time, from_protocol, to_protocol, method, detail) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)", (sw.run_id, sw.step, sw.time, sw.from_protocol,
-                                                     sw.to_protocol, sw.method, json.dumps(sw.detail)))
-
-    def switches(self, run_id: int) -> list[SwitchPoint]:
-        rows = self._rows("SELECT run_id, step, time, from_protocol, to_protocol, method, detail FROM switches "
-                          "WHERE run_id = ? ORDER BY step, id", (run_id,))
-        return [SwitchPoint(*r[:6], json.loads(r[6])) for r in rows]
-
     def set_result(self, run_id: int, key: str, value) -> None:
         self._write("INSERT OR REPLACE INTO results VALUES (?, ?, ?)", (run_id, key, json.dumps(value)))
 
     def results(self, run_id: int) -> dict:
         return {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM results WHERE run_id = ?", (run_id,))}
-
-    def resume_point(self, job_id: str) -> ResumePoint:
-        """The newest checkpoint event of any run of the job, and its latest recorded step."""
-        ckpt = self._rows("SELECT events.run_id, detail FROM events JOIN runs ON runs.id = events.run_id "
-                          "WHERE job_id = ? AND events.kind = 'checkpoint' ORDER BY events.time DESC, events.id DESC "
-                          "LIMIT 1", (job_id,))
-        last = self._rows("SELECT step FROM steps JOIN runs ON runs.id = steps.run_id WHERE job_id = ? "
-                          "ORDER BY runs.id DESC, step DESC LIMIT 1", (job_id,))
-        run_id, detail = (ckpt[0][0], json.loads(ckpt[0][1])) if ckpt else (None, {})
-        return ResumePoint(job_id, run_id, detail.get("path"), detail.get("step"), last[0][0] if last else None)
 
     # -- switch points found by the search (schema 2) -------------------------------------
     def set_switch_point(self, signature: str, fraction: float, detail: dict | None = None) -> None:

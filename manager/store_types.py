@@ -8,7 +8,6 @@ from dataclasses import dataclass
 JOB_STATES = ("submitted", "running", "stopped", "failed", "done")
 RUN_KINDS = ("train", "resume", "trial")
 EVENT_KINDS = ("worker_lost", "worker_rejoined", "task_restarted", "switch", "checkpoint")
-SWITCH_METHODS = ("hot", "restart")
 
 
 @dataclass(frozen=True)
@@ -50,27 +49,6 @@ class Event:
     kind: str                  # one of EVENT_KINDS
     time: float
     detail: dict               # checkpoint: {"path": ..., "step": ...}
-
-
-@dataclass(frozen=True)
-class SwitchPoint:
-    run_id: int
-    step: int
-    time: float
-    from_protocol: str
-    to_protocol: str
-    method: str                # "hot" | "restart"
-    detail: dict
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a job can resume: its newest checkpoint, and the last step it recorded."""
-    job_id: str
-    run_id: int | None         # the run that wrote the checkpoint (None: no checkpoint yet)
-    checkpoint_path: str | None
-    checkpoint_step: int | None
-    last_step: int | None      # newest step summary of the job's latest run with any
 
 
 @dataclass(frozen=True)

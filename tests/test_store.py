@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tfsync.manager import store as store_module
-from tfsync.manager.store import (ResourceRecord, StepSummary, Store, StoreError, SwitchPoint)
+from tfsync.manager.store import ResourceRecord, StepSummary, Store, StoreError
 
 pytestmark = pytest.mark.unit
 
@@ -48,9 +48,6 @@ def test_job_run_steps_events_results_round_trip(db):
     db.add_event(run.id, "checkpoint", {"path": "ckpt-4", "step": 4}, at=11.0)
     assert [e.kind for e in db.events(run.id)] == ["worker_lost", "checkpoint"]
     assert db.events(run.id, "worker_lost")[0].detail == {"worker": 1}
-    sw = SwitchPoint(run.id, 3, 10.5, "bsp", "asp", "restart", {"reason": "timing"})
-    db.add_switch(sw)
-    assert db.switches(run.id) == [sw]
     db.set_result(run.id, "accuracy", 0.97)
     db.set_result(run.id, "curve", [1, 2])
     assert db.results(run.id) == {"accuracy": 0.97, "curve": [1, 2]}
@@ -74,19 +71,6 @@ def test_retried_submit_returns_the_same_job_and_conflicts_are_refused(db):
     assert len(db.jobs()) == 1
     with pytest.raises(StoreError, match="exists with another"):
         db.create_job("j", "s", {"a": 2}, job_id="job-1")
-
-
-def test_resume_point_is_the_newest_checkpoint_and_last_step(db):
-    job = db.create_job("j", "s", {})
-    assert db.resume_point(job.id).checkpoint_path is None and db.resume_point(job.id).last_step is None
-    r1 = db.start_run(job.id)
-    db.add_steps(_steps(r1.id, 0, 10))
-    db.add_event(r1.id, "checkpoint", {"path": "ckpt-5", "step": 5}, at=5.0)
-    db.add_event(r1.id, "checkpoint", {"path": "ckpt-9", "step": 9}, at=9.0)
-    r2 = db.start_run(job.id, "resume")
-    db.add_steps(_steps(r2.id, 9, 3))
-    point = db.resume_point(job.id)
-    assert (point.run_id, point.checkpoint_path, point.checkpoint_step, point.last_step) == (r1.id, "ckpt-9", 9, 11)
 
 
 def test_last_step_is_the_newest_of_its_run(db):
