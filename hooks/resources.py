@@ -1,7 +1,6 @@
-"""CPU and memory of a node and of its task processes (psutil), sampled by the hook.
-
-Each sampler keeps its own CPU baselines (not psutil's module-wide one), so several
-concurrent streams each report the CPU use over their own interval.
+"""CPU and memory of a node and of its task processes, sampled by the hook with
+``tfsync.procstats`` (the engine's sampler). Each sampler keeps its own baselines, so
+several concurrent streams each report the use over their own interval.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import time
 from dataclasses import dataclass
 
 import psutil
+
+from tfsync.procstats import CpuBusy, ProcessReader
 
 logger = logging.getLogger(__name__)
 
@@ -37,47 +38,27 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-def _busy_total(times) -> tuple[float, float]:
-    total = sum(times)
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    return total - idle, total
-
-
 class ResourceSampler:
     """Samples the node and given pids; CPU figures cover the time since the last sample."""
 
     def __init__(self):
-        self._cpu = _busy_total(psutil.cpu_times())
-        self._procs: dict[int, psutil.Process] = {}
+        self._cpu = CpuBusy(percpu=False)
+        self._procs = ProcessReader()
 
     def node(self) -> NodeUsage:
-        busy, total = _busy_total(psutil.cpu_times())
-        d_busy, d_total = busy - self._cpu[0], total - self._cpu[1]
-        self._cpu = (busy, total)
-        cpu = 100.0 * d_busy / d_total if d_total > 0 else 0.0
+        cpu = self._cpu.sample()[0]
         vm = psutil.virtual_memory()
-        return NodeUsage(time.time(), round(min(max(cpu, 0.0), 100.0), 2), int(vm.total - vm.available),
-                         int(vm.total), float(vm.percent))
+        return NodeUsage(time.time(), round(cpu, 2), int(vm.total - vm.available), int(vm.total), float(vm.percent))
 
     def process(self, pid: int, alive: bool = True) -> ProcessUsage:
-        """Usage of ``pid``; ``alive=False`` (the owner knows it ended) skips psutil."""
-        if not alive:
-            self._procs.pop(pid, None)
+        """Usage of ``pid`` (CPU 0.0 at its first sample); ``alive=False`` (the owner knows it
+        ended) skips psutil."""
+        use = self._procs.read(pid) if alive else None
+        if use is None:
+            self._procs.forget(pid)
             return ProcessUsage(pid, False, 0.0, 0)
-        try:
-            proc = self._procs.get(pid)
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-                proc.cpu_percent()  # baseline: psutil's first reading is always 0.0
-            with proc.oneshot():
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(pid)
-                return ProcessUsage(pid, True, round(proc.cpu_percent(), 2), int(proc.memory_info().rss))
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            self._procs.pop(pid, None)
-            return ProcessUsage(pid, False, 0.0, 0)
+        return ProcessUsage(pid, True, round(use.cpu or 0.0, 1), use.rss_bytes)  # 0.1 %, as it always reported
 
     def forget(self, live_pids: set[int]) -> None:
         """Drop baselines of pids no longer sampled."""
-        for pid in set(self._procs) - live_pids:
-            del self._procs[pid]
+        self._procs.keep(live_pids)

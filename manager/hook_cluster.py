@@ -36,12 +36,24 @@ from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.manager.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback
+from tfsync.procstats import worker_reading
 
 logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
+
+
+def workers_of(sample: common_pb2.ResourceSample) -> dict[int, dict]:
+    """``{worker: reading}`` of a hook's sample, for its live workers, in the form of the
+    engine's own readings (``tfsync.procstats.worker_reading``): the CPUs a remote worker
+    shares with other processes are its node's."""
+    cores = max(sample.cpu_count, 1)
+    return {p.task.index: worker_reading(sample.cpu_percent * cores, cores, p.cpu_percent,
+                                         100.0 * p.rss_bytes / max(sample.memory_total_bytes, 1), p.pid,
+                                         sample.time, node=sample.node)
+            for p in sample.processes if p.task.job == "worker" and p.alive}
 
 
 class HookNodes:
@@ -302,16 +314,7 @@ class HookCluster:
     def _read_stream(self, call) -> None:
         try:
             for sample in call:
-                readings = {}
-                cores = max(sample.cpu_count, 1)
-                for p in sample.processes:
-                    if p.task.job == "worker" and p.alive:
-                        others = max(sample.cpu_percent * cores - p.cpu_percent, 0.0) / cores
-                        readings[p.task.index] = {
-                            "cpu": round(min(others, 100.0), 2), "proc_cpu": round(p.cpu_percent, 2),
-                            "set_cpu": round(sample.cpu_percent, 2), "pid": p.pid, "node": sample.node,
-                            "mem": round(100.0 * p.rss_bytes / max(sample.memory_total_bytes, 1), 3),
-                            "time": sample.time}
+                readings = workers_of(sample)
                 with self._readings_lock:
                     self._readings.update(readings)
         except Exception as e:  # noqa: BLE001 - cancelled at stop, or the node is gone: no more readings

@@ -73,3 +73,23 @@ def test_job_file_placement_names_one_hook_per_task():
     assert cfg.cluster.place_ps == ("10.0.0.3:7070",) and JobConfig.from_dict(cfg.to_dict()) == cfg
     assert "1 hooks for 2 tasks" in _error({**hooks, "workers": 2, "place_workers": ["10.0.0.2:7070"]})
     assert "not one of cluster.hooks" in _error({**hooks, "place_ps": ["10.0.0.9:7070"]})
+
+
+def test_a_hooks_sample_gives_its_live_workers_readings_as_the_engines_own():
+    from tfsync.api.v1 import common_pb2
+    from tfsync.manager.hook_cluster import workers_of
+    from tfsync.procstats import worker_reading
+
+    def proc(job, index, pid, cpu, alive=True):
+        return common_pb2.ProcessSample(task=common_pb2.TaskRef(job=job, index=index), pid=pid, alive=alive,
+                                        cpu_percent=cpu, rss_bytes=2 << 30)
+
+    sample = common_pb2.ResourceSample(node="n2", time=50.0, cpu_percent=75.0, cpu_count=2,
+                                       memory_total_bytes=16 << 30, processes=[
+                                           proc("ps", 0, 10, 90.0), proc("worker", 1, 11, 50.0),
+                                           proc("worker", 2, 12, 0.0, alive=False)])
+    got = workers_of(sample)
+    # node 75 % of 2 cores busy, the worker 50 % of one: others keep half of the node's CPUs busy
+    assert got == {1: {"cpu": 50.0, "mem": 12.5, "proc_cpu": 50.0, "set_cpu": 75.0, "pid": 11, "node": "n2",
+                       "time": 50.0}}
+    assert got[1] == worker_reading(150.0, 2, 50.0, 12.5, 11, 50.0, node="n2")

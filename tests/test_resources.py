@@ -11,6 +11,7 @@ import pytest
 
 from tfsync.engine.resources import ResourceMonitor
 from tfsync.policy.lbbsp import resource_reading
+from tfsync.procstats import CpuBusy, ProcessReader, worker_reading
 
 pytestmark = pytest.mark.unit
 
@@ -127,3 +128,58 @@ def test_thread_samples_and_start_stop_are_idempotent():
 def test_bad_interval():
     with pytest.raises(ValueError, match="interval must be > 0"):
         ResourceMonitor({}, interval=0)
+
+
+def test_process_reader_baselines_then_reads_and_forgets_ended_pids():
+    p = spawn(SPIN_AFTER, 0, cpu=CPU)
+    try:
+        plain, pinned = ProcessReader(), ProcessReader(affinity=True)
+        first = plain.read(p.pid)
+        assert first.cpu is None and first.rss_bytes > 0 and 0 < first.mem < 100 and first.cpus == ()
+        pinned.read(p.pid)
+        time.sleep(0.5)
+        use = pinned.read(p.pid)
+        assert use.cpus == (CPU,) and use.cpu > 10, use  # spinning: a share of its CPU beside other work
+        assert plain.read(p.pid).cpu > 10  # each reader has its own baseline
+        plain.keep(set())
+        assert plain.read(p.pid).cpu is None  # forgotten: a fresh baseline
+    finally:
+        end(p)
+    assert pinned.read(p.pid) is None
+
+
+def test_cpu_busy_per_cpu_and_of_all_cpus():
+    per, total = CpuBusy(percpu=True), CpuBusy(percpu=False)
+    time.sleep(0.2)
+    busy, (whole,) = per.sample(), total.sample()
+    assert len(busy) == psutil.cpu_count() and all(0 <= b <= 100 for b in busy) and 0 <= whole <= 100
+
+
+@pytest.mark.parametrize("busy_sum, n_cpus, proc_cpu, cpu, set_cpu", [
+    (150.0, 2, 50.0, 50.0, 75.0),    # the others keep half of the two CPUs busy
+    (40.0, 1, 60.0, 0.0, 40.0),      # the process alone (its CPU % counted over a longer span)
+    (400.0, 2, 0.0, 100.0, 200.0),   # at most 100
+])
+def test_a_workers_reading_is_the_share_its_cpus_are_busy_with_others(busy_sum, n_cpus, proc_cpu, cpu, set_cpu):
+    r = worker_reading(busy_sum, n_cpus, proc_cpu, 12.34567, 7, 100.0, node="n1")
+    assert r == {"cpu": cpu, "mem": 12.346, "proc_cpu": proc_cpu, "set_cpu": set_cpu, "pid": 7, "node": "n1",
+                 "time": 100.0}
+    assert resource_reading(r) == (cpu, 12.346)
+
+
+def test_the_hooks_sampler_reports_a_new_pid_at_0_and_an_ended_one_as_not_alive():
+    from tfsync.hooks.resources import ResourceSampler
+
+    p = spawn(SPIN_AFTER, 0, cpu=CPU)
+    sampler = ResourceSampler()
+    try:
+        first = sampler.process(p.pid)
+        assert first.alive and first.cpu_percent == 0.0 and first.rss_bytes > 0
+        time.sleep(0.5)
+        busy = sampler.process(p.pid)
+        assert busy.alive and busy.cpu_percent > 10 and busy.cpu_percent == round(busy.cpu_percent, 1), busy
+        node = sampler.node()
+        assert 0 <= node.cpu_percent <= 100 and 0 < node.memory_used_bytes < node.memory_total_bytes
+    finally:
+        end(p)
+    assert not sampler.process(p.pid).alive and sampler.process(p.pid, alive=False).rss_bytes == 0

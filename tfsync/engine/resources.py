@@ -21,9 +21,9 @@ returns ``{worker: reading}``, a reading being a dict:
 
 CPU figures cover the time since the previous sample; a pid's first sample only sets
 its baseline, so a worker appears from its second sample on. The monitor keeps its own
-baselines (not psutil's module-wide one), so other samplers in the process do not
-disturb it. A pid that has ended (or is a zombie) disappears from ``latest()``; pids
-can be replaced while running (``set_pids``, after a worker restart).
+baselines (``tfsync.procstats``, not psutil's module-wide one), so other samplers in the
+process do not disturb it. A pid that has ended (or is a zombie) disappears from
+``latest()``; pids can be replaced while running (``set_pids``, after a worker restart).
 """
 
 from __future__ import annotations
@@ -33,16 +33,9 @@ import threading
 import time
 from typing import Callable, Mapping
 
-import psutil
+from tfsync.procstats import CpuBusy, ProcessReader, worker_reading
 
 logger = logging.getLogger(__name__)
-
-
-def _cpu_busy(times) -> tuple[float, float]:
-    """(busy, total) seconds of one CPU's times (idle and iowait count as not busy; steal
-    counts as busy: it is contention too). Linux counts guest time in user time already."""
-    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
-    return total - times.idle - getattr(times, "iowait", 0.0), total
 
 
 class ResourceMonitor:
@@ -57,18 +50,13 @@ class ResourceMonitor:
         self._lock = threading.Lock()  # pids and readings
         self._sample_lock = threading.Lock()  # one sample at a time (baselines)
         self._pids: dict[int, int] = {}
-        self._procs: dict[int, psutil.Process] = {}  # pid -> Process
-        self._base: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, monotonic time)
-        self._cpu_base = self._cpu_times()
+        self._cpus = CpuBusy(percpu=True)  # the CPUs' and the pids' baselines (under _sample_lock)
+        self._procs = ProcessReader(affinity=True)
         self._latest: dict[int, dict] = {}
         self._remote: Callable[[], dict[int, dict]] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.set_pids(pids or {})
-
-    @staticmethod
-    def _cpu_times() -> list[tuple[float, float]]:
-        return [_cpu_busy(t) for t in psutil.cpu_times(percpu=True)]
 
     # -- pids ---------------------------------------------------------------------------
     def set_pids(self, pids: Mapping[int, int]) -> None:
@@ -86,65 +74,34 @@ class ResourceMonitor:
         them, ``tfsync.manager.hook_cluster``); a worker sampled here takes precedence."""
         self._remote = source
 
-    def _forget(self, pid: int) -> None:  # sampling only (under _sample_lock)
-        self._procs.pop(pid, None)
-        self._base.pop(pid, None)
-
     # -- sampling -----------------------------------------------------------------------
     def sample(self) -> dict[int, dict]:
         """Take one sample now (the thread calls this; safe from any thread); returns
         ``latest()``."""
         with self._sample_lock:
-            cpus_now = self._cpu_times()
-            busy_pct = [min(max(100.0 * (b1 - b0) / (t1 - t0), 0.0), 100.0) if t1 > t0 else 0.0
-                        for (b0, t0), (b1, t1) in zip(self._cpu_base, cpus_now)]
-            self._cpu_base = cpus_now
+            busy_pct = self._cpus.sample()
             with self._lock:
                 pids = dict(self._pids)
-            readings = {w: r for w, pid in pids.items() if (r := self._read(pid, busy_pct)) is not None}
+            uses = {w: self._procs.read(pid) for w, pid in pids.items()}
             with self._lock:
                 for w, pid in pids.items():
                     if self._pids.get(w) != pid:
                         continue  # replaced by set_pids while sampling
-                    if w in readings:
-                        self._latest[w] = readings[w]
-                    elif pid not in self._base:  # dead (a live pid keeps its last reading)
+                    if uses[w] is None:  # dead
                         self._latest.pop(w, None)
-                for pid in set(self._base) - set(self._pids.values()):
-                    self._forget(pid)
+                    elif uses[w].cpu is not None:  # not the pid's first sample (that sets its baseline)
+                        self._latest[w] = self._reading(uses[w], busy_pct)
+                self._procs.keep(set(self._pids.values()))
         out = self.latest()
         if self.on_sample is not None:
             self.on_sample(out)
         return out
 
-    def _read(self, pid: int, busy_pct: list[float]) -> dict | None:
-        """One pid's reading, or None (first sample of it, or it is gone)."""
-        try:
-            proc = self._procs.get(pid)
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-            with proc.oneshot():
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(pid)
-                t = proc.cpu_times()
-                now = time.monotonic()
-                used = t.user + t.system
-                mem = proc.memory_percent()
-                cpus = sorted(proc.cpu_affinity())
-        except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
-            self._forget(pid)
-            return None
-        base = self._base.get(pid)
-        self._base[pid] = (used, now)
-        if base is None or now <= base[1]:
-            return None
-        proc_cpu = max(100.0 * (used - base[0]) / (now - base[1]), 0.0)
-        cpus = [c for c in cpus if c < len(busy_pct)] or list(range(len(busy_pct)))
-        set_busy = sum(busy_pct[c] for c in cpus)
-        return {"cpu": round(min(max(set_busy - proc_cpu, 0.0) / len(cpus), 100.0), 2),
-                "mem": round(float(mem), 3), "proc_cpu": round(proc_cpu, 2),
-                "set_cpu": round(set_busy / len(cpus), 2), "pid": pid, "cpus": tuple(cpus),
-                "time": time.time()}
+    @staticmethod
+    def _reading(use, busy_pct: list[float]) -> dict:
+        cpus = [c for c in use.cpus if c < len(busy_pct)] or list(range(len(busy_pct)))
+        return worker_reading(sum(busy_pct[c] for c in cpus), len(cpus), use.cpu, use.mem, use.pid, time.time(),
+                              cpus=tuple(cpus))
 
     def latest(self) -> dict[int, dict]:
         """``{worker: reading}`` of the last sample (copies; dead workers left out), and
