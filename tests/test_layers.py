@@ -24,10 +24,12 @@ LAYERS = [
     # base: helpers that import no other layer: safe file writes, free ports, network namespaces, TF's
     # noise, the name registry, curves, arrays and the input pipeline, user-code references,
     # data readers and the bundled data and models, the task command line, progress
-    # displays, exit codes and the one-line error, CPU and memory readings (psutil)
+    # displays, exit codes and the one-line error, CPU and memory readings (psutil), the
+    # plain-data form of the state policies keep across restarts
     ("base", ["tfsync", "tfsync.safefile", "tfsync.ports", "tfsync.netns", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
               "tfsync.arrays", "tfsync.pipeline", "tfsync.usercode", "tfsync.data", "tfsync.datasets",
-              "tfsync.examples", "tfsync.taskcmd", "tfsync.progress", "tfsync.exits", "tfsync.procstats"]),
+              "tfsync.examples", "tfsync.taskcmd", "tfsync.progress", "tfsync.exits", "tfsync.procstats",
+              "tfsync.plainstate"]),
     # decisions, plain Python (no gRPC; TensorFlow only inside the learned predictors'
     # training): the sync policies and their catalogue, speed predictors, batch-size
     # rules, push records

@@ -36,6 +36,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from .. import plainstate
+
 logger = logging.getLogger(__name__)
 
 
@@ -292,6 +294,50 @@ class Policy:
     def stats(self) -> dict:
         """Counters the policy keeps (e.g. FluentPS's delayed pull requests), for summaries."""
         return {}
+
+    # -- state kept across restarts -------------------------------------------------------
+    state_version = 1  # the format of save_state's dict; raise it when the format changes
+
+    def save_state(self) -> dict:
+        """What this policy learned or counted that later decisions depend on, to write
+        beside a checkpoint (its options are not in it: they come from the job file again).
+
+        A dict of JSON's types only (ints, floats, strings, None, lists, dicts with string
+        keys; arrays as nested lists, never pickle: run directories may be shared, so
+        loading must never execute code), with ``"protocol"`` (this policy's name) and a
+        format ``"version"``; ``{}`` for a policy that keeps none. Subclasses implement
+        ``_save_state`` and ``_load_state``."""
+        body = self._save_state()
+        return {} if body is None else {**plainstate.header("protocol", self.name, self.state_version), **body}
+
+    def restore_state(self, state: dict, *, workers: int | None = None) -> None:
+        """Take back what ``save_state`` gave, on a fresh policy built with the job's
+        options, before its ``start`` (which, as after a switch, rebuilds what depends on
+        the live cluster: clocks, rounds, membership are the driver's). ``{}`` is always
+        accepted. Raises ValueError, with a one-line reason and restoring nothing, when the
+        state does not fit this policy: another protocol, another format version, another
+        worker count (``workers``: the job's, checked where the state is per worker),
+        another predictor kind or network shape; a non-empty state for a policy that keeps
+        none."""
+        self._prepare_state(state, workers)()
+
+    def _prepare_state(self, state: dict, workers: int | None = None) -> plainstate.Apply:
+        """Check ``state`` and return what applies it (wrappers check their parts first)."""
+        if not state:
+            return lambda: None
+        if type(self)._save_state is Policy._save_state:
+            raise ValueError(f"protocol {self.name!r} keeps no state, but a state of protocol "
+                             f"{state.get('protocol') if isinstance(state, Mapping) else state!r} was given")
+        return self._load_state(plainstate.check(state, "protocol", self.name, self.state_version,
+                                                 what=f"protocol {self.name!r}", workers=workers), workers)
+
+    def _save_state(self) -> dict | None:
+        """The state's body (beside the header); None: this policy keeps no state."""
+        return None
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        """Check a state whose header fits; return what applies it, changing nothing before."""
+        raise NotImplementedError
 
     def describe(self) -> dict:
         """Plain-data description for logs and summary.json."""

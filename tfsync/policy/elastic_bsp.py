@@ -10,6 +10,10 @@ arrival; each worker's last step of the superstep is aggregated and applied at t
 barrier "similarly to BSP" (§II), so every worker restarts from the same weights.
 
 The first superstep runs one step per worker to measure speeds.
+
+State (``save_state``): each worker's recent iteration intervals, so a restored policy
+plans its first superstep from them instead of measuring again. The plan in progress and
+the interval start times are not in it: ``start`` makes a new superstep from the live clocks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 
 import numpy as np
 
+from .. import plainstate
 from .barrier_search import SEARCHES
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
 from .options import Option
@@ -66,6 +71,7 @@ class ElasticBSP(Policy):
         self.barriers: collections.deque = collections.deque(maxlen=1000)  # recent plans
         self._superstep_ends: list[float] = []
         self.search_seconds = 0.0
+        self.workers: int | None = None  # the cluster's size, from the views seen
 
     # -- prediction and search ------------------------------------------------------------
     def interval(self, w: int) -> float | None:
@@ -95,6 +101,7 @@ class ElasticBSP(Policy):
 
     # -- events --------------------------------------------------------------------------
     def start(self, view: ClusterView) -> Decision:
+        self.workers = view.num_workers
         return self._superstep(view, barrier=view.pending > 0)
 
     def _superstep(self, view: ClusterView, barrier: bool) -> Decision:
@@ -137,6 +144,20 @@ class ElasticBSP(Policy):
         return {"barriers": len(self.barriers), "search_seconds": self.search_seconds,
                 "mean_predicted_spread": float(np.mean(spreads)) if spreads else 0.0,
                 "mean_barrier_wait": float(np.mean(waits)) if waits else 0.0}
+
+    def _save_state(self) -> dict:
+        return {"workers": self.workers, "intervals": plainstate.str_keys(self.intervals, list),
+                "search_seconds": self.search_seconds}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        saved = plainstate.field(state, "intervals", f"protocol {self.name!r}")
+        try:  # a shorter window now keeps the newest intervals
+            intervals = plainstate.int_keys(saved, lambda d: collections.deque((float(x) for x in d), maxlen=self.window))
+            seconds = float(state.get("search_seconds", 0.0))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"protocol {self.name!r}: the saved intervals are malformed ({e})") from None
+        values = dict(intervals=intervals, search_seconds=seconds, workers=state.get("workers"))
+        return lambda: self.__dict__.update(values)
 
     def describe(self) -> dict:
         return {**super().describe(), "lookahead": self.lookahead, "window": self.window,

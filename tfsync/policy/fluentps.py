@@ -25,13 +25,20 @@ barrier it makes fewer, as there (experiments/bench_sim_protocols.py).
 Steps whose pull condition already holds whatever the others do (``progress < V + s``;
 V never goes back) are granted ahead, up to ``depth`` per worker, so the engine keeps
 workers busy without a coordinator round trip. Draws happen only at a real pull.
+
+State (``save_state``): the random stream's position (a restored PSSP draws what the saved
+one would have drawn next) and the counters (delayed pulls, draws and pauses by gap,
+pushes). V, Count and the waiting pulls are not in it: ``start`` rebuilds V and Count from
+the clocks, as after a switch, and a restart leaves no pull waiting.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import random
 
+from .. import plainstate
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push
 from .options import Option
 
@@ -162,6 +169,29 @@ class FluentPS(Policy):
         return {"delayed_pulls": self.delayed, "iterations": iterations,
                 "dpr_per_100_iterations": 100.0 * self.delayed / iterations if iterations else 0.0,
                 "pull_draws": sum(self.draws.values()), "v_train": self.v}
+
+    def _save_state(self) -> dict:
+        version, stream, gauss = self.rng.getstate()
+        return {"rng": [version, list(stream), gauss], "delayed": self.delayed, "pushes": self._pushes,
+                "draws": plainstate.str_keys(self.draws),
+                "pauses": plainstate.str_keys(self.pauses)}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        rng = random.Random()
+        try:
+            version, stream, gauss = plainstate.field(state, "rng", self.name)
+            rng.setstate((int(version), tuple(int(x) for x in stream), None if gauss is None else float(gauss)))
+            counters = dict(delayed=int(state.get("delayed", 0)), _pushes=int(state.get("pushes", 0)),
+                            draws=collections.Counter(plainstate.int_keys(state.get("draws", {}), int)),
+                            pauses=collections.Counter(plainstate.int_keys(state.get("pauses", {}), int)))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"protocol {self.name!r}: the saved random stream or counters are malformed "
+                             f"({type(e).__name__}: {e})") from None
+
+        def apply():
+            self.rng.setstate(rng.getstate())
+            self.__dict__.update(counters)
+        return apply
 
     def describe(self) -> dict:
         return {**super().describe(), "staleness": self.staleness, "probability": self.probability,

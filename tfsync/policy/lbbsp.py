@@ -32,6 +32,12 @@ its own observations, so it is the one the barrier would compute, except that a 
 finishing in between takes effect at that worker's next push. At 96 workers the barrier
 then costs the rule alone, not 96 predictions (experiments/bench_sizing_overhead.py).
 
+State (``save_state``): each worker's predictor (what it learned, ``tfsync.predict``), the
+predictions kept from the last pushes, the communication-time EMAs, the sizes granted and
+the plan for the next round (non-blocking), and the hysteresis and late-plan counters; a
+plan still being made in the background is not waited for (the restored sizer makes the
+next one). Timings of this process (``stats()``) start again.
+
 ``stats()``: time per sizing decision and per observation (predictor update and the
 next prediction), and ``share``, the fraction of wall time since the first push spent in both (meaningful on
 a real cluster; in the simulator the policy is most of the work).
@@ -46,6 +52,7 @@ import math
 import time
 from typing import Mapping, Sequence
 
+from .. import plainstate
 from ..batching import GpuProfile, Hysteresis, cpu_rule, gpu_rule, predicted_times
 from ..predict import EMA, REGISTRY as PREDICTORS, factory
 from .base import BatchSizer, ClusterView, Push
@@ -103,6 +110,7 @@ class LBBSPSizer(BatchSizer):
         self._decide_s: list[float] = []
         self._observe_s = self._observe_max = 0.0
         self._observes = self.late = 0
+        self.workers: int | None = None  # the cluster's size, from the views seen
 
     @staticmethod
     def _profiles(profiles) -> dict[int, GpuProfile] | None:
@@ -119,6 +127,7 @@ class LBBSPSizer(BatchSizer):
         t0 = time.perf_counter()
         self._t0 = t0 if self._t0 is None else self._t0
         t = push.turnaround
+        self.workers = view.num_workers
         if t > 0 and push.batch_size > 0:
             cpu, mem = resource_reading(view.resources.get(push.worker) if view.resources else None)
             p = self.predictors.get(push.worker)
@@ -184,6 +193,7 @@ class LBBSPSizer(BatchSizer):
         t0 = time.perf_counter()
         self._t0 = t0 if self._t0 is None else self._t0
         workers = sorted(view.members)
+        self.workers = view.num_workers
         if self.blocking:
             sizes = self._rule(workers, *self._snapshot(workers), self.current)
         else:
@@ -213,6 +223,51 @@ class LBBSPSizer(BatchSizer):
             return {w: self.batch_size for w in workers} if plan is None or self.current is None \
                 else self._rule(workers, *self._snapshot(workers), None)
         return dict(plan)
+
+    # -- state --------------------------------------------------------------------------
+    def save_state(self) -> dict:
+        """The sizer's part of LB-BSP's state (see the module docstring)."""
+        plan = self._plan
+        if self._future is not None and self._future.done() and self._future.exception() is None:
+            plan = self._future.result()  # what the next barrier would take
+        sizes = (lambda d: None if d is None else plainstate.str_keys(d, int))
+        return {"workers": self.workers, "predictor": self.predictor_spec,
+                "predictors": plainstate.str_keys(self.predictors, lambda p: p.save_state()),
+                "next": plainstate.str_keys(self._next, float),
+                "comm": plainstate.str_keys(self.comm, lambda e: e.save_state()),
+                "current": sizes(self.current), "plan": sizes(plan),
+                "last_speeds": plainstate.str_keys(self.last_speeds, float),
+                "late": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds}
+
+    def load_state(self, state: dict) -> plainstate.Apply:
+        """Check ``save_state``'s dict; return what applies it, changing nothing before. A
+        predictor of another kind is refused by the first worker's saved predictor."""
+        what = "protocol 'lbbsp'"
+        try:
+            predictors = {}
+            for w, saved in plainstate.int_keys(plainstate.field(state, "predictors", what)).items():
+                if saved:  # {}: a predictor that keeps nothing starts afresh
+                    p = predictors[w] = self.make_predictor()
+                    p.restore_state(saved)
+            comm = {}
+            for w, saved in plainstate.int_keys(state.get("comm", {})).items():
+                comm[w] = EMA(self.comm_alpha)
+                comm[w].restore_state(saved)
+            sizes = (lambda d: None if d is None else plainstate.int_keys(d, int))
+            values = dict(predictors=predictors, comm=comm, current=sizes(state.get("current")),
+                          _plan=sizes(state.get("plan")), _next=plainstate.int_keys(state.get("next", {}), float),
+                          last_speeds=plainstate.int_keys(state.get("last_speeds", {}), float),
+                          late=int(state.get("late", 0)), workers=state.get("workers"))
+            counters = int(state.get("moves", 0)), int(state.get("holds", 0))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        except (TypeError, AttributeError) as e:
+            raise ValueError(f"{what}: the saved sizer state is malformed ({e})") from None
+
+        def apply():
+            self.__dict__.update(values)
+            self.hysteresis.moves, self.hysteresis.holds = counters
+        return apply
 
     # -- reporting ----------------------------------------------------------------------
     def stats(self) -> dict:
@@ -288,3 +343,11 @@ class LBBSP(BSP):
 
     def stats(self) -> dict:
         return self.sizer.stats()
+
+    def _save_state(self) -> dict:
+        sizer = self.sizer.save_state()
+        return {"workers": sizer.pop("workers"), "sizer": sizer}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        return self.sizer.load_state({**plainstate.field(state, "sizer", "protocol 'lbbsp'"),
+                                      "workers": state.get("workers")})

@@ -20,6 +20,12 @@ Reward (§3.2 "Reward"): -dt, the time between consecutive pushes.
 One fix to the framework: ``NONE`` with no step running anywhere would stall the
 cluster for ever; it then acts as ``ALL`` (and is counted in ``stats()``).
 
+State (``save_state``): the tracker's last H rows and loss estimate, the previous
+decision (for the next transition's reward; its time is shifted by the time a restored
+job was down, tfsync.plainstate.Rebase) and the action counts. The network is not in it:
+RLP does not learn while it runs (training agents, tfsync.rl, learn from ``observer``), and
+the job file names its model again.
+
 The decision network is an :class:`Agent`; this module only needs ``act``. Training
 agents (``tfsync.rl``) also ``observe`` transitions. No TensorFlow here: the trained
 network is evaluated with NumPy from its saved weights (``QNetwork``).
@@ -35,6 +41,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .. import plainstate
 from . import catalogue
 from .actions import ACTIONS, ALL, NONE, SUBMITTER, Teacher
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
@@ -113,6 +120,26 @@ class StateTracker:
     def state(self) -> np.ndarray:
         return np.concatenate(self.rows)
 
+    def save_state(self) -> dict:
+        return {"rows": [r.tolist() for r in self.rows], "loss": plainstate.num(self.loss)}
+
+    def load_state(self, state: dict) -> plainstate.Apply:
+        """Check ``save_state``'s dict; return what applies it, changing nothing before."""
+        try:
+            rows = [np.asarray(r, dtype=np.float64) for r in state["rows"]]
+            loss = plainstate.unnum(state["loss"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"RLP's saved state history is malformed ({type(e).__name__}: {e})") from None
+        if len(rows) != self.rows.maxlen or any(r.shape != (FEATURES,) for r in rows):
+            raise ValueError(f"RLP's saved state history has {len(rows)} rows of shapes "
+                             f"{sorted({r.shape for r in rows})}, this one takes {self.rows.maxlen} of ({FEATURES},)")
+
+        def apply():
+            self.rows.clear()
+            self.rows.extend(rows)
+            self.loss = loss
+        return apply
+
 
 def static_names(staleness=("<s>",)) -> tuple[str, ...]:
     """The names ``teacher`` takes: every catalogue protocol with a three-action form
@@ -161,8 +188,24 @@ class RLP(Policy):
         self._prev = None  # (state, action, arrival) of the last decision
         self.counts = [0, 0, 0]
         self.forced = 0
+        self._clock = plainstate.Rebase()
+
+    def _see(self, view: ClusterView) -> None:
+        shift = self._clock.seen(view.now)
+        if shift and self._prev is not None:
+            s, a, t = self._prev
+            self._prev = (s, a, t + shift)
+
+    def start(self, view: ClusterView) -> Decision:
+        self._see(view)
+        return super().start(view)
+
+    def finish(self, view: ClusterView) -> Decision:
+        self._see(view)
+        return super().finish(view)
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self._see(view)
         state = self.tracker.update(push, view.pushes)
         if self._prev is not None and self.observer is not None:
             s, a, t = self._prev
@@ -185,6 +228,36 @@ class RLP(Policy):
 
     def stats(self) -> dict:
         return {"actions": dict(zip(ACTIONS, self.counts)), "forced_all": self.forced}
+
+    def _save_state(self) -> dict:
+        prev = None if self._prev is None else [self._prev[0].tolist(), self._prev[1], self._prev[2]]
+        return {"now": self._clock.now, "tracker": self.tracker.save_state(), "previous": prev,
+                "counts": list(self.counts), "forced": self.forced}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        what = f"protocol {self.name!r}"
+        try:
+            tracker = self.tracker.load_state(plainstate.field(state, "tracker", what))
+            prev = state.get("previous")
+            if prev is not None:
+                s, a, t = prev
+                prev = (np.asarray(s, dtype=np.float64), int(a), float(t))
+                if prev[0].shape != (HISTORY * FEATURES,) or prev[1] not in (NONE, SUBMITTER, ALL):
+                    raise ValueError(f"the saved previous decision (state of shape {prev[0].shape}, "
+                                     f"action {prev[1]}) does not fit")
+            counts = [int(c) for c in state.get("counts", [0, 0, 0])]
+            if len(counts) != len(ACTIONS):
+                raise ValueError(f"the saved action counts {counts} are not one per action")
+            now, forced = state.get("now"), int(state.get("forced", 0))
+            now = None if now is None else float(now)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what}: {e}") from None
+
+        def apply():
+            tracker()
+            self._prev, self.counts, self.forced = prev, counts, forced
+            self._clock.owe(now)
+        return apply
 
     def describe(self) -> dict:
         return {**super().describe(), "model": self.model,

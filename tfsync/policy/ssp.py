@@ -3,6 +3,9 @@ finished step c (paper 004 §3.1; paper 001 Table III). Pushes are applied on ar
 
 A worker may be granted steps up to ``min_clock + s + 1``, and at most ``depth`` ahead of
 its own clock, so fast workers keep a step queued while they are within the bound.
+
+SSP keeps no state across a restart (``save_state`` gives ``{}``): its bound is on the
+clocks, which the driver keeps, and ``start`` recomputes what it caches (``_seen``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ warm-started from the previous fit's parameters (``start_params``). Between refi
 fitted model is carried forward with ``extend`` (new data, same parameters), which
 costs a few milliseconds, so ``predict()`` only returns a cached number.
 
+State (``save_state``): the window of observations, the EMA, the last good fit's
+parameters and the observations its model has seen (``_covered``); a restore rebuilds the
+model by filtering those with the saved parameters (no fit), which gives the forecasts the
+saved predictor would have made.
+
 Failures: a refit that raises or gives non-finite parameters or forecasts is logged as
 a warning and the previous forecast is kept for that step; later steps carry the
 previous model forward, or use EMA if no fit has ever succeeded. statsmodels'
@@ -22,6 +27,7 @@ import warnings
 
 import numpy as np
 
+from .. import plainstate
 from .base import EMA, Predictor
 
 try:
@@ -30,6 +36,11 @@ except ImportError:  # optional: without it, fits may crawl on a busy machine (b
     threadpool_limits = None
 
 logger = logging.getLogger(__name__)
+
+# Windows of observations kept to rebuild the model at a restore (_load_state). Only while
+# refits keep failing does _covered grow past one window plus refit_every; beyond this
+# many, a restore filters from a later start, a close approximation.
+_COVERED = 4
 
 
 def _quiet():
@@ -64,6 +75,7 @@ class ARIMAPredictor(Predictor):
         self.fits = self.failures = 0
         self._res = None  # last good results, carried forward by extend
         self._unapplied: list[float] = []  # observations not yet in _res
+        self._covered: list[float] = []  # the observations _res has seen (rebuilds it at a restore)
         self._since_fit = 0
         self._forecast = math.nan
 
@@ -95,11 +107,13 @@ class ARIMAPredictor(Predictor):
             with _quiet():
                 self._res = self._res.extend(np.asarray(self._unapplied, dtype=float))
                 forecast = float(self._res.forecast(1)[0])
+            self._covered += self._unapplied
+            del self._covered[: max(len(self._covered) - _COVERED * self.window, 0)]  # refits keep failing
             self._unapplied = []
         except Exception as exc:  # noqa: BLE001 - statsmodels raises many kinds; fall back
             logger.warning("ARIMA%s could not carry its model forward (%s: %s); keeping the "
                            "previous forecast %.4g", self.order, type(exc).__name__, exc, previous)
-            self._res, self._forecast = None, previous
+            self._res, self._forecast, self._covered = None, previous, []
             return
         self._forecast = forecast if math.isfinite(forecast) else previous
 
@@ -120,13 +134,50 @@ class ARIMAPredictor(Predictor):
                            "forecast %.4g", self.order, len(data), type(exc).__name__, exc, previous)
             return False
         self.fits += 1
-        self.params, self._res, self._unapplied = params, res, []
+        self.params, self._res, self._unapplied, self._covered = params, res, [], data.tolist()
         self._forecast = forecast
         logger.debug("ARIMA%s refit on %d observations: forecast %.4g", self.order, len(data), forecast)
         return True
 
     def _predict(self):
         return self._forecast
+
+    # -- state ----------------------------------------------------------------------------
+    def _save_state(self):
+        return {"order": list(self.order), "ema": self.ema.save_state(), "history": list(self.history),
+                "params": None if self.params is None else self.params.tolist(),
+                "covered": list(self._covered) if self._res is not None else None,
+                "unapplied": list(self._unapplied), "since_fit": self._since_fit,
+                "forecast": plainstate.num(self._forecast), "fits": self.fits, "failures": self.failures}
+
+    def _load_state(self, state):
+        what = f"the {self.name} predictor"
+        order = tuple(plainstate.field(state, "order", what))
+        if order != self.order:
+            raise ValueError(f"{what}: the saved model is ARIMA{order}, this one ARIMA{self.order}")
+        ema = EMA(self.ema.alpha)
+        ema.restore_state(plainstate.field(state, "ema", what))
+        history = [float(v) for v in plainstate.field(state, "history", what)][-self.window:]
+        params = state.get("params")
+        params = None if params is None else np.asarray(params, dtype=float)
+        covered = state.get("covered")
+        res = None
+        if params is not None and covered:
+            try:
+                with _quiet():
+                    from statsmodels.tsa.arima.model import ARIMA
+
+                    res = ARIMA(np.asarray(covered, dtype=float), order=self.order).filter(params)
+            except Exception as exc:  # noqa: BLE001 - a wrong parameter count, or statsmodels
+                raise ValueError(f"{what}: the saved ARIMA{self.order} parameters do not rebuild "
+                                 f"its model ({type(exc).__name__}: {exc})") from None
+        values = dict(ema=ema, history=history, params=params, _res=res,
+                      _covered=[float(v) for v in covered] if res is not None else [],
+                      _unapplied=[float(v) for v in state.get("unapplied", [])],
+                      _since_fit=int(state.get("since_fit", 0)),
+                      _forecast=plainstate.unnum(state.get("forecast")),
+                      fits=int(state.get("fits", 0)), failures=int(state.get("failures", 0)))
+        return lambda: self.__dict__.update(values)
 
     def describe(self):
         return {"name": self.name, "order": list(self.order), "refit_every": self.refit_every,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 
+from .. import plainstate
+
 logger = logging.getLogger(__name__)
 
 
@@ -60,6 +62,38 @@ class Predictor:
     def describe(self) -> dict:
         return {"name": self.name}
 
+    # -- state kept across restarts (the contract of tfsync.policy.base.Policy.save_state) --
+    state_version = 1
+
+    def save_state(self) -> dict:
+        """What this predictor learned (observations, fitted model, counters) as JSON's
+        types, headed ``{"predictor": name, "version": v}``; ``{}`` where it keeps none."""
+        body = self._save_state()
+        return {} if body is None else {**plainstate.header("predictor", self.name, self.state_version),
+                                        "count": self.count, **body}
+
+    def restore_state(self, state: dict) -> None:
+        """Take back ``save_state``'s dict on a predictor built with the same options;
+        ValueError, restoring nothing, for another predictor kind, format version or model
+        shape."""
+        if not state:
+            return
+        if type(self)._save_state is Predictor._save_state:
+            raise ValueError(f"the {self.name} predictor keeps no state, but one was given")
+        state = plainstate.check(state, "predictor", self.name, self.state_version,
+                                 what=f"the {self.name} predictor")
+        count = int(plainstate.field(state, "count", self.name))
+        apply = self._load_state(state)
+        apply()
+        self.count = count
+
+    def _save_state(self) -> dict | None:
+        return None
+
+    def _load_state(self, state: dict) -> plainstate.Apply:
+        """Check ``state``; return what applies it, changing nothing before."""
+        raise NotImplementedError
+
     def _update(self, speed: float, cpu: float | None, mem: float | None) -> None:
         raise NotImplementedError
 
@@ -82,6 +116,13 @@ class LastValue(Predictor):
     def _predict(self):
         return self.last
 
+    def _save_state(self):
+        return {"last": plainstate.num(self.last)}
+
+    def _load_state(self, state):
+        last = plainstate.unnum(plainstate.field(state, "last", self.name))
+        return lambda: setattr(self, "last", last)
+
 
 class EMA(Predictor):
     """Exponential moving average, ``alpha`` the weight of the newest observation
@@ -101,6 +142,13 @@ class EMA(Predictor):
 
     def _predict(self):
         return self.value
+
+    def _save_state(self):
+        return {"value": plainstate.num(self.value)}
+
+    def _load_state(self, state):
+        value = plainstate.unnum(plainstate.field(state, "value", self.name))
+        return lambda: setattr(self, "value", value)
 
     def describe(self):
         return {"name": self.name, "alpha": self.alpha}

@@ -35,6 +35,13 @@ once its first fit is done; given ``weights`` of an earlier model, the model is 
 once and refined after ``min_train`` observations. Refit every ``retrain_every``
 observations on the last ``window``, by a :class:`NarxTrainer` (background threads).
 Inference is NumPy on the trained weights, so ``predict()`` costs microseconds.
+
+State (``save_state``): the observation windows, the EMA, the model (weights, input and
+output statistics, speed scale) and the fit counters, as one snapshot taken under the lock
+the training thread assigns a new model under, so it never pairs a new model with old
+counters. A fit asked for and not finished at the snapshot is asked for again at the
+restored predictor's next observation. The Adam fit's optimizer moments are not kept: its
+next fit starts from the restored weights with fresh moments.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import threading
 
 import numpy as np
 
+from .. import plainstate
 from . import nets
 from .base import EMA, Predictor
 from .trainer import NarxTrainer, default_trainer
@@ -91,6 +99,7 @@ class LearnedPredictor(Predictor):
         self._v_sum = 0.0  # sum of self._v: the reused-weights scale in O(1) per prediction
         self._since_train = 0
         self._requested = False
+        self._asked = self._answered = 0  # fits asked for / the last ask a finished fit answered
         self.fits = 0
         self._warned = False
 
@@ -115,6 +124,8 @@ class LearnedPredictor(Predictor):
         need = self.min_train if self.reused else max(self.warmup, self.min_train)
         if self.count >= need and (not self._requested or self._since_train >= self.retrain_every):
             self._requested, self._since_train = True, 0
+            with self._lock:
+                self._asked += 1
             (self.trainer or default_trainer()).request(self)
 
     def _row(self, j: int, s: float) -> np.ndarray:
@@ -142,6 +153,7 @@ class LearnedPredictor(Predictor):
 
     # -- training (called by the trainer, in its thread) -------------------------------------
     def _train(self, trainer: NarxTrainer) -> None:
+        asked = self._asked
         x, y, scale = self._dataset()
         if len(y) < 2:
             return
@@ -156,10 +168,13 @@ class LearnedPredictor(Predictor):
             weights, epochs, loss = nets.fit_lbfgs(self.kind, start, (x - xm) / xs, (y - ym) / ys)
         else:
             weights, epochs, loss = self._fit_keras(trainer, x, y, xm, xs, ym, ys)
-        # One assignment: predict() sees the old state or the new one, never a mix.
-        self._state = {"kind": self.kind, "weights": weights, "x_mean": xm, "x_std": xs,
-                       "y_mean": ym, "y_std": ys, "scale": scale, "baseline": self.baseline}
-        self.fits += 1
+        # One assignment: predict() sees the old state or the new one, never a mix; under
+        # the lock, so save_state sees the model and its counters together.
+        with self._lock:
+            self._state = {"kind": self.kind, "weights": weights, "x_mean": xm, "x_std": xs,
+                           "y_mean": ym, "y_std": ys, "scale": scale, "baseline": self.baseline}
+            self.fits += 1
+            self._answered = asked
         logger.debug("%s trained on %d samples: %d epochs, loss %.3g", self.name, len(y), epochs, loss)
 
     def _fit_keras(self, trainer, x, y, xm, xs, ym, ys):
@@ -219,6 +234,66 @@ class LearnedPredictor(Predictor):
             self._warned = True
             logger.warning("%s predicted %r samples/s; using EMA for such predictions", self.name, pred)
         return self.ema.predict()
+
+    # -- state ----------------------------------------------------------------------------
+    def _save_state(self):
+        with self._lock:  # one snapshot: the training thread assigns models under this lock
+            series = {"v": list(self._v), "c": list(self._c), "m": list(self._m), "e": list(self._e)}
+            v_sum, st, fits, pending = self._v_sum, self._state, self.fits, self._answered < self._asked
+        model = None
+        if st is not None:
+            model = {"kind": st["kind"], "y_mean": float(st["y_mean"]), "y_std": float(st["y_std"]),
+                     "scale": st.get("scale"), "baseline": st.get("baseline", "last")}
+            model.update({k: np.asarray(st[k], dtype=np.float64).tolist() for k in ("x_mean", "x_std")},
+                         weights=[np.asarray(w, dtype=np.float64).tolist() for w in st["weights"]])
+        return {"ema": self.ema.save_state(), "series": series, "v_sum": v_sum, "model": model,
+                "reused": self.reused, "fits": fits, "fit_pending": pending,
+                "since_train": self._since_train, "requested": self._requested, "warned": self._warned}
+
+    def _load_state(self, state):
+        what = f"the {self.name} predictor"
+        ema = EMA(self.ema.alpha)
+        ema.restore_state(plainstate.field(state, "ema", what))
+        series = plainstate.field(state, "series", what)
+        try:
+            v, c, m, e = ([float(x) for x in series[k]] for k in "vcme")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{what}: the saved observation windows are not lists of numbers ({exc})") from None
+        if not len(v) == len(c) == len(m) == len(e):
+            raise ValueError(f"{what}: the saved observation windows differ in length "
+                             f"({len(v)}, {len(c)}, {len(m)}, {len(e)})")
+        v_sum = float(state.get("v_sum", sum(v)))
+        extra = len(v) - (self.window + self.lag)
+        if extra > 0:  # a shorter window now: keep the newest observations
+            v_sum -= sum(v[:extra])
+            v, c, m, e = v[extra:], c[extra:], m[extra:], e[extra:]
+        model = state.get("model")
+        model = None if model is None else self._check_model(model, what)
+        pending = bool(state.get("fit_pending", False))
+        values = dict(ema=ema, _v=v, _c=c, _m=m, _e=e, _v_sum=v_sum, _state=model, _model=None,
+                      reused=bool(state.get("reused", False)), fits=int(state.get("fits", 0)),
+                      _requested=bool(state.get("requested", False)) or pending,
+                      _since_train=max(int(state.get("since_train", 0)), self.retrain_every if pending else 0),
+                      _warned=bool(state.get("warned", False)), _asked=0, _answered=0)
+
+        def apply():
+            with self._lock:
+                self.__dict__.update(values)
+        return apply
+
+    def _check_model(self, model, what: str) -> dict:
+        """A saved model as ``_state`` holds it, if it is this predictor's network."""
+        base = self._check_state(model)  # kind, baseline and number of inputs
+        weights = base["weights"]
+        want = nets.shapes(self.kind, self._inputs(), self.units)
+        got = [w.shape for w in weights]
+        if got != want:
+            raise ValueError(f"{what}: the saved network has weights of shapes {got}, this one "
+                             f"{want} ({self.units} units, {self._inputs()} inputs)")
+        scale = model.get("scale")
+        return {**base, "x_mean": np.asarray(model["x_mean"], dtype=np.float64),
+                "x_std": np.asarray(model["x_std"], dtype=np.float64), "y_mean": float(model["y_mean"]),
+                "y_std": float(model["y_std"]), "scale": None if scale is None else float(scale)}
 
     def describe(self):
         return {"name": self.name, "warmup": self.warmup, "units": self.units,

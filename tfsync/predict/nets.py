@@ -39,6 +39,16 @@ def limit_tf_threads(threads: int | None) -> None:
         logger.debug("TensorFlow already initialised; predictor training shares its thread pools")
 
 
+def shapes(kind: str, n_inputs: int, units: int) -> list[tuple[int, ...]]:
+    """The shapes of ``build(kind, n_inputs, units)``'s weights, in Keras' order."""
+    if kind == "narx":
+        return [(n_inputs, units), (units,), (units, 1), (1,)]
+    if kind not in KINDS:
+        raise ValueError(f"unknown network kind {kind!r}; valid: {', '.join(KINDS)}")
+    gates = units * (4 if kind == "lstm" else 1)  # LSTM: i, f, c, o side by side
+    return [(1, gates), (units, gates), (gates,), (units, 1), (1,)]
+
+
 def build(kind: str, n_inputs: int, units: int, learning_rate: float = 0.01, seed: int = 0):
     """A compiled tf_keras model of ``kind``."""
     if kind not in KINDS:

@@ -20,6 +20,13 @@ restore them (``Decision.restore``) at the switch point, when they recover, or
 cannot see it recover; readmission after the paper's maximum transient slowdown
 (§IV-B2 assumes ~100 s, the time to provision a replacement server) is how it gets
 another chance; if it is still slow it is detected and removed again.
+
+State (``save_state``): the mode (bsp, asp, drain, final), the BSP samples done, the
+detector's windows and counters, the inner policies' states, the removed workers with
+their removal times, and the timeline and membership records. Removal times and the
+detector's window grid are coordinator times: after a restore they are shifted by the
+time the job was down (tfsync.plainstate.Rebase), so a worker removed 80 s before a
+checkpoint gets its readmission 20 s after the resume, not at once.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from .. import plainstate
 from ..policy.asp import ASP
 from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
 from ..policy.bsp import BSP
@@ -59,6 +67,8 @@ class _StragglerAware(Policy):
         self.state = "bsp"
         self.timeline: list[tuple[float, str]] = []  # (time, protocol entered)
         self.switches = 0
+        self.workers: int | None = None  # the cluster's size, from the views seen
+        self._clock = plainstate.Rebase()
 
     def budget_done(self, view: ClusterView) -> bool:
         """The planned switch point is reached: ``bsp_samples`` is a position in the
@@ -75,12 +85,29 @@ class _StragglerAware(Policy):
         self.timeline.append((view.now, state))
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self._see(view)
         self._observe(push)
         return self._step(view, push)
 
     def on_timer(self, view: ClusterView) -> Decision:
+        self._see(view)
         self.detector.advance(view.now)
         return self._step(view, None)
+
+    def finish(self, view: ClusterView) -> Decision:
+        self._see(view)
+        return super().finish(view)
+
+    def _see(self, view: ClusterView) -> None:
+        self.workers = view.num_workers
+        shift = self._clock.seen(view.now)
+        if shift:
+            self._shift(shift)
+
+    def _shift(self, seconds: float) -> None:
+        """Move restored coordinator times ``seconds`` later (see the module docstring);
+        records of what happened (timeline, events) keep their times."""
+        self.detector.shift(seconds)
 
     def _step(self, view: ClusterView, push: Push | None) -> Decision:
         raise NotImplementedError
@@ -101,6 +128,7 @@ class _StragglerAware(Policy):
         return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
 
     def start(self, view: ClusterView) -> Decision:
+        self._see(view)
         self.timeline.append((view.now, self.state))
         if self.state == "bsp":
             d = self.bsp.start(view)
@@ -117,6 +145,41 @@ class _StragglerAware(Policy):
                 "straggler_events": len(self.detector.events),
                 "states": [[round(t, 3), state] for t, state in self.timeline],
                 "detected": [[round(e.time, 3), e.worker, e.kind] for e in self.detector.events]}
+
+    # -- state ----------------------------------------------------------------------------
+    MODES = ("bsp", "asp", "drain", "final")
+
+    def _save_state(self) -> dict:
+        return {"workers": self.workers, "now": self._clock.now, "mode": self.state, "bsp_done": self.bsp_done,
+                "switches": self.switches, "timeline": [[t, s] for t, s in self.timeline],
+                "detector": self.detector.save_state(), "bsp": self.bsp.save_state(),
+                "asp": self.asp.save_state()}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        what = f"protocol {self.name!r}"
+        mode = plainstate.field(state, "mode", what)
+        if mode not in self.MODES:
+            raise ValueError(f"{what}: the saved mode {mode!r} is none of {', '.join(self.MODES)}")
+        inner = [getattr(self, k)._prepare_state(plainstate.field(state, k, what), workers) for k in ("bsp", "asp")]
+        try:
+            detector = self.detector.load_state(plainstate.field(state, "detector", what))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        try:
+            now = state.get("now")
+            now = None if now is None else float(now)
+            values = dict(state=mode, bsp_done=int(state.get("bsp_done", 0)), switches=int(state.get("switches", 0)),
+                          timeline=[(float(t), str(s)) for t, s in state.get("timeline", [])],
+                          workers=state.get("workers"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what}: the saved counters are malformed ({e})") from None
+
+        def apply():
+            for part in inner + [detector]:
+                part()
+            self.__dict__.update(values)
+            self._clock.owe(now)
+        return apply
 
     def describe(self) -> dict:
         return {"name": self.name, "bsp": self.bsp.describe(), "asp": self.asp.describe(),
@@ -190,7 +253,8 @@ class ElasticStragglerPolicy(_StragglerAware):
         stragglers = self.detector.stragglers
         restore = set()
         for w, since in self.removed.items():
-            due = self.readmit_after_s is not None and view.now - since >= self.readmit_after_s
+            # since + readmit_after_s, as wake_at was computed: now - since may round below it
+            due = self.readmit_after_s is not None and view.now >= since + self.readmit_after_s
             if (w not in stragglers or due) and view.outstanding(w) == 0:  # never wait on its old step
                 restore.add(w)
         for w in restore:
@@ -203,6 +267,27 @@ class ElasticStragglerPolicy(_StragglerAware):
         self._log(view, "remove", remove)
         self._log(view, "restore", restore)
         return frozenset(remove), frozenset(restore)
+
+    def _shift(self, seconds: float) -> None:
+        super()._shift(seconds)
+        self.removed = {w: t + seconds for w, t in self.removed.items()}
+
+    def _save_state(self) -> dict:
+        return {**super()._save_state(), "removed": plainstate.str_keys(self.removed),
+                "membership": [list(m) for m in self.membership]}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        base = super()._load_state(state, workers)
+        try:
+            removed = plainstate.int_keys(state.get("removed", {}), float)
+            membership = [(float(t), str(what), int(w)) for t, what, w in state.get("membership", [])]
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"protocol {self.name!r}: the saved removals are malformed ({e})") from None
+
+        def apply():
+            base()
+            self.removed, self.membership = removed, membership
+        return apply
 
     def _log(self, view: ClusterView, what: str, workers) -> None:
         for w in sorted(workers):

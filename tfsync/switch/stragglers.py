@@ -29,6 +29,11 @@ Windows are fixed, back to back, of ``window_s`` seconds from ``origin`` (defaul
 first time seen); a window is
 closed once a record ends ``lag_s`` after it (or ``advance(now)`` passes it), so records
 that arrive slightly out of order still count. Records of a closed window are ignored.
+
+State (``save_state``): the window grid (origin, the open window), what the open windows
+have accumulated, each worker's consecutive-window counters, the stragglers and the
+events; not the closed windows' rates (``windows``), a record of this process only.
+``shift(seconds)`` moves the grid after a restore (tfsync.plainstate.Rebase).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from .. import plainstate
 from ..policy.base import Push
 
 logger = logging.getLogger(__name__)
@@ -167,6 +173,41 @@ class StragglerDetector:
         self._bad.pop(worker, None)
         self._good.pop(worker, None)
         self._stragglers.discard(worker)
+
+    # -- state ----------------------------------------------------------------------------
+    def save_state(self) -> dict:
+        acc = plainstate.str_keys(self._acc, lambda per: plainstate.str_keys(per, list))
+        return {"window_s": self.window_s, "origin": self.origin, "index": self._index, "open": acc,
+                "bad": plainstate.str_keys(self._bad), "good": plainstate.str_keys(self._good),
+                "stragglers": sorted(self._stragglers),
+                "events": [[e.time, e.worker, e.kind] for e in self.events]}
+
+    def load_state(self, state: dict) -> plainstate.Apply:
+        """Check ``save_state``'s dict; return what applies it, changing nothing before."""
+        if state.get("window_s") != self.window_s:
+            raise ValueError(f"the straggler detector's saved windows are of {state.get('window_s')!r} s, "
+                             f"this one's of {self.window_s} s")
+        try:
+            origin = state["origin"]
+            acc = {int(i): plainstate.int_keys(per, lambda a: [float(x) for x in a])
+                   for i, per in state["open"].items()}
+            if any(len(a) != 3 for per in acc.values() for a in per.values()):
+                raise ValueError("an open window's sums are not [samples, busy, no-busy flag]")
+            values = dict(origin=None if origin is None else float(origin), _index=int(state["index"]), _acc=acc,
+                          _bad=plainstate.int_keys(state["bad"], int), _good=plainstate.int_keys(state["good"], int),
+                          _stragglers={int(w) for w in state["stragglers"]},
+                          events=[StragglerEvent(float(t), int(w), str(k)) for t, w, k in state["events"]])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"the straggler detector's saved state is malformed ({type(e).__name__}: {e})") from None
+        return lambda: self.__dict__.update(values)
+
+    def restore_state(self, state: dict) -> None:
+        self.load_state(state)()
+
+    def shift(self, seconds: float) -> None:
+        """Move the window grid ``seconds`` later (the time a restored job was down)."""
+        if self.origin is not None:
+            self.origin += seconds
 
     def _close(self, index: int) -> list[StragglerEvent]:
         per = self._acc.pop(index, {})
