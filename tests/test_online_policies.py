@@ -1,8 +1,6 @@
 """Sync-Switch's online straggler policies (paper 003 §IV-B2) and the timing plan, on the
 simulator with an injected transient straggler."""
 
-import collections
-
 import pytest
 
 from tfsync.policy import BSP, PushMode
@@ -144,8 +142,9 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     """Going to ASP, a straggler policy's decision carries the last BSP round's barrier and
     ASP's rate factor together: the engine applies the round at BSP's factor (n: the rate
     its pushes recorded), then sets ASP's, then releases the ASP grants."""
-    from tfsync.engine.trainer import Engine, EngineState
+    from tfsync.engine.trainer import Engine
     from tfsync.policy.base import Decision, Grant
+    from tfsync.policy.ledger import Ledger
 
     scale, calls = [3.0], []
 
@@ -164,10 +163,8 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
             fn()
 
     engine = object.__new__(Engine)
-    engine.state, engine._lr_scale, engine._gen, engine._channel, engine._wake_at = EngineState(3), 3.0, Gen(), \
-        Channel(), None
-    engine._grant_times = [collections.deque() for _ in range(3)]
-    engine.state.pending_workers = [0, 1, 2]
+    engine.state, engine._gen, engine._channel, engine._wake_at = Ledger(3), Gen(), Channel(), None
+    engine.state.lr_scale, engine.state.pending_workers = 3.0, [0, 1, 2]
     engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]
     assert engine.state.updates == 1 and engine.state.round == 1 and engine.state.granted == [1, 1, 1]

@@ -9,22 +9,21 @@ the cluster and switches hot (same tasks) or by restart (checkpoint, new tasks, 
 
 from __future__ import annotations
 
-import collections
 import gc
 import logging
 import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from .. import arrays, netns
-from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
-                           validate_decision)
+from ..policy.base import ClusterView, Decision, Policy, PolicyError, Push, PushMode
+from ..policy.ledger import Ledger
 from ..curves import converged_accuracy
 from ..pushlog import push_record
 from ..quiet import quiet_tf_loggers
@@ -66,26 +65,6 @@ class Phase:
     momentum: float | Callable[[float], float] | None = None
 
 
-@dataclass
-class EngineState:
-    num_workers: int
-    clocks: list = field(default_factory=list)
-    granted: list = field(default_factory=list)
-    round: int = 0
-    pending_workers: list = field(default_factory=list)
-    pending_samples: int = 0
-    pushes: int = 0
-    updates: int = 0
-    samples: int = 0
-    dropped: int = 0
-    active: set = field(default_factory=set)
-
-    def __post_init__(self):
-        self.clocks = [0] * self.num_workers
-        self.granted = [0] * self.num_workers
-        self.active = set(range(self.num_workers))
-
-
 class Engine:
     def __init__(self, setup: TrainSetup, workers: int = 2, ps: int = 1, host: str = "127.0.0.1",
                  run_dir: str = "runs/engine", base_lr: float | None = None,
@@ -113,12 +92,7 @@ class Engine:
         self.start_timeout = start_timeout
         self.epoch_samples = epoch_samples or setup.train_examples
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
-        self.state = EngineState(workers)
-        self.history: collections.deque[Push] = collections.deque(maxlen=256)
-        # when each worker's outstanding grants were made (coordinator clock), oldest first:
-        # a push's granted_at (its tokens are taken in order)
-        self._grant_times: list[collections.deque] = [collections.deque() for _ in range(workers)]
-        self._arrivals = [0.0] * workers  # each worker's last push arrival: a step is ready when both are past
+        self.state = Ledger(workers)  # counted as the simulator counts (tfsync.policy.ledger)
         self.timeline: list[dict] = []
         self.switches: list[dict] = []
         self.checkpoints: list[dict] = []
@@ -128,7 +102,6 @@ class Engine:
         self._clusters: list[LocalCluster] = []
         self._standing = 0
         self._wake_at: float | None = None
-        self._lr_scale = 1.0
         self._t0 = time.time()
         self.train_started: float | None = None
         self.base_lr = base_lr
@@ -179,7 +152,7 @@ class Engine:
         elif gen.learning_rate is None:
             raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
                               "leave base_lr unset (the schedule is the base rate)")
-        gen.set_hyper(base_lr=self.base_lr, lr_scale=self._lr_scale)
+        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.state.lr_scale)
         self._gen = gen
         if self._ckpt_dir is None:
             self._ckpt_dir = CheckpointDir(os.path.join(self.run_dir, "checkpoints"), keep=3)
@@ -243,18 +216,14 @@ class Engine:
         checkpoint ``restore``; nothing is granted in the new generation yet."""
         self._close_generation(kill=True)
         self._open_generation(self._launch(), restore=restore)
-        self.state.granted = list(self.state.clocks)
-        for times in self._grant_times:
-            times.clear()
+        self.state.forget_grants()
 
     def rewind(self, checkpoint: dict, why: str) -> None:
         """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
         pushes): what came after it is trained again and its records are set aside."""
-        s = self.state
-        s.samples, s.updates, s.pushes = (int(checkpoint.get(k, 0)) for k in ("samples", "updates", "pushes"))
-        s.pending_workers, s.pending_samples = [], 0
-        self._last_ckpt_updates = s.updates
-        self.recorder.rewind(s.pushes, why)
+        self.state.rewind(*(checkpoint.get(k, 0) for k in ("samples", "updates", "pushes")))
+        self._last_ckpt_updates = self.state.updates
+        self.recorder.rewind(self.state.pushes, why)
 
     def sync(self) -> None:
         """Wait until every release and barrier sent to the PS has landed."""
@@ -266,58 +235,43 @@ class Engine:
         return cluster.task_pid(job, index) if cluster is not None else None
 
     # -- the view a policy sees ----------------------------------------------------------
+    @property
+    def history(self):
+        """Recent pushes, newest last."""
+        return self.state.history
+
     def view(self) -> ClusterView:
-        s = self.state
-        return ClusterView(
-            num_workers=s.num_workers, clocks=tuple(s.clocks), granted=tuple(s.granted),
-            round=s.round, pending_workers=tuple(s.pending_workers), pending_samples=s.pending_samples,
-            pushes=s.pushes, updates=s.updates, samples=s.samples, now=time.time(),
-            active=frozenset(s.active), history=self.history,  # live, read-only by contract
-            resources=self.monitor.latest())
+        return self.state.view(time.time(), self.monitor.latest())
 
     # -- carrying out decisions ----------------------------------------------------------
     def apply(self, decision: Decision) -> None:
-        s = self.state
-        if decision.remove or decision.restore:
-            s.active = (set(s.active) - set(decision.remove)) | set(decision.restore)
-        validate_decision(decision, frozenset(s.active))
-        barrier = decision.barrier and s.pending_workers
-        rescale = None
-        if decision.lr_scale is not None and decision.lr_scale != self._lr_scale:
-            self._lr_scale = scale = decision.lr_scale
-            gen = self._gen
+        s, gen = self.state, self._gen
+        pending = len(s.pending_workers)
+        applied = s.apply(decision, time.time())
+        if applied.lr_changed:
+            scale = s.lr_scale
             rescale = lambda: gen.set_hyper(lr_scale=scale)  # noqa: E731
-        if rescale is not None and not barrier:
-            self._channel.call(rescale)  # before the grants: their steps use the new rate
-        if barrier:
-            s.round += 1
-        seqs, now = [], time.time()
-        for g in decision.grants:
-            s.granted[g.worker] += 1
-            seqs.append(s.granted[g.worker])
-            self._grant_times[g.worker].append(now)
-        rows = token_rows(decision.grants, s.round, seqs)
-        if barrier and rescale is not None:
+        rows = token_rows(decision.grants, s.round, applied.seqs)
+        if applied.closed and applied.lr_changed:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
-            self._channel.barrier(len(s.pending_workers), rows[:0])
+            self._channel.barrier(pending, rows[:0])
             self._channel.call(rescale)
             if decision.grants:
                 self._channel.release(rows)
-        elif barrier:  # the channel is FIFO: earlier releases go out before the barrier
-            self._channel.barrier(len(s.pending_workers), rows)
-        elif decision.grants:
-            self._channel.release(rows)  # merged there with every release still waiting
-        if barrier:
-            s.updates += 1
-            s.pending_workers, s.pending_samples = [], 0
+        elif applied.closed:  # the channel is FIFO: earlier releases go out before the barrier
+            self._channel.barrier(pending, rows)
+        else:
+            if applied.lr_changed:
+                self._channel.call(rescale)  # before the grants: their steps use the new rate
+            if decision.grants:
+                self._channel.release(rows)  # merged there with every release still waiting
         if decision.grants:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self._wake_at = decision.wake_at if decision.wake_at is not None else self._wake_at
 
     def in_flight(self) -> int:
-        s = self.state
-        return sum(g - c for g, c in zip(s.granted, s.clocks))
+        return self.state.in_flight()
 
     # -- receiving pushes ----------------------------------------------------------------
     def _next_result(self):
@@ -375,31 +329,13 @@ class Engine:
         if int(token[BATCH]) == 0:
             return None
         s = self.state
-        w, b = int(wid), int(token[BATCH])
-        granted_at = self._grant_times[w].popleft() if self._grant_times[w] else 0.0
+        w = int(wid)
+        if int(token[SEQ]) != s.clocks[w] + 1:
+            logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
         mode = PushMode.AGGREGATE if int(token[MODE]) == MODE_AGGREGATE else PushMode.APPLY
-        s.clocks[w] += 1
-        if int(token[SEQ]) != s.clocks[w]:
-            logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w])
-        dropped = mode is PushMode.AGGREGATE and int(token[ROUND]) < s.round
-        during = max(0, s.updates - int(version)) if mode is PushMode.APPLY else 0
-        s.pushes += 1
-        if dropped:
-            s.dropped += 1
-        else:
-            s.samples += b
-            if mode is PushMode.AGGREGATE:
-                s.pending_workers.append(w)
-                s.pending_samples += b
-            else:
-                s.updates += 1
         now = time.time()
-        ready_at = max(granted_at, self._arrivals[w]) if granted_at else 0.0
-        self._arrivals[w] = now
-        push = Push(worker=w, step=s.clocks[w], batch_size=b, start=float(start), end=float(end),
-                    arrival=now, loss=float(loss), mode=mode, round=int(token[ROUND]), dropped=dropped,
-                    version=int(version), pushes_during=during, granted_at=granted_at, ready_at=ready_at)
-        self.history.append(push)
+        push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),
+                      end=float(end), arrival=now, loss=float(loss))
         record = push_record(push, time=self.recorder.since(now), pushes=s.pushes, updates=s.updates,
                              samples=s.samples, protocol=policy.name, lr=float(rate),
                              predicted=policy.predicted_speed(w))
@@ -555,7 +491,7 @@ class Engine:
         logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
 
     def _set_config(self, phase: Phase) -> None:
-        self._lr_scale = phase.lr_scale
+        self.state.lr_scale = phase.lr_scale
         momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
         self._gen.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 

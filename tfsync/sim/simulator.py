@@ -28,33 +28,18 @@ import statistics
 from dataclasses import dataclass, field
 
 from .. import safefile
-from ..policy.base import (ClusterView, Decision, Policy, PolicyError, Push, PushMode,
-                           validate_decision)
+from ..policy.base import ClusterView, Decision, Policy, PolicyError, Push, PushMode
+from ..policy.ledger import Ledger
 from ..predict.trainer import NarxTrainer, training_with
 from ..pushlog import push_record, write_jsonl
 from .monitor import SimMonitor
 from .speeds import SpeedModel
 
 
-class _MinClock:
-    """The smallest clock among members in O(1) amortised per push (clocks only grow)."""
-
-    def __init__(self, clocks, members):
-        self.counts = collections.Counter(clocks[w] for w in members)
-        self.value = min(self.counts) if self.counts else 0
-
-    def advance(self, old: int) -> None:
-        self.counts[old] -= 1
-        self.counts[old + 1] += 1
-        while not self.counts[self.value]:
-            self.value += 1
-
-
 @dataclass
 class _Step:
     grant: object
     round: int
-    granted_at: float
     start: float = 0.0
     version: int = 0
     grads: object = None
@@ -139,15 +124,8 @@ class Simulator:
         self.model, self.lr, self.eval_every = model, float(lr), int(eval_every)
         self.record = record
         self.now = 0.0
-        self.clocks = [0] * num_workers
-        self.granted = [0] * num_workers
-        self.members = frozenset(range(num_workers))
-        self.round = self.updates = self.pushes = self.samples = self.dropped = 0
-        self.pending: list[int] = []
-        self.pending_samples = 0
+        self.books = Ledger(num_workers, history)  # counted as the engine counts (tfsync.policy.ledger)
         self._pending_grads: list = []
-        self.lr_scale = 1.0
-        self.history: collections.deque[Push] = collections.deque(maxlen=history)
         self.log: list[Push] = []
         self.counts: list[tuple[int, int]] = []
         self.accuracy: list[tuple[float, int, float]] = []
@@ -155,18 +133,20 @@ class Simulator:
         self._running: list[_Step | None] = [None] * num_workers
         self._events: list = []
         self._seq = 0
-        self._in_flight = 0
-        self._min = _MinClock(self.clocks, self.members)
         self._next_eval = 0
+
+    # the books' counters, read-only here
+    clocks = property(lambda self: self.books.clocks)
+    granted = property(lambda self: self.books.granted)
+    members = property(lambda self: self.books.active)
+    lr_scale = property(lambda self: self.books.lr_scale)
+    pushes = property(lambda self: self.books.pushes)
+    updates = property(lambda self: self.books.updates)
+    samples = property(lambda self: self.books.samples)
 
     # -- the policy's view ---------------------------------------------------------------
     def view(self) -> ClusterView:
-        return ClusterView(
-            num_workers=self.n, clocks=tuple(self.clocks), granted=tuple(self.granted),
-            round=self.round, pending_workers=tuple(self.pending), pending_samples=self.pending_samples,
-            pushes=self.pushes, updates=self.updates, samples=self.samples, now=self.now,
-            active=self.members, history=self.history, resources=self.monitor.at(self.now),
-        ).known(members=self.members, in_flight=self._in_flight, min_clock=self._min.value)
+        return self.books.view(self.now, self.monitor.at(self.now))
 
     # -- running -------------------------------------------------------------------------
     def run(self, policy: Policy, *, pushes: int | None = None, updates: int | None = None,
@@ -187,40 +167,40 @@ class Simulator:
                   self.now + time if time is not None else math.inf)
         if self.model is not None and not self.accuracy:
             self._evaluate()
+        def done() -> bool:
+            return (self.pushes >= limits[0] or self.updates >= limits[1] or self.samples >= limits[2]
+                    or self.now >= limits[3] or bool(self.accuracy and self.accuracy[-1][2] >= target))
+
         with training_with(self.trainer):
             self._apply(policy.start(self.view()))
-            while not (self.pushes >= limits[0] or self.updates >= limits[1]
-                       or self.samples >= limits[2] or self.now >= limits[3]
-                       or (self.accuracy and self.accuracy[-1][2] >= target)):
+            while not done():
                 if not self._events:
                     raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
                                       f"granted (pushes so far: {self.pushes})")
-                self._event(policy)
+                self._event(policy, done)
             self._drain(policy)
         return SimResult(policy.describe(), policy.stats(), self.now, self.pushes, self.updates,
-                         self.samples, self.dropped, self.n, list(self.log), list(self.counts),
+                         self.samples, self.books.dropped, self.n, list(self.log), list(self.counts),
                          list(self.accuracy), self.lr)
 
     def _drain(self, policy: Policy) -> None:
-        for w in range(self.n):  # grants not started yet are withdrawn
-            q = self._queues[w]
-            self.granted[w] -= len(q)
-            q.clear()
-        self._in_flight = sum(self.granted[w] - self.clocks[w] for w in self.members)
+        """The steps granted run (queued ones too: the ledger's drain rule), nothing more is granted."""
         self._events = [e for e in self._events if e[2] >= 0]  # timers belong to the policy
         heapq.heapify(self._events)
         while self._events:
-            self._event(None)
+            self._event(None, None)
         self._apply(policy.finish(self.view()))
 
-    def _event(self, policy: Policy | None) -> None:
+    def _event(self, policy: Policy | None, done) -> None:
+        """The next event; a push is shown to ``policy`` unless it completed the run
+        (``done()``): then nothing more is granted, as in the engine."""
         t, _, w = heapq.heappop(self._events)
         self.now = t
         if w < 0:  # a policy timer
             self._apply(policy.on_timer(self.view()))
             return
         push = self._finish_step(w)
-        if policy is not None:
+        if policy is not None and not done():
             self._apply(policy.on_push(push, self.view()))
         if self._running[w] is None and self._queues[w]:
             self._start_step(w)
@@ -240,62 +220,37 @@ class Simulator:
     def _finish_step(self, w: int) -> Push:
         step, self._running[w] = self._running[w], None
         g = step.grant
-        if w in self.members:  # the trackers count members only
-            self._min.advance(self.clocks[w])
-            self._in_flight -= 1
-        self.clocks[w] += 1
-        self.pushes += 1
-        dropped = g.mode is PushMode.AGGREGATE and step.round < self.round
-        during = self.updates - step.version if g.mode is PushMode.APPLY else 0
-        if dropped:
-            self.dropped += 1
-        else:
-            self.samples += g.batch_size
+        push = self.books.push(w, g.batch_size, g.mode, step.round, step.version, start=step.start,
+                               end=self.now, arrival=self.now, loss=step.loss)
+        if self.model is not None and not push.dropped:
             if g.mode is PushMode.AGGREGATE:
-                self.pending.append(w)
-                self.pending_samples += g.batch_size
-                if self.model is not None:
-                    self._pending_grads.append((g.batch_size, step.grads))
+                self._pending_grads.append((g.batch_size, step.grads))
             else:
-                self._update(step.grads)
-        push = Push(w, self.clocks[w], g.batch_size, step.start, self.now, self.now, step.loss,
-                    g.mode, step.round, dropped, step.version, during, step.granted_at, step.start)
-        self.history.append(push)
+                self._train(step.grads, self.lr * self.lr_scale)
         if self.record:
             self.log.append(push)
             self.counts.append((self.updates, self.samples))
         return push
 
-    def _update(self, grads) -> None:
-        self.updates += 1
-        if self.model is not None:
-            self.model.apply(grads, self.lr * self.lr_scale)
-            if self.updates >= self._next_eval:
-                self._evaluate()
+    def _train(self, grads, lr: float) -> None:
+        """An update the books counted, applied to the model at rate ``lr``."""
+        self.model.apply(grads, lr)
+        if self.updates >= self._next_eval:
+            self._evaluate()
 
     def _evaluate(self) -> None:
         self.accuracy.append((self.now, self.updates, self.model.accuracy()))
         self._next_eval = self.updates + self.eval_every
 
     def _apply(self, d: Decision) -> None:
-        if d.remove or d.restore:
-            self.members = (self.members - d.remove) | d.restore
-            self._in_flight = sum(self.granted[w] - self.clocks[w] for w in self.members)
-            self._min = _MinClock(self.clocks, self.members)
-        validate_decision(d, self.members)
-        if d.lr_scale is not None:
-            self.lr_scale = d.lr_scale
-        if d.barrier and self.pending:
-            grads = None
-            if self.model is not None:  # batch-size-weighted mean (paper 002 eq. 8)
-                grads = self.model.weighted_mean(self._pending_grads)
-            self.round += 1
-            self.pending, self.pending_samples, self._pending_grads = [], 0, []
-            self._update(grads)
-        for g in d.grants:
-            self.granted[g.worker] += 1
-            self._in_flight += 1
-            self._queues[g.worker].append(_Step(g, self.round, self.now))
+        lr = self.lr * self.lr_scale  # a round closed now was pushed at the rate before this decision
+        applied = self.books.apply(d, self.now)
+        if applied.closed and self.model is not None:
+            grads = self.model.weighted_mean(self._pending_grads)  # batch-size-weighted mean (paper 002 eq. 8)
+            self._pending_grads = []
+            self._train(grads, lr)
+        for g, _ in zip(d.grants, applied.seqs):
+            self._queues[g.worker].append(_Step(g, self.books.round))
         for g in d.grants:
             if self._running[g.worker] is None and self._queues[g.worker]:
                 self._start_step(g.worker)

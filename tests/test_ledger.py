@@ -1,0 +1,122 @@
+"""The books the engine and the simulator share (tfsync.policy.ledger): unit rules, and
+the two drivers against each other on one schedule (a real engine's pushes replayed in
+the simulator must be counted the same, push by push)."""
+
+import json
+
+import pytest
+
+from tfsync.policy import BSP, SSP, Decision, FixedSizer, Grant, PushMode
+from tfsync.policy.ledger import Ledger
+from tfsync.sim.simulator import Simulator
+from tfsync.sim.speeds import SpeedModel
+
+AGG, APPLY = PushMode.AGGREGATE, PushMode.APPLY
+
+
+def _push(books, w, mode=AGG, round=0, version=0, t=1.0):
+    return books.push(w, 8, mode, round, version, start=0.0, end=t, arrival=t, loss=0.5)
+
+
+@pytest.mark.unit
+def test_a_barrier_closes_the_round_and_its_grants_open_the_next():
+    books = Ledger(2)
+    books.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG))), now=0.0)
+    _push(books, 0), _push(books, 1)
+    assert books.pending_workers == [0, 1] and books.pending_samples == 16 and books.updates == 0
+    applied = books.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=2.0)
+    assert applied.closed == 2 and applied.seqs == (2,)
+    assert (books.round, books.updates, books.pending_workers) == (1, 1, [])
+    late = _push(books, 0, round=0, t=3.0)  # a push of the closed round is counted, not aggregated
+    assert late.dropped and books.dropped == 1 and books.samples == 16 and books.pushes == 3
+
+
+@pytest.mark.unit
+def test_a_push_knows_when_its_step_could_start_and_how_stale_it_is():
+    books = Ledger(2)
+    books.apply(Decision((Grant(0, 8, APPLY), Grant(0, 8, APPLY), Grant(1, 8, APPLY))), now=10.0)
+    first = _push(books, 1, APPLY, version=0, t=11.0)
+    second = _push(books, 0, APPLY, version=0, t=12.0)
+    third = _push(books, 0, APPLY, version=2, t=14.0)
+    assert (first.pushes_during, second.pushes_during, third.pushes_during) == (0, 1, 0)
+    assert second.ready_at == 10.0 and third.ready_at == 12.0  # granted at 10, but worker 0 was busy until 12
+    assert third.turnaround == 2.0 and books.updates == 3
+
+
+@pytest.mark.unit
+def test_removed_workers_are_drained_but_the_view_counts_members_only():
+    books = Ledger(3)
+    books.apply(Decision(tuple(Grant(w, 8, APPLY) for w in range(3))), now=0.0)
+    books.apply(Decision(remove={2}), now=0.0)
+    view = books.view(1.0)
+    assert view.in_flight == 2 and books.in_flight() == 3 and view.members == {0, 1}
+    _push(books, 0, APPLY), _push(books, 2, APPLY)
+    assert books.view(2.0).in_flight == 1 and books.view(2.0).min_clock == 0 and books.in_flight() == 1
+
+
+@pytest.mark.unit
+def test_the_books_survive_a_json_round_trip_with_nothing_granted():
+    books = Ledger(2)
+    books.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0)
+    _push(books, 0), _push(books, 1)
+    books.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=1.0)
+    again = Ledger(2)
+    again.restore_state(json.loads(json.dumps(books.save_state())))
+    assert (again.clocks, again.round, again.updates, again.samples, again.lr_scale) == ([1, 1], 1, 1, 16, 2.0)
+    assert again.granted == [1, 1] and again.in_flight() == 0
+    with pytest.raises(ValueError, match="has 2 workers, this run 3"):
+        Ledger(3).restore_state(books.save_state())
+
+
+class _Replay(SpeedModel):
+    """Each worker's steps end when the engine's did (seconds after the run's first grant)."""
+
+    def __init__(self, arrivals):
+        super().__init__(fixed=1.0, per_sample=0.0)  # unused: step_time is the replay
+        self.arrivals = {w: list(ts) for w, ts in arrivals.items()}
+
+    def step_time(self, worker, batch_size, now):
+        return max(self.arrivals[worker].pop(0) - now, 0.0)
+
+
+def _counted(p):
+    return (p.worker, p.step, p.batch_size, p.mode, p.round, p.dropped, p.version, p.pushes_during)
+
+
+def _counted_without_version(p):
+    """An APPLY push updates the PS before the coordinator hears of it, so a real step may
+    read a version ahead of the coordinator's count; the simulator applies at arrival."""
+    return _counted(p)[:6]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("protocol", ["bsp", "ssp"])
+def test_the_engine_and_the_simulator_count_one_schedule_the_same(tiny_problem, tmp_path, protocol):
+    """3 real workers run BSP (uneven batches) or SSP (staleness 1); the order in which
+    their pushes arrived is replayed in the simulator with the same policy: every push is
+    counted the same (step, round, dropped; under BSP also the version read and the
+    staleness) and so are the totals."""
+    from tfsync.engine.generation import TrainSetup
+    from tfsync.engine.trainer import Engine, Phase
+
+    def make():
+        sizer = FixedSizer([4, 8, 12])
+        return BSP(sizer) if protocol == "bsp" else SSP(1, sizer)
+
+    x, y, model_fn, optimizer_fn, loss_fn = tiny_problem
+    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=16, shuffle=False)
+    engine = Engine(setup, workers=3, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
+    summary = engine.run([Phase(make())], total_samples=40 * 24)
+    real = list(engine.history)
+    assert len(real) == summary["pushes"] < engine.history.maxlen
+    t0 = min(p.granted_at for p in real)
+    arrivals = {w: [p.arrival - t0 for p in real if p.worker == w] for w in range(3)}
+    assert all(len(a) > 5 for a in arrivals.values())
+
+    sim = Simulator(3, _Replay(arrivals))
+    result = sim.run(make(), samples=40 * 24)
+    counted = _counted if protocol == "bsp" else _counted_without_version
+    assert [counted(p) for p in sim.books.history] == [counted(p) for p in real]
+    for key in ("pushes", "updates", "samples", "dropped"):
+        assert getattr(result, key) == summary[key], key
+    assert sim.books.round == engine.state.round and sim.clocks == engine.state.clocks

@@ -1,0 +1,170 @@
+"""The server's books, kept the same way by the engine and the simulator: push counts
+and clocks, grants and their times, aggregation rounds, membership, and what applying a
+policy's Decision changes in them. Both drivers hold one :class:`Ledger`; what they do
+besides (release tokens on a PS, or move simulated time and a NumPy model) stays theirs,
+so the two cannot count differently.
+
+The drain rule, decided here once for both: a drain runs every step already granted
+(the engine's tokens are on the PS gates already and cannot be taken back), grants
+nothing more, then applies what the round aggregated.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from .base import ClusterView, Decision, Push, PushMode, validate_decision
+
+
+class _MinClock:
+    """The smallest clock among members in O(1) amortised per push (clocks only grow)."""
+
+    def __init__(self, clocks, members):
+        self.counts = collections.Counter(clocks[w] for w in members)
+        self.value = min(self.counts) if self.counts else 0
+
+    def advance(self, old: int) -> None:
+        self.counts[old] -= 1
+        self.counts[old + 1] += 1
+        while not self.counts[self.value]:
+            self.value += 1
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a Decision changed: ``closed`` aggregated pushes were applied as one update
+    (0: no barrier); ``seqs``: each grant's step number (its worker's grant count);
+    ``lr_changed``: the learning-rate scale changed."""
+
+    closed: int = 0
+    seqs: tuple[int, ...] = ()
+    lr_changed: bool = False
+
+
+class Ledger:
+    """``clocks[w]``: steps worker w pushed; ``granted[w]``: steps granted to it. The rest
+    as in :class:`ClusterView`, which :meth:`view` builds from them."""
+
+    def __init__(self, num_workers: int, history: int = 256):
+        self.num_workers = num_workers
+        self.clocks = [0] * num_workers
+        self.granted = [0] * num_workers
+        self.round = self.pushes = self.updates = self.samples = self.dropped = 0
+        self.pending_workers: list[int] = []
+        self.pending_samples = 0
+        self.active = frozenset(range(num_workers))
+        self.lr_scale = 1.0
+        self.history: collections.deque[Push] = collections.deque(maxlen=history)
+        # when each worker's outstanding grants were made, oldest first (steps run in order)
+        self._grant_times = [collections.deque() for _ in range(num_workers)]
+        self._arrivals = [0.0] * num_workers  # each worker's last push: its next step is ready after it
+        self._member_in_flight = 0
+        self._min = _MinClock(self.clocks, self.active)
+
+    # -- what the policy sees --------------------------------------------------------------
+    def view(self, now: float, resources=None) -> ClusterView:
+        return ClusterView(
+            num_workers=self.num_workers, clocks=tuple(self.clocks), granted=tuple(self.granted),
+            round=self.round, pending_workers=tuple(self.pending_workers), pending_samples=self.pending_samples,
+            pushes=self.pushes, updates=self.updates, samples=self.samples, now=now, active=self.active,
+            history=self.history, resources=resources if resources is not None else {},
+        ).known(members=self.active, in_flight=self._member_in_flight, min_clock=self._min.value)
+
+    def in_flight(self) -> int:
+        """Steps granted to any worker, member or not, and not yet pushed: what a drain waits for."""
+        return sum(g - c for g, c in zip(self.granted, self.clocks))
+
+    # -- a push arrives -----------------------------------------------------------------
+    def push(self, worker: int, batch_size: int, mode: PushMode, round: int, version: int, *,
+             start: float, end: float, arrival: float, loss: float) -> Push:
+        """Count worker's finished step; ``version``: updates applied when it read the
+        weights. An AGGREGATE push of a round already closed is dropped (counted, not
+        aggregated). Returns the Push the policy is shown."""
+        w, b = worker, int(batch_size)
+        times = self._grant_times[w]
+        granted_at = times.popleft() if times else 0.0
+        ready_at = max(granted_at, self._arrivals[w]) if granted_at else 0.0
+        self._arrivals[w] = arrival
+        if w in self.active:  # the trackers count members only
+            self._min.advance(self.clocks[w])
+            self._member_in_flight -= 1
+        self.clocks[w] += 1
+        self.pushes += 1
+        dropped = mode is PushMode.AGGREGATE and round < self.round
+        during = max(0, self.updates - version) if mode is PushMode.APPLY else 0  # paper 004 §3.2 l_n
+        if dropped:
+            self.dropped += 1
+        else:
+            self.samples += b
+            if mode is PushMode.AGGREGATE:
+                self.pending_workers.append(w)
+                self.pending_samples += b
+            else:
+                self.updates += 1
+        push = Push(worker=w, step=self.clocks[w], batch_size=b, start=start, end=end, arrival=arrival,
+                    loss=loss, mode=mode, round=round, dropped=dropped, version=version,
+                    pushes_during=during, granted_at=granted_at, ready_at=ready_at)
+        self.history.append(push)
+        return push
+
+    # -- a decision is carried out ----------------------------------------------------------
+    def apply(self, decision: Decision, now: float) -> Applied:
+        """Membership, then the barrier (the round's aggregate becomes one update and the
+        next round opens, so grants made here belong to it), then the grants."""
+        d = decision
+        if d.remove or d.restore:
+            self.active = (self.active - d.remove) | d.restore
+            self._member_in_flight = sum(self.granted[w] - self.clocks[w] for w in self.active)
+            self._min = _MinClock(self.clocks, self.active)
+        validate_decision(d, self.active)
+        lr_changed = d.lr_scale is not None and d.lr_scale != self.lr_scale
+        if d.lr_scale is not None:
+            self.lr_scale = d.lr_scale
+        closed = 0
+        if d.barrier and self.pending_workers:
+            closed = len(self.pending_workers)
+            self.round += 1
+            self.updates += 1
+            self.pending_workers, self.pending_samples = [], 0
+        seqs = []
+        for g in d.grants:
+            self.granted[g.worker] += 1
+            seqs.append(self.granted[g.worker])
+            self._grant_times[g.worker].append(now)
+            if g.worker in self.active:
+                self._member_in_flight += 1
+        return Applied(closed, tuple(seqs), lr_changed)
+
+    # -- the engine's restarts and rewinds ----------------------------------------------------
+    def forget_grants(self) -> None:
+        """The grants still outstanding went with the tasks that held them (a new cluster
+        generation): nothing is granted in the new one yet."""
+        self.granted = list(self.clocks)
+        for times in self._grant_times:
+            times.clear()
+        self._member_in_flight = 0
+
+    def rewind(self, samples: int, updates: int, pushes: int) -> None:
+        """Back to a checkpoint's counters: what came after it is trained again."""
+        self.samples, self.updates, self.pushes = int(samples), int(updates), int(pushes)
+        self.pending_workers, self.pending_samples = [], 0
+
+    # -- saved beside a checkpoint --------------------------------------------------------------
+    def save_state(self) -> dict:
+        return {"clocks": list(self.clocks), "round": self.round, "pushes": self.pushes,
+                "updates": self.updates, "samples": self.samples, "dropped": self.dropped,
+                "active": sorted(self.active), "lr_scale": self.lr_scale}
+
+    def restore_state(self, state: dict) -> None:
+        """The counters of a saved ledger (same number of workers), with nothing granted."""
+        if len(state["clocks"]) != self.num_workers:
+            raise ValueError(f"the saved ledger has {len(state['clocks'])} workers, this run {self.num_workers}")
+        self.clocks = [int(c) for c in state["clocks"]]
+        for key in ("round", "pushes", "updates", "samples", "dropped"):
+            setattr(self, key, int(state[key]))
+        self.active = frozenset(int(w) for w in state["active"])
+        self.lr_scale = float(state["lr_scale"])
+        self.pending_workers, self.pending_samples = [], 0
+        self._min = _MinClock(self.clocks, self.active)
+        self.forget_grants()
