@@ -11,6 +11,20 @@ os.environ.setdefault("TFSYNC_NO_REPORT", "1")
 
 import pytest  # noqa: E402
 
+TIERS = ("unit", "cluster")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test is in one tier, unit or cluster (its module's pytestmark, or its own mark
+    in a module of both): an unmarked test would be left out of `-m unit` and `-m cluster`
+    runs alike. Checked on everything collected, before -m deselects."""
+    wrong = [item.nodeid for item in items if sum(item.get_closest_marker(t) is not None for t in TIERS) != 1]
+    if wrong:
+        shown = ", ".join(wrong[:5]) + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise pytest.UsageError(f"{len(wrong)} tests are not marked exactly one of unit and cluster: {shown}; "
+                                "give the module a pytestmark = pytest.mark.unit (or .cluster), or mark each test")
+
 
 @pytest.fixture
 def tiny_problem():

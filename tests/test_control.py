@@ -5,78 +5,17 @@ loopback, real TF tasks, the real job store)."""
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from helpers import kill_if_running, linear_job, tfsync, tfsync_run, wait_for
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
 
-JOB = """
-[job]
-name = "ctl"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 16
-learning_rate = 0.05
-epochs = 20
-checkpoint_every = 0
-[[protocol]]
-name = "bsp"
-"""
-DATA = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
-
-
-def tfsync(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "tfsync.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-@contextlib.contextmanager
-def tfsync_run(tmp_path, job_text: str, env=None, output=subprocess.PIPE):
-    """`tfsync run JOB --json` in its own process, JOB written to tmp_path/job.toml from
-    ``job_text`` with ``{run_dir}`` = tmp_path/run; yields (process, run_dir, job). The
-    process is killed on the way out if it still runs, also when the test failed."""
-    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
-    job.write_text(job_text.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           stdout=output, stderr=output, text=True, env=env)
-    try:
-        yield run, run_dir, job
-    finally:
-        kill_if_running(run)
-
-
-def kill_if_running(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-
-def interrupt(proc: subprocess.Popen, timeout: float = 90) -> None:
-    """Stop a tfsync process as Ctrl-C does (it stops its jobs or tasks), or kill it after ``timeout``."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def wait_for(what, check, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+JOB = linear_job("ctl", "bsp", batch_size=16, epochs=20, checkpoint_every=0)
 
 
 @pytest.mark.slow

@@ -231,6 +231,7 @@ def _chunks(stage_id, name, data, sha=None, size=None, chunk=3):
         yield node_hook_pb2.FileChunk(data=data[i:i + chunk])
 
 
+@pytest.mark.unit
 def test_staged_files_reach_the_tasks_working_directory_once_and_checked(make_hook, tmp_path):
     """StageFile keeps a file under the job's stage once its digest checks; tasks started
     with that stage run there (relative paths reach the copy); a bad name, digest or size
@@ -271,6 +272,7 @@ def test_staged_files_reach_the_tasks_working_directory_once_and_checked(make_ho
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workdir" in e.value.details()
 
 
+@pytest.mark.unit
 def test_init_token_writes_a_0600_token_once_and_the_hook_serves_with_it(tmp_path):
     import os
     import signal
@@ -296,6 +298,7 @@ def test_init_token_writes_a_0600_token_once_and_the_hook_serves_with_it(tmp_pat
     assert "wrote a new token" not in start() and auth.read_token(path) == token   # kept, not replaced
 
 
+@pytest.mark.unit
 def test_free_ports_skips_ports_in_use_and_hands_out_fresh_ones_in_turn(make_hook):
     import socket
     stub, hook, token, port = make_hook()

@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from helpers import DATA
 from tfsync import netns
 from tfsync.engine import tfcompat
 from tfsync.keras import SyncSwitch, local_cluster
@@ -29,7 +30,6 @@ from tfsync.keras.sync_switch import ASP, BSP
 cluster = pytest.mark.cluster
 
 N = 2  # workers
-SAMPLE = "tfsync/datasets/mnist_sample.npz"
 WATCHDOG_S = 150  # a deadlocked round would block fit forever; raise this on a slow machine
 
 
@@ -48,7 +48,7 @@ def watchdog():
 
 @pytest.fixture(scope="module")
 def mnist():
-    with np.load(Path(__file__).resolve().parents[1] / SAMPLE) as d:
+    with np.load(DATA) as d:
         x, y = d["x_train"][:2000].reshape(2000, -1), d["y_train"][:2000].astype(np.int64)
         xt, yt = d["x_test"].reshape(len(d["x_test"]), -1), d["y_test"].astype(np.int64)
     return x, y, xt.astype(np.float32) / 255, yt

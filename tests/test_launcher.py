@@ -12,6 +12,8 @@ from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
 from tfsync.manager.launcher import HookLauncher, LaunchError
 
+pytestmark = pytest.mark.cluster
+
 RUNNING = common_pb2.TASK_STATE_RUNNING
 TIMEOUT_S = 60.0  # one TF task to open its port on a busy 2-core machine
 
@@ -51,7 +53,6 @@ def _gone(pid, timeout=10.0):
     return False
 
 
-@pytest.mark.cluster
 def test_parallel_launch_restart_stop_on_two_hooks(hooks):
     addresses = [a for a, _ in hooks]
     ports = free_ports(3)

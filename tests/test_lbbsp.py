@@ -1,14 +1,13 @@
 """LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
 
-import collections
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from helpers import DATA, round_sizes
 from tfsync.batching import GpuProfile
 from tfsync.policy import BSP, ClusterView, FixedSizer, Push, PushMode
 from tfsync.policy.lbbsp import LBBSP, LBBSPSizer, resource_reading
@@ -17,16 +16,6 @@ from tfsync.sim import Simulator, SpeedModel
 from tfsync.sim.model import NumpyMLP
 
 pytestmark = pytest.mark.unit
-
-SAMPLE = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
-
-
-def round_sizes(result):
-    """{round: {worker: batch size}} of the pushes of a run."""
-    rounds = collections.defaultdict(dict)
-    for p in result.log:
-        rounds[p.round][p.worker] = p.batch_size
-    return [rounds[r] for r in sorted(rounds)]
 
 
 def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
@@ -45,7 +34,7 @@ def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
 def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
     """LB-BSP is BSP with other sizes: once it picks (48, 16), training is identical to
     BSP run with FixedSizer([48, 16]), weighted mean included (paper 002 eq. 8)."""
-    d = np.load(SAMPLE)
+    d = np.load(DATA)
 
     def model():
         return NumpyMLP(d["x_train"][:2000], d["y_train"][:2000], d["x_test"][:200], d["y_test"][:200],

@@ -3,35 +3,22 @@ split between the workers by their predicted speeds (paper 002 §3.2)."""
 
 import collections
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from helpers import DATA, linear_job
+
 pytestmark = pytest.mark.cluster
 
-JOB = """
-[job]
-name = "lb"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 0.5
-[[protocol]]
-name = "lbbsp"
-predictor = "ema"
-"""
+JOB = linear_job("lb", {"name": "lbbsp", "predictor": "ema"}, epochs=0.5)
 
 
 def test_lbbsp_job_keeps_the_round_total_and_learns(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(run_dir=tmp_path / "run"))
-    data = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", data, "--no-manager"],
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA, "--no-manager"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)

@@ -11,9 +11,7 @@ import time
 import psutil
 import pytest
 
-from test_control import tfsync_run
-from test_recovery import check_ps_recovered
-from test_resume import DATA, JOB, wait_for_checkpoints
+from helpers import CHECKPOINTED_JOB, DATA, check_ps_recovered, tfsync_run, wait_for_checkpoints
 from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
 
@@ -55,13 +53,14 @@ def two_hooks(tmp_path):
 
 def on_hooks(hooks, token_file) -> str:
     """The test job (its {run_dir} left to fill) with its tasks on ``hooks``."""
-    return JOB.replace("[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]")
+    return CHECKPOINTED_JOB.replace("[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]")
 
 
 def task_children(hook):
     return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children() if "tfsync.engine.server" in " ".join(p.cmdline())}
 
 
+@pytest.mark.slow
 def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(tmp_path, two_hooks):
     addresses, token_file, hooks = two_hooks
     with tfsync_run(tmp_path, on_hooks(addresses, token_file)) as (run, run_dir, _):

@@ -2,22 +2,20 @@
 hook, restores the newest checkpoint and finishes the job; the work lost is at most one
 checkpoint interval."""
 
-import json
 import os
 import signal
 
 import psutil
 import pytest
 
-from test_control import tfsync_run
-from test_resume import JOB, PER_UPDATE, check_counted_once, records, wait_for_checkpoints
+from helpers import CHECKPOINTED_JOB, check_ps_recovered, records, tfsync_run, wait_for_checkpoints
 
 pytestmark = pytest.mark.cluster
 
 
 def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, _):
+    with tfsync_run(tmp_path, CHECKPOINTED_JOB, env=env) as (run, run_dir, _):
         wait_for_checkpoints(run_dir)
         (ps,) = [p for p in psutil.Process(run.pid).children(recursive=True)
                  if "--job ps" in " ".join(p.cmdline())]
@@ -29,15 +27,3 @@ def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     # both generations' tasks were started by the run's node hook (its task logs)
     assert [p.parent.name[-3:] for p in sorted(run_dir.glob("logs/*/ps-0.log"))] == ["-g1", "-g2"]
 
-
-def check_ps_recovered(run, out, err, run_dir) -> dict:
-    """The run finished after one PS recovery that lost at most a checkpoint interval; returns it."""
-    assert run.returncode == 0, err[-2000:]
-    summary = json.loads(out)
-    (rec,) = summary["recoveries"]
-    assert rec["task"] == "ps:0" and rec["exit_code"] == -signal.SIGKILL
-    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE  # checkpoint_every = 10 updates
-    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
-    assert any(r.get("event") == "task_restarted" for r in records(run_dir))
-    check_counted_once(run_dir, summary, "ps_lost")
-    return rec

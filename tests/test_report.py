@@ -12,50 +12,13 @@ import sys
 
 import pytest
 
-from test_control import DATA, wait_for
-from test_resume import records
-from test_worker_loss import kill_worker
+from helpers import DATA, kill_worker, linear_job, records, wait_for
 
 pytestmark = pytest.mark.cluster
 
-MAIN = """
-[job]
-name = "seen"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 2
-eval_every = 40
-checkpoint_every = 60
-[[protocol]]
-name = "bsp"
-until = 0.5
-[[protocol]]
-name = "asp"
-"""
-
-LBBSP_RESTART = """
-[job]
-name = "lb-restart"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 3
-[[protocol]]
-name = "lbbsp"
-predictor = "ema"
-until = 0.5
-[[protocol]]
-name = "asp"
-[switch]
-method = "restart"
-"""
+MAIN = linear_job("seen", {"name": "bsp", "until": 0.5}, "asp", epochs=2, eval_every=40, checkpoint_every=60)
+LBBSP_RESTART = linear_job("lb-restart", {"name": "lbbsp", "predictor": "ema", "until": 0.5}, "asp", epochs=3,
+                           extra='[switch]\nmethod = "restart"\n')
 
 FIGURES = {"loss", "timeline", "workers", "switches"}
 
@@ -157,6 +120,7 @@ def test_the_main_job_shows_progress_a_report_and_tensorboard_scalars(tmp_path):
     assert max(v for _, v in scalars["train/staleness"]) >= 1  # ASP steps ran beside others' updates
 
 
+@pytest.mark.slow
 def test_a_report_shows_lbbsp_a_restart_switch_and_a_recovery(tmp_path):
     proc, run_dir = start(tmp_path, LBBSP_RESTART, "--json")
     try:

@@ -10,6 +10,8 @@ from tfsync.rl.instances import InstanceSpec, make_instance
 from tfsync.sim.simulator import Simulator
 from tfsync.sim.speeds import SpeedModel
 
+pytestmark = pytest.mark.unit
+
 SMALL = InstanceSpec(workers=4, hidden_layers=(0,), target=0.80, eval_every=10, eval_size=500,
                      step_time=1.0, sleep=(1.0, 4.0), straggler_p=0.5)
 
@@ -28,7 +30,6 @@ class Always:
         return self.action
 
 
-@pytest.mark.unit
 def test_static_policies_in_three_action_form_keep_their_schedules():
     n = 4
     bsp = Simulator(n, straggly()).run(RLP(teacher=teacher("bsp")), pushes=400)
@@ -36,7 +37,7 @@ def test_static_policies_in_three_action_form_keep_their_schedules():
     for p in bsp.log:  # apply-form BSP: lock-step, nobody starts round r+1 before all end r
         clocks[p.worker] += 1
         assert max(clocks) - min(clocks) <= 1
-    assert bsp.stats["actions"]["all"] == 100 and bsp.stats["forced_all"] == 0
+    assert bsp.stats["actions"]["all"] == 99 and bsp.stats["forced_all"] == 0  # the 400th push ends the run: no decision
 
     ours = Simulator(n, straggly()).run(RLP(teacher=teacher("asp")), pushes=400)
     ref = Simulator(n, straggly()).run(ASP(BatchSizer(32), depth=1), pushes=400)
@@ -49,14 +50,12 @@ def test_static_policies_in_three_action_form_keep_their_schedules():
         assert max(clocks) - min(clocks) <= 3 + 1
 
 
-@pytest.mark.unit
 def test_none_with_nothing_running_releases_everyone_instead_of_stalling():
     res = Simulator(3, SpeedModel(fixed=1.0, per_sample=0.0)).run(RLP(agent=Always(NONE)), pushes=60)
     assert res.pushes >= 60
-    assert res.stats["forced_all"] == 20 and res.stats["actions"]["none"] == 60  # one decision per push
+    assert res.stats["forced_all"] == 19 and res.stats["actions"]["none"] == 59  # one decision per push but the last
 
 
-@pytest.mark.unit
 def test_state_holds_the_last_ten_tuples_newest_first():
     seen = []
 
@@ -68,14 +67,13 @@ def test_state_holds_the_last_ten_tuples_newest_first():
     res = Simulator(2, SpeedModel(fixed=1.0, per_sample=0.0, jitter=0.3, seed=1)).run(RLP(agent=Spy()), pushes=30)
     rows = [s.reshape(HISTORY, FEATURES) for s in seen]
     assert rows[0][0][0] == pytest.approx(1 / 1000) and not rows[0][1:].any()  # zero padding
-    assert len(seen) == 30 and rows[-1][0][0] == pytest.approx(30 / 1000)
+    assert len(seen) == 29 and rows[-1][0][0] == pytest.approx(29 / 1000)  # the 30th push ends the run
     np.testing.assert_array_equal(rows[-1][1:], rows[-2][:-1])  # shifted by one push
-    during = [p.pushes_during / 10 for p in res.log[:30]]
+    during = [p.pushes_during / 10 for p in res.log[:29]]
     assert max(during) > 0
     assert [r[0][3] for r in rows] == pytest.approx(during)
 
 
-@pytest.mark.unit
 def test_policy_file_round_trip_and_bad_files(tmp_path):
     rng = np.random.default_rng(0)
     net = QNetwork([rng.normal(size=(40, 8)), rng.normal(size=8), rng.normal(size=(8, 3)), rng.normal(size=3)],
@@ -101,7 +99,6 @@ def _onehot(i):
     return s
 
 
-@pytest.mark.unit
 def test_td_target_is_double_dqn_from_the_target_network():
     from tfsync.rl.dqn import DQNAgent, DQNConfig
 
@@ -121,7 +118,6 @@ def test_td_target_is_double_dqn_from_the_target_network():
     assert abs(expected - wrong) > 1e-3 * expected
 
 
-@pytest.mark.unit
 def test_q_learning_finds_the_known_optimum_of_a_tiny_mdp():
     """States A, B. In A: action 2 -> B with reward -1; actions 0, 1 end with -5 and -3.
     In B every action ends with -1. With gamma = 0.8: Q*(A) = (-5, -3, -1.8), Q*(B) = -1."""
@@ -155,7 +151,6 @@ def test_q_learning_finds_the_known_optimum_of_a_tiny_mdp():
     np.testing.assert_allclose(agent.network().q(both), agent.values(both), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("name,agree", [("asp", 1.0), ("bsp", 0.95)])
 def test_pretraining_reproduces_the_static_policy(name, agree):
     from tfsync.rl.dqn import DQNAgent, DQNConfig
@@ -173,7 +168,6 @@ def test_pretraining_reproduces_the_static_policy(name, agree):
     assert {NONE, ALL} <= set(actions) if name == "bsp" else set(actions) == {SUBMITTER}
 
 
-@pytest.mark.unit
 def test_instances_are_reproducible_and_vary():
     a, b, c = (make_instance(SMALL, s) for s in (5, 5, 6))
     assert a.stragglers == b.stragglers and a.sim.speeds.describe() == b.sim.speeds.describe()

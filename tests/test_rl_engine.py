@@ -1,32 +1,18 @@
 """A policy file drives a real job: `tfsync run` with protocol rlp on a local cluster."""
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from helpers import DATA, linear_job
 from tfsync.policy.rlp import QNetwork
 
 pytestmark = pytest.mark.cluster
 
-JOB = """
-[job]
-name = "rl"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 0.2
-checkpoint_every = 0
-[[protocol]]
-name = "rlp"
-model = "{model}"
-"""
+JOB = linear_job("rl", {"name": "rlp", "model": "{model}"}, epochs=0.2, checkpoint_every=0)
 
 
 def lockstep_network() -> QNetwork:
@@ -42,8 +28,7 @@ def test_a_policy_file_runs_a_real_job_and_its_actions_are_obeyed(tmp_path):
     lockstep_network().save(model)
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(run_dir=tmp_path / "run", model=model))
-    data = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", data],
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)

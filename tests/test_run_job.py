@@ -10,37 +10,16 @@ import time
 import psutil
 import pytest
 
+from helpers import DATA, default_sigint, linear_job
+
 pytestmark = pytest.mark.cluster
-
-JOB = """
-[job]
-name = "t"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = {epochs}
-checkpoint_every = 50
-[[protocol]]
-name = "bsp"
-until = 0.5
-[[protocol]]
-name = "asp"
-"""
-
-
-def default_sigint():
-    """Ctrl-C reaches the child even when the tests run in a background shell (which
-    starts its commands with SIGINT ignored, and Python keeps an ignored SIGINT)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _job(tmp_path, epochs):
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir, epochs=epochs))
+    job.write_text(linear_job("t", {"name": "bsp", "until": 0.5}, "asp", epochs=epochs, checkpoint_every=50)
+                   .format(run_dir=run_dir))
     return job, run_dir
 
 
@@ -51,8 +30,7 @@ def _tasks_of(pid):
 
 def test_run_trains_bsp_then_asp_and_writes_its_records(tmp_path):
     job, run_dir = _job(tmp_path, 0.5)
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json",
-                        "--data", os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")],
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
@@ -93,11 +71,10 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
 
 def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path):
     job, run_dir = _job(tmp_path, 0.1)
-    data = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     summaries = []
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", data],
+        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                            capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         summaries.append(json.loads(r.stdout))

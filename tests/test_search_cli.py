@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from test_run_job import default_sigint
+from helpers import DATA, default_sigint, linear_job, tfsync
 from tfsync.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.cli import stored_switch_point
@@ -21,25 +21,7 @@ from tfsync.switch.trials import config_signature
 
 pytestmark = pytest.mark.cluster
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "tfsync", "datasets", "mnist_sample.npz")
-JOB = """
-[job]
-name = "recurring"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 0.5
-eval_samples = 500
-{switch}
-"""
-
-
-def tfsync(*args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "tfsync.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=600, **kw)
+JOB = linear_job("recurring", epochs=0.5, eval_samples=500, extra="{switch}\n")
 
 
 def stored_trials(db_path, signature):
@@ -79,7 +61,7 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     done_before = stored_trials(db, signature)
     assert [s["fraction"] for s, _ in done_before] == [1.0]
 
-    out = tfsync(*args, "--json", env=env)
+    out = tfsync(*args, "--json", env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["trials_reused"] == 1 and result["trials_run"] == 2  # the BSP trial is not trained again
@@ -89,10 +71,10 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     assert len(fractions) == 3 and fractions.count(1.0) == 1  # every trial stored once
     f = result["fraction"]
 
-    show = tfsync("search", "--show", str(job), env=env)
+    show = tfsync("search", "--show", str(job), env=env, timeout=600)
     assert show.returncode == 0 and f"signature {signature}" in show.stdout and "accept" in show.stdout
 
-    run = tfsync("run", str(job), "--json", "--no-manager", "--data", DATA, env=env)
+    run = tfsync("run", str(job), "--json", "--no-manager", "--data", DATA, env=env, timeout=600)
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     expected = [["bsp", f], ["asp", 1.0]] if 0 < f < 1 else [["bsp" if f else "asp", 1.0]]
@@ -117,7 +99,7 @@ def test_show_without_a_search_says_what_to_do(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(run_dir=tmp_path / "run", switch=""))
-    out = tfsync("search", "--show", str(job), env=env)
+    out = tfsync("search", "--show", str(job), env=env, timeout=600)
     assert out.returncode == 1 and "no switch point stored" in out.stderr and "tfsync search" in out.stderr
-    bad = tfsync("search", str(job), "--runs", "0", env=env)
+    bad = tfsync("search", str(job), "--runs", "0", env=env, timeout=600)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "runs" in bad.stderr

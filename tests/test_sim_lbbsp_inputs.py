@@ -2,7 +2,6 @@
 reports them, predictors trained inline so one seed gives one schedule, and one name for
 the batch size across protocols."""
 
-import collections
 import math
 import random
 import subprocess
@@ -11,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import round_sizes
 from tfsync import policy as P
 from tfsync.policy import BSP
 from tfsync.policy.lbbsp import LBBSP
@@ -44,7 +44,7 @@ def test_readings_are_the_traces_share_at_push_time():
     speeds = SpeedModel(fixed=0.05, per_sample=0.0, traces=tr, jitter=0.3, seed=3)
     rec = Recorder()
     Simulator(2, speeds, monitor_interval=0).run(rec, pushes=400)
-    assert len(rec.seen) >= 400
+    assert len(rec.seen) == 399  # every push but the one that ends the run (as in the engine)
     for push, reading in rec.seen:
         share = max(1 - tr[push.worker].at(push.arrival) / 100, 0.05)  # trace time = sim time here
         assert reading == {"cpu": pytest.approx(100 * (1 - share), abs=1e-9), "time": push.arrival}
@@ -72,13 +72,6 @@ def test_without_traces_nothing_contends():
     assert [r["cpu"] for _, r in rec.seen] == [0.0] * len(rec.seen)
 
 
-def schedule(result):
-    rounds = collections.defaultdict(dict)
-    for p in result.log:
-        rounds[p.round][p.worker] = p.batch_size
-    return [rounds[r] for r in sorted(rounds)]
-
-
 def test_one_seed_gives_one_lbbsp_narx_schedule():
     """NARX trains inline on the simulator's own trainer (not the process-wide background
     one), with seeded initialisation and shuffling: two runs are identical."""
@@ -90,7 +83,7 @@ def test_one_seed_gives_one_lbbsp_narx_schedule():
         sim = Simulator(2, speeds, monitor_interval=0.05)
         result = sim.run(policy, updates=130)
         assert sim.trainer.fits >= 6 and all(p.using_model for p in policy.sizer.predictors.values())
-        runs.append((schedule(result), [p.end for p in result.log]))
+        runs.append((round_sizes(result), [p.end for p in result.log]))
     assert runs[0] == runs[1]
     assert len({tuple(sorted(r.items())) for r in runs[0][0]}) > 20  # sizes do move
     assert default_trainer().fits == before  # the shared background trainer was not used

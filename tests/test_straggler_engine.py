@@ -7,17 +7,16 @@ greedy one a user's model module, data and Adam in a folder tfsync has never see
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 
+from helpers import DATA, linear_job
 from userjob import JOB_HEAD, user_job
 
 pytestmark = pytest.mark.cluster
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tfsync", "datasets", "mnist_sample.npz")
 # BSP for 0.8 of the workload, then ASP; worker 2 at a fifth of its speed from 1 s to 9 s
 PLAN = """
 [[protocol]]
@@ -40,17 +39,7 @@ CLUSTER = """
 [cluster]
 workers = 3
 """
-JOB = """
-[job]
-name = "strag"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 16
-learning_rate = 0.05
-epochs = 2.5
-""" + CLUSTER + PLAN  # 15 000 samples of the 6 000-image MNIST sample
+JOB = linear_job("strag", batch_size=16, epochs=2.5, extra=CLUSTER + PLAN)  # 15 000 samples of the 6 000-image MNIST sample
 # The user's job: the same workload in samples (12 epochs of 1 280 examples)
 USER_JOB = JOB_HEAD + """learning_rate = 0.01
 batch_size = 16

@@ -11,13 +11,15 @@ import sys
 import grpc
 import pytest
 
-from test_control import DATA, JOB, interrupt, tfsync, wait_for
+from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.cluster import free_ports
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
+
+JOB = linear_job("ctl", "bsp", batch_size=16, epochs=20, checkpoint_every=20)
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def test_submit_follow_stop_and_resume(tmp_path, manager):
     assert oct(token_file.stat().st_mode & 0o777) == "0o600"
     run_dir = tmp_path / "run"
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=run_dir).replace("checkpoint_every = 0", "checkpoint_every = 20"))
+    job.write_text(JOB.format(run_dir=run_dir))
 
     r = tfsync("submit", str(job), "--manager", address, "--data", DATA, "--json", env=env)
     assert r.returncode == 0, r.stderr

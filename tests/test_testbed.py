@@ -17,9 +17,8 @@ import textwrap
 import time
 
 import pytest
-from test_control import kill_if_running
-from test_resume import records
 
+from helpers import kill_if_running, records
 from tfsync.hooks import firewall
 from tfsync.testbed import bed as testbed
 
@@ -282,6 +281,7 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
         assert "unprotected" not in f.read()
 
 
+@pytest.mark.slow
 def test_the_job_outlives_a_worker_node_and_then_the_ps_node(bed, tmp_path):
     """n3 (worker 1) dies: the next generation places both workers on n1 and n2 and the
     job goes on; then n1 (the PS's node) dies: the PS starts on n2 and restores the

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_control import DATA, JOB, interrupt, tfsync, wait_for
+from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
 from tfsync.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
@@ -20,6 +20,8 @@ from tfsync.hooks.node import serve as serve_hook
 from tfsync.jobrun import hook_nodes
 from tfsync.manager.launcher import HookLauncher, LaunchError
 from tfsync.manager.store import Store
+
+JOB = linear_job("ctl", "bsp", batch_size=16, epochs=2, checkpoint_every=0)
 
 
 def make_cert(folder, name="server"):
@@ -231,9 +233,8 @@ def test_a_submitted_job_runs_over_tls_only(tmp_path):
         procs.append(manager)
         address = re.search(r"listening on (\S+)", line).group(1)
         job = tmp_path / "job.toml"  # tasks on the TLS hook; its CA named relative to the job file
-        job.write_text(JOB.format(run_dir=tmp_path / "run").replace("epochs = 20", "epochs = 2").replace(
-            "[model]", f'[cluster]\nhooks = ["127.0.0.1:{hook_port}"]\ntoken_file = "{token_file}"\n'
-                       f'tls_ca = "{os.path.basename(cert)}"\n[model]'))
+        job.write_text((JOB + f'[cluster]\nhooks = ["127.0.0.1:{hook_port}"]\ntoken_file = "{token_file}"\n'
+                                    f'tls_ca = "{os.path.basename(cert)}"\n').format(run_dir=tmp_path / "run"))
 
         r = tfsync("submit", str(job), "--manager", address, "--data", DATA, "--ca", cert, "--json", env=env)
         assert r.returncode == 0, r.stderr

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from test_control import tfsync, wait_for
+from helpers import tfsync, wait_for
 from tfsync.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature

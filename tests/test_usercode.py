@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import DATA
 from tfsync.config import ConfigError, load_job
 from tfsync.usercode import UserCodeError
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
-SAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tfsync", "datasets", "mnist_sample.npz")
 MODULE = os.path.join(EXAMPLE, "model.py")
 
 JOB = """
@@ -165,7 +165,7 @@ def test_the_tfrecord_example_trains_from_a_dataset_factory_read_on_the_workers(
                     ignore=shutil.ignore_patterns("shards", "__pycache__"))
     job = project / "job.toml"
     job.write_text(job.read_text().replace('args = {shards = "shards"}',
-                                           f'args = {{shards = "shards", npz = "{SAMPLE}"}}'))
+                                           f'args = {{shards = "shards", npz = "{DATA}"}}'))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager",
                         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd="/")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -256,17 +256,17 @@ def test_short_names_are_the_bundled_functions_called_as_user_code(tmp_path):
     from tfsync.examples import images
     from tfsync.switch.trials import config_signature
 
-    short = load_job(_short_named_job(tmp_path, data=f'path = "{SAMPLE}"'))
+    short = load_job(_short_named_job(tmp_path, data=f'path = "{DATA}"'))
     assert short.model.function == ("model.name", "tfsync.examples.images:cnn") == ("model.name", MODELS["cnn"])
     assert short.data.function == ("data.name", "tfsync.examples.images:mnist") == ("data.name", DATASETS["mnist"])
     (tmp_path / "ref").mkdir()
     ref = load_job(_short_named_job(
         tmp_path / "ref", model='fn = "tfsync.examples.images:cnn"\nargs = {input_shape = [28, 28, 1], classes = 10}',
-        data=f'fn = "tfsync.examples.images:mnist"\nargs = {{path = "{SAMPLE}"}}',
+        data=f'fn = "tfsync.examples.images:mnist"\nargs = {{path = "{DATA}"}}',
         train='loss = "SparseCategoricalCrossentropy"\nloss_args = {from_logits = true}'))
     assert ref.model.function == ("model.fn", "tfsync.examples.images:cnn")
     a, b = workload(tmp_path / "job.toml"), workload(tmp_path / "ref" / "job.toml")
-    assert a.source == b.source == SAMPLE and a.model_field == "model.name" and b.model_field == "model.fn"
+    assert a.source == b.source == DATA and a.model_field == "model.name" and b.model_field == "model.fn"
     assert all(np.array_equal(p, q) for p, q in zip((a.x_train, a.y_train, a.x_test, a.y_test),
                                                     (b.x_train, b.y_train, b.x_test, b.y_test)))
     want = images.cnn((28, 28, 1), 10, seed=0).get_weights()
@@ -288,7 +288,7 @@ def test_a_short_name_fails_as_a_reference_does_naming_its_field(tmp_path, monke
 
     monkeypatch.setitem(config.MODELS, "broken", "no_such_module_xyz:build")
     cases = [
-        (dict(model='name = "broken"', data=f'path = "{SAMPLE}"'), "model.name",
+        (dict(model='name = "broken"', data=f'path = "{DATA}"'), "model.name",
          "module 'no_such_module_xyz' not found"),
         (dict(data=f'path = "{tmp_path}/missing.npz"'), "data.name",
          f"tfsync.examples.images:mnist(path=...) raised DataError: {tmp_path}/missing.npz: no such file"),

@@ -5,44 +5,16 @@ and the job store records each loss and rejoin."""
 
 import json
 import os
-import signal
 
-import psutil
 import pytest
 
-from test_control import tfsync_run, wait_for
-from test_resume import records
+from helpers import kill_worker, linear_job, records, tfsync_run, wait_for
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
 
-JOB = """
-[job]
-name = "wloss"
-run_dir = "{run_dir}"
-[model]
-name = "linear"
-[train]
-batch_size = 32
-learning_rate = 0.05
-epochs = 3
-checkpoint_every = 0
-[[protocol]]
-name = "bsp"
-until = 0.4
-[[protocol]]
-name = "asp"
-"""
+JOB = linear_job("wloss", {"name": "bsp", "until": 0.4}, "asp", epochs=3, checkpoint_every=0)
 WORKLOAD = 3 * 6000
-
-
-def kill_worker(run_pid, index):
-    for p in psutil.Process(run_pid).children(recursive=True):
-        cmd = p.cmdline()
-        if "--job" in cmd and cmd[cmd.index("--job") + 1] == "worker" and cmd[cmd.index("--index") + 1] == str(index):
-            p.send_signal(signal.SIGKILL)
-            return p.pid
-    raise AssertionError(f"no task process for worker {index}")
 
 
 @pytest.mark.slow

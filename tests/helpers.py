@@ -1,0 +1,162 @@
+"""What the tests share: the bundled MNIST sample, `tfsync` run as a user runs it, job
+files on the built-in linear model, and what a run (or a simulated one) leaves. Test
+modules import from here, never from one another."""
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tfsync", "datasets", "mnist_sample.npz")
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def linear_job(name: str, *protocols, extra: str = "", **train) -> str:
+    """A job file on the linear model of the MNIST sample, for ``str.format``: ``run_dir``
+    is left as ``{run_dir}`` (``tfsync_run`` fills it). ``train`` adds to or replaces
+    batch_size = 32 and learning_rate = 0.05; one [[protocol]] per entry of ``protocols``
+    (a name, or a dict of its options); ``extra``: more sections, as text."""
+    lines = ["[job]", f"name = {_toml(name)}", 'run_dir = "{run_dir}"', "[model]", 'name = "linear"', "[train]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in {"batch_size": 32, "learning_rate": 0.05, **train}.items()]
+    for p in protocols:
+        lines += ["[[protocol]]"] + [f"{k} = {_toml(v)}" for k, v in ({"name": p} if isinstance(p, str) else p).items()]
+    return "\n".join(lines) + "\n" + extra
+
+
+# BSP then ASP with a checkpoint every 10 updates: the job that is killed and resumed
+CHECKPOINTED_JOB = linear_job("res", {"name": "bsp", "until": 0.5}, "asp", epochs=4, checkpoint_every=10)
+PER_UPDATE = 2 * 32  # samples in one of its BSP updates: 2 workers x batch 32
+
+
+# -- tfsync as a user runs it ---------------------------------------------------------------
+def tfsync(*args, env=None, timeout=60, **kw):
+    return subprocess.run([sys.executable, "-m", "tfsync.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+@contextlib.contextmanager
+def tfsync_run(tmp_path, job_text: str, env=None, output=subprocess.PIPE):
+    """`tfsync run JOB --json` in its own process, JOB written to tmp_path/job.toml from
+    ``job_text`` with ``{run_dir}`` = tmp_path/run; yields (process, run_dir, job). The
+    process is killed on the way out if it still runs, also when the test failed."""
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(job_text.format(run_dir=run_dir))
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           stdout=output, stderr=output, text=True, env=env)
+    try:
+        yield run, run_dir, job
+    finally:
+        kill_if_running(run)
+
+
+def kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Stop a tfsync process as Ctrl-C does (it stops its jobs or tasks), or kill it after ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def default_sigint():
+    """Ctrl-C reaches the child even when the tests run in a background shell (which
+    starts its commands with SIGINT ignored, and Python keeps an ignored SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_for(what, check, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def kill_worker(run_pid, index):
+    """SIGKILL the task process of worker ``index`` under the `tfsync run` process ``run_pid``."""
+    for p in psutil.Process(run_pid).children(recursive=True):
+        cmd = p.cmdline()
+        if "--job" in cmd and cmd[cmd.index("--job") + 1] == "worker" and cmd[cmd.index("--index") + 1] == str(index):
+            p.send_signal(signal.SIGKILL)
+            return p.pid
+    raise AssertionError(f"no task process for worker {index}")
+
+
+# -- what a run leaves ------------------------------------------------------------------------
+def records(run_dir):
+    """The lines of run_dir/metrics.jsonl so far (none before the run starts)."""
+    out = []
+    if not (run_dir / "metrics.jsonl").exists():
+        return out
+    with open(run_dir / "metrics.jsonl") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # the line a kill cut short
+                pass
+    return out
+
+
+def wait_for_checkpoints(run_dir, count: int = 2, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and \
+                sum(r.get("event") == "checkpoint" for r in records(run_dir)) >= count:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"fewer than {count} checkpoints within {timeout:.0f} s")
+
+
+def check_counted_once(run_dir, summary, why: str) -> None:
+    """metrics.jsonl holds each counted push once, numbered 1..pushes as summary.json says;
+    what was trained again after going back to a checkpoint is in metrics.discarded.jsonl."""
+    recs = records(run_dir)
+    assert [r["pushes"] for r in recs if "worker" in r] == list(range(1, summary["pushes"] + 1))
+    (rewind,) = [r for r in recs if r.get("event") == "rewind"]
+    path = run_dir / "metrics.discarded.jsonl"  # none when nothing ran after the checkpoint
+    discarded = [json.loads(line) for line in open(path)] if path.exists() else []
+    assert rewind["why"] == why and rewind["discarded"] == len(discarded)
+    assert all(d["discarded"] == why and d["pushes"] > rewind["pushes"] for d in discarded)
+
+
+def check_ps_recovered(run, out, err, run_dir) -> dict:
+    """A CHECKPOINTED_JOB run finished after one PS recovery that lost at most a checkpoint
+    interval; returns the recovery."""
+    assert run.returncode == 0, err[-2000:]
+    summary = json.loads(out)
+    (rec,) = summary["recoveries"]
+    assert rec["task"] == "ps:0" and rec["exit_code"] == -signal.SIGKILL
+    assert 0 <= rec["samples_lost"] <= (10 + 1) * PER_UPDATE  # checkpoint_every = 10 updates
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+    assert any(r.get("event") == "task_restarted" for r in records(run_dir))
+    check_counted_once(run_dir, summary, "ps_lost")
+    return rec
+
+
+def round_sizes(result):
+    """``[{worker: batch size}]`` of each round of a simulated run, in round order."""
+    rounds = collections.defaultdict(dict)
+    for p in result.log:
+        rounds[p.round][p.worker] = p.batch_size
+    return [rounds[r] for r in sorted(rounds)]
