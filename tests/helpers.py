@@ -160,3 +160,12 @@ def round_sizes(result):
     for p in result.log:
         rounds[p.round][p.worker] = p.batch_size
     return [rounds[r] for r in sorted(rounds)]
+
+
+def check_imports_no_tensorflow(*modules: str) -> None:
+    """Importing ``modules`` in a fresh interpreter loads neither TensorFlow, tf_keras nor statsmodels."""
+    code = (f"import sys; import {', '.join(modules)}; "
+            "bad = [m for m in ('tensorflow', 'tf_keras', 'statsmodels') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,13 +1,11 @@
 """LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import DATA, round_sizes
+from helpers import DATA, check_imports_no_tensorflow, round_sizes
 from tfsync.batching import GpuProfile
 from tfsync.policy import BSP, ClusterView, FixedSizer, Push, PushMode
 from tfsync.policy.lbbsp import LBBSP, LBBSPSizer, resource_reading
@@ -160,8 +158,4 @@ def test_stats_report_sizing_time_and_errors_are_clear():
 
 
 def test_policy_predictors_and_sizing_import_no_tensorflow():
-    code = ("import sys; import tfsync.policy.lbbsp, tfsync.predict, tfsync.batching, tfsync.inject; "
-            "bad = [m for m in ('tensorflow', 'tf_keras', 'statsmodels') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    check_imports_no_tensorflow("tfsync.policy.lbbsp", "tfsync.predict", "tfsync.batching", "tfsync.inject")

@@ -4,13 +4,11 @@ the batch size across protocols."""
 
 import math
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import round_sizes
+from helpers import check_imports_no_tensorflow, round_sizes
 from tfsync import policy as P
 from tfsync.policy import BSP
 from tfsync.policy.lbbsp import LBBSP
@@ -100,8 +98,4 @@ def test_bsp_and_lbbsp_take_the_same_batch_size_option():
 
 
 def test_the_simulator_traces_and_offline_scoring_import_no_tensorflow():
-    code = ("import sys; import tfsync.sim, tfsync.sim.traces, tfsync.predict.score, tfsync.predict.cli; "
-            "bad = [m for m in ('tensorflow', 'tf_keras', 'statsmodels') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
+    check_imports_no_tensorflow("tfsync.sim", "tfsync.sim.traces", "tfsync.predict.score", "tfsync.predict.cli")
