@@ -2,16 +2,33 @@
 ``keep`` in ``run_dir/checkpoints/ckpt-<updates>``, and the ``checkpoint`` state file that
 ``tf.train.latest_checkpoint`` reads. Written with the generation's save function, traced
 once per generation (``Generation.save``), not the manager's, which traces one per save.
+
+Beside each, ``<prefix>.tfsync.json``: what the TF checkpoint cannot hold, the engine's
+books and the running policy's learned state (``Engine.save_state``), plain JSON (a
+shared run directory must never make loading run code).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import tensorflow as tf
 
 from .. import safefile
+
+
+STATE = ".tfsync.json"
+
+
+def load_state(prefix: str) -> dict | None:
+    """The state saved beside checkpoint ``prefix`` (None: none there, as from an older tfsync)."""
+    try:
+        with open(prefix + STATE) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
 
 
 class CheckpointDir:
@@ -20,13 +37,16 @@ class CheckpointDir:
         state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
         self.kept = list(state.all_model_checkpoint_paths) if state else []   # oldest first
 
-    def save(self, generation, number: int) -> str:
-        """Checkpoint ``generation`` as ``ckpt-<number>``; returns its prefix."""
+    def save(self, generation, number: int, state: dict | None = None) -> str:
+        """Checkpoint ``generation`` as ``ckpt-<number>`` and ``state`` beside it; returns its prefix."""
         safefile.make_dir(self.directory)
         prefix = generation.save(os.path.join(self.directory, f"ckpt-{number}"))
+        if state is not None:
+            safefile.write(prefix + STATE, json.dumps(state, allow_nan=False))
         self.kept = [p for p in self.kept if p != prefix] + [prefix]
         for old in self.kept[:-self.keep]:
-            for path in glob.glob(glob.escape(old) + ".index") + glob.glob(glob.escape(old) + ".data-*"):
+            for path in glob.glob(glob.escape(old) + ".index") + glob.glob(glob.escape(old) + ".data-*") \
+                    + glob.glob(glob.escape(old) + STATE):
                 os.unlink(path)
         self.kept = self.kept[-self.keep:]
         tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=self.kept)

@@ -32,7 +32,7 @@ from .commands import Command, CommandResult, Controller, StopRequested, carry_o
 from .cluster import LocalCluster
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ, noop_rows, token_rows
 from .evaluator import Evaluation, Evaluator, scores
-from .checkpoints import CheckpointDir
+from .checkpoints import CheckpointDir, load_state
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
 from .records import RunRecorder
 from .resources import ResourceMonitor
@@ -453,7 +453,7 @@ class Engine:
 
     def checkpoint(self, why: str) -> str:
         t = time.time()
-        path = self._ckpt_dir.save(self._gen, self.state.updates)
+        path = self._ckpt_dir.save(self._gen, self.state.updates, self.save_state())
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
                                  "pushes": self.state.pushes,
@@ -462,7 +462,30 @@ class Engine:
                    samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
         return path
 
-    def switch_to(self, old: Policy, phase: Phase, index: int) -> None:
+    # -- state beyond the weights, saved beside each checkpoint ------------------------------
+    def save_state(self) -> dict:
+        """The books and the running policy's learned state (JSON)."""
+        return {"ledger": self.state.save_state(),
+                "policy": self._policy.save_state() if self._policy is not None else {}}
+
+    def hand_over(self, state: dict, policy: Policy, why: str) -> bool:
+        """Give ``policy`` (fresh, before its start) a saved policy state of the same
+        protocol; a state that does not fit it is refused, said in an event, and the
+        policy starts afresh. Returns whether it took the state."""
+        if not state or state.get("protocol") != policy.name:
+            return False
+        try:
+            policy.restore_state(state, workers=self.workers)
+        except ValueError as e:
+            logger.warning("%s: %s starts afresh: %s", why, policy.name, e)
+            self.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
+            return False
+        self.event("policy_state", protocol=policy.name, restored=True, why=why)
+        return True
+
+    def switch_to(self, old: Policy, phase: Phase, index: int, carry: bool = True) -> None:
+        """Drain ``old``, switch to ``phase`` hot or by restart; with ``carry``, a policy of
+        the same protocol takes over what ``old`` learned (``hand_over``)."""
         t0 = time.time()
         self.drain(old)
         t_drained = time.time()
@@ -480,6 +503,8 @@ class Engine:
             t = time.time()
             parts.update(self._open_generation(cluster, restore=path))
             parts["start_new_s"] = time.time() - t
+        if carry and phase.policy is not old:
+            self.hand_over(old.save_state(), phase.policy, "switch")
         self._set_config(phase)
         t1 = time.time()
         event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch,
@@ -508,11 +533,15 @@ class Engine:
         self._closing = False
         self._t0 = time.time()
         self.recorder.begin(self._t0, resume=resume is not None, workers=self.workers, ps=self.ps)
+        saved = None
         if resume:
             restore = resume["path"]
             self.state.round = int(resume.get("round", 0))
             self.rewind(resume, "resume")
             self.recorder.event("resume", **resume)
+            saved = load_state(restore)
+            if saved is not None:  # clocks, membership, rate factor too
+                self.state.restore_state(saved["ledger"])
         try:
             if hasattr(self.progress, "starting"):
                 self.progress.starting(self)
@@ -522,10 +551,15 @@ class Engine:
             if self.on_start is not None:
                 self.on_start()
             self._set_config(phases[0])
+            # the phase the checkpoint was taken in gets its policy's saved state
+            resumed = None if saved is None else \
+                next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
             stopped = None
             for i, phase in enumerate(phases):
                 if i > 0:
-                    self.switch_to(phases[i - 1].policy, phase, len(self.timeline))
+                    self.switch_to(phases[i - 1].policy, phase, len(self.timeline), carry=phase is not resumed)
+                if phase is resumed:
+                    self.hand_over(saved["policy"], phase.policy, "resume")
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self._next_cluster is None:
                     self._next_cluster = self._launch()  # new tasks start while this phase trains
                 self.begin_phase(phase)
