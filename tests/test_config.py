@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tfsync import policy
-from tfsync.config import ConfigError, JobConfig, Phase, load_job
+from tfsync.config import ConfigError, JobConfig, ProtocolEntry, load_job
 from tfsync.policy import catalogue
 
 pytestmark = pytest.mark.unit
@@ -30,7 +30,7 @@ def test_defaults():
     assert (t.batch_size, t.learning_rate, t.base_momentum, t.optimizer) == (64, 0.01, 0.9, "sgd")
     assert t.momentum is None and (t.loss, t.optimizer_args, c.model.fn, c.data.fn) == (None, {}, None, None)
     assert (t.epochs, t.checkpoint_every, t.eval_every, t.timeout_s) == (1.0, 200, 0, 600.0)
-    assert c.protocol == (Phase("bsp", until=0.5), Phase("asp", until=1.0))
+    assert c.protocol == (ProtocolEntry("bsp", until=0.5), ProtocolEntry("asp", until=1.0))
     assert (c.switch.method, c.switch.lr, c.switch.batch, c.switch.momentum) == ("hot", "linear", "local", "keep")
     assert JobConfig.from_dict({"job": {"name": "abc"}}).job.run_dir == "runs/abc"
 
@@ -125,7 +125,7 @@ def test_protocol_registry_is_extensible():
     policy.register(DSPS)
     try:
         c = JobConfig.from_dict({"protocol": [{"name": "dsps", "staleness": 5}]})
-        assert c.protocol == (Phase("dsps", until=1.0, staleness=5),)
+        assert c.protocol == (ProtocolEntry("dsps", until=1.0, staleness=5),)
     finally:
         catalogue.unregister("dsps")
     assert _error({"protocol": [{"name": "dsps"}]}).field == "protocol[0].name"
@@ -198,7 +198,7 @@ def test_direct_construction_is_validated():
     with pytest.raises(ConfigError, match=r"^train.batch_size = 0: must be an integer >= 1$"):
         dataclasses.replace(c, train=dataclasses.replace(c.train, batch_size=0))
     with pytest.raises(ConfigError, match="protocol"):
-        JobConfig(protocol=(Phase("bsp"), Phase("asp")))
+        JobConfig(protocol=(ProtocolEntry("bsp"), ProtocolEntry("asp")))
 
 
 def test_load_job_file_errors(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfsync import arrays
+from tfsync.engine.callbacks import Callback
 from tfsync.engine.generation import TrainSetup
 from tfsync.engine.trainer import Engine, EngineError, Phase
 from tfsync.policy import ASP, BSP, SSP, FixedSizer
@@ -57,7 +58,7 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     sw = summary["switches"][0]
     assert sw["method"] == switch and sw["updates"] == 3
-    assert len(engine._clusters) == (2 if switch == "restart" else 1)
+    assert len(engine.gens.clusters) == (2 if switch == "restart" else 1)
     recs = _records(tmp_path)
     assert sorted({r["batch_size"] for r in recs}) == [5, 11]
     assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
@@ -217,13 +218,13 @@ def test_a_ps_that_dies_during_a_periodic_checkpoint_is_recovered(tiny_problem, 
 
     engine, saves, real_save = None, [], CheckpointDir.save
 
-    def save_after_killing_the_ps(self, generation, number):
+    def save_after_killing_the_ps(self, generation, number, state=None):
         saves.append(number)
         if len(saves) == 2:  # the second periodic checkpoint: one exists to restore from
             ps = psutil.Process(engine.task_pid("ps", 0))
             ps.send_signal(signal.SIGKILL)
             ps.wait(10)
-        return real_save(self, generation, number)
+        return real_save(self, generation, number, state)
 
     monkeypatch.setattr(CheckpointDir, "save", save_after_killing_the_ps)
     engine = _engine(tiny_problem, tmp_path, checkpoint_every=4)
@@ -253,20 +254,21 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
     engine.max_recoveries = 1  # per task: the second loss of worker 1 ends the run
     killed = []
 
-    def progress(eng, policy, total):
-        # The second kill waits for the first recovery: on a slow machine worker 0 can push
-        # 20 more steps before the first loss is noticed, and a kill of the dead task is no loss.
-        if eng.state.pushes >= 20 * (len(killed) + 1) and len(eng.recovery_log) == len(killed) < 2:
-            eng.generation.cluster.kill_task("worker", 1)
-            killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
+    class Killer(Callback):
+        def on_push(self, eng, push, record):
+            # The second kill waits for the first recovery: on a slow machine worker 0 can push
+            # 20 more steps before the first loss is noticed, and a kill of the dead task is no loss.
+            if eng.state.pushes >= 20 * (len(killed) + 1) and len(eng.recovery_log) == len(killed) < 2:
+                eng.generation.cluster.kill_task("worker", 1)
+                killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
 
-    engine.progress = progress
+    engine.callbacks.append(Killer())
     with pytest.raises(EngineError, match=r"task worker:1 died"):
         engine.run([Phase(ASP())], total_samples=3000 * M)  # ends, so a missed loss fails in seconds
     assert len(killed) == 2
     assert [e["task"] for e in engine.recovery_log] == ["worker:1"]  # the first loss was recovered
     assert engine.checkpoints[-1]["why"] == "worker_lost"
-    for cluster in engine._clusters:
+    for cluster in engine.gens.clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
 
 

@@ -114,7 +114,7 @@ def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
 
 LBBSP_JOB = JOB_HEAD + """learning_rate = 0.005
 batch_size = 32
-epochs = 12
+epochs = 16
 [[protocol]]
 name = "lbbsp"
 predictor = "ema"
@@ -144,5 +144,6 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
         rounds.setdefault(p["round"], {})[p["worker"]] = (p["batch_size"], p["time"])
     full = {k: v for k, v in rounds.items() if len(v) == 2}
     assert len(full) >= 100 and all(v[0][0] + v[1][0] == 64 for v in full.values())
-    late = [v[1][0] for v in full.values() if min(t for _, t in v.values()) > begin + 3]
+    # the EMA has seen the slowdown within a second (on a quiet machine 16 epochs end ~3 s after it began)
+    late = [v[1][0] for v in full.values() if min(t for _, t in v.values()) > begin + 1.5]
     assert len(late) >= 20 and sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)

@@ -147,8 +147,8 @@ class TrainSection:
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class Phase:
-    """One [[protocol]] entry: ``Phase("ssp", until=0.5, staleness=2)``. Options left out
+class ProtocolEntry:
+    """One [[protocol]] entry (a phase of the job): ``ProtocolEntry("ssp", until=0.5, staleness=2)``. Options left out
     take the catalogue's defaults; ``options()`` gives them all."""
 
     name: str  # a protocol of the catalogue
@@ -206,7 +206,7 @@ class Inject:
     duration_s: float = 60.0
 
 
-DEFAULT_PROTOCOL = (Phase("bsp", until=0.5), Phase("asp"))
+DEFAULT_PROTOCOL = (ProtocolEntry("bsp", until=0.5), ProtocolEntry("asp"))
 _SECTIONS = {"job": JobSection, "cluster": ClusterSection, "data": DataSection,
              "model": ModelSection, "train": TrainSection, "switch": SwitchSection}
 
@@ -218,7 +218,7 @@ class JobConfig:
     data: DataSection = DataSection()
     model: ModelSection = ModelSection()
     train: TrainSection = TrainSection()
-    protocol: tuple[Phase, ...] = DEFAULT_PROTOCOL
+    protocol: tuple[ProtocolEntry, ...] = DEFAULT_PROTOCOL
     switch: SwitchSection = SwitchSection()
     inject: tuple[Inject, ...] = ()
 
@@ -779,7 +779,7 @@ def _inject(where: str, items: Any, workers: int) -> tuple[Inject, ...]:
     return tuple(out)
 
 
-def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
+def _protocol(where: str, phases: Any, workers: int) -> tuple[ProtocolEntry, ...]:
     if phases is None:
         return DEFAULT_PROTOCOL
     if not isinstance(phases, list) or not phases:
@@ -815,7 +815,7 @@ def _protocol(where: str, phases: Any, workers: int) -> tuple[Phase, ...]:
                      f"one per worker (cluster.workers = {workers})")
             sizes = tuple(sizes)
         prev = until
-        out.append(Phase(name, until, sizes, settings=_options(where, f, spec, raw)))
+        out.append(ProtocolEntry(name, until, sizes, settings=_options(where, f, spec, raw)))
     return tuple(out)
 
 

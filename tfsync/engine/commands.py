@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import policy as policies
-from ..policy.base import BatchSizer
+from ..policy.base import BatchSizer, PolicyError
 from ..policy.sizing import FixedSizer
 
 logger = logging.getLogger(__name__)
@@ -125,3 +125,18 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     engine.begin_phase(phase, stats_of_previous=old_stats)
     engine.apply(new.start(engine.view()))
     return f"switched {old.name} -> {new.name} ({cmd.method})", ""
+
+
+def obey(engine, phase, cmd: Command) -> None:
+    """Carry out a manager's command at this step boundary and report the outcome."""
+    try:
+        message, path = carry_out(engine, phase, cmd, engine.setup.max_batch_size)
+    except StopRequested as stop:
+        engine.controller.result(CommandResult(cmd.id, True, "stopping", engine.state.updates, stop.checkpoint_path))
+        raise
+    except (ValueError, PolicyError) as e:
+        logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
+        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.state.updates))
+        return
+    engine.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
+    engine.controller.result(CommandResult(cmd.id, True, message, engine.state.updates, path))

@@ -75,9 +75,9 @@ class SwitchPlan:
         return out
 
     def to_phases(self) -> list:
-        """The plan as ``tfsync.config.Phase`` objects (the job file's phase list)."""
-        from ..config import Phase  # TF-free; imported here to keep this module standalone
-        return [Phase(name, until) for name, until in self.phases]
+        """The plan as ``tfsync.config.ProtocolEntry`` objects (the job file's phase list)."""
+        from ..config import ProtocolEntry  # TF-free; imported here to keep this module standalone
+        return [ProtocolEntry(name, until) for name, until in self.phases]
 
     def describe(self) -> list[dict]:
         return [{"name": name, "until": until} for name, until in self.phases]

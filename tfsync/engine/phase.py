@@ -1,0 +1,29 @@
+"""A phase of a run (one policy until a share of the workload) and the engine's error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..policy.base import Policy
+
+
+class EngineError(RuntimeError):
+    """Training cannot go on (a dead task, a step past its timeout, a stalled policy)."""
+
+
+@dataclass
+class Phase:
+    """Run ``policy`` until ``until`` (a fraction of the workload, in samples).
+
+    ``switch``: how this phase is entered from the previous one ("hot" or "restart").
+    ``lr_scale`` multiplies the base learning rate; ``momentum`` replaces the base
+    momentum (None: keep), or is a function of the epochs since the phase began (the
+    ramps of paper 003 Fig. 8b); both from the configuration policy (§IV-C).
+    """
+
+    policy: Policy
+    until: float = 1.0
+    switch: str = "hot"
+    lr_scale: float = 1.0
+    momentum: float | Callable[[float], float] | None = None

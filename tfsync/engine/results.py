@@ -1,0 +1,96 @@
+"""What comes back from the workers: the engine's loop waits for the next finished step
+(watching for dead tasks: a lost worker is recovered, any other loss ends the run; a step
+past ``timeout_s``; the policy's timers) and counts it (the ledger, metrics.jsonl, the
+observers)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+import numpy as np
+
+from ..policy.base import Push, PushMode
+from ..pushlog import push_record
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ
+from .phase import EngineError
+from .recovery import recover_lost_workers
+
+logger = logging.getLogger(__name__)
+
+
+def next_result(engine):
+    """The next finished closure of the current generation; None when a timer is due, or
+    when a lost worker's recovery left nothing in flight (while draining, nothing more is
+    granted)."""
+    waited = 0.0
+    while True:
+        if time.monotonic() - engine.dead_checked > 0.5:  # results may keep coming from others
+            engine.dead_checked = time.monotonic()
+            if raise_if_dead(engine) and engine.in_flight() == 0:
+                return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
+            engine.gens.channel.check()
+        timeout = 0.5
+        if engine.wake_at is not None:
+            timeout = max(0.0, min(timeout, engine.wake_at - time.time()))
+        try:
+            gen, value, err = engine.gens.results.get(timeout=timeout)
+        except queue.Empty:
+            waited += timeout
+            if engine.wake_at is not None and time.time() >= engine.wake_at:
+                return None
+            if raise_if_dead(engine) and engine.in_flight() == 0:
+                return None  # (a drain, the workload done: the recovery granted nothing)
+            if waited > engine.timeout_s:
+                raise EngineError(
+                    f"no step finished in {engine.timeout_s:.0f} s (outstanding steps: "
+                    f"{engine.in_flight()}); raise train.timeout_s if steps are this slow")
+            continue
+        if gen is not engine.generation:
+            continue  # a closure of a replaced generation
+        engine.gens.standing -= 1
+        if err is not None:
+            time.sleep(0.2)  # let the OS report a task that just died
+            if raise_if_dead(engine, err) or engine.recovering:
+                # a closure of a lost worker: the cluster was restarted from its state, and
+                # while draining nothing is granted again (waiting would end in the timeout)
+                if engine.in_flight() == 0:
+                    return None
+                continue
+            raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
+        return value
+
+
+def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
+    """Recover from lost workers (True if it did); raise for any other dead task."""
+    if engine.recovering is None and recover_lost_workers(engine, engine.policy):
+        return True
+    lost = engine.recovering or ()
+    dead = [d for d in engine.generation.cluster.dead_tasks() if d[0] != "worker" or d[1] not in lost]
+    if dead:
+        job, i, code = dead[0]
+        raise EngineError(
+            f"task {job}:{i} died (exit code {code}); logs in {engine.run_dir}/logs, "
+            f"last checkpoint in {engine.run_dir}/checkpoints") from cause
+    return False
+
+
+def record(engine, result, policy) -> Push | None:
+    """Count a finished closure's push (None: a no-op token's, which ends a closure)."""
+    r = np.asarray(result)
+    wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
+    if int(token[BATCH]) == 0:
+        return None
+    s, w = engine.state, int(wid)
+    if int(token[SEQ]) != s.clocks[w] + 1:
+        logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
+    mode = PushMode.AGGREGATE if int(token[MODE]) == MODE_AGGREGATE else PushMode.APPLY
+    now = time.time()
+    push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),
+                  end=float(end), arrival=now, loss=float(loss))
+    line = push_record(push, time=engine.recorder.since(now), pushes=s.pushes, updates=s.updates,
+                       samples=s.samples, protocol=policy.name, lr=float(rate), predicted=policy.predicted_speed(w))
+    engine.recorder.push(line)
+    engine.callbacks.call("on_push", engine, push, line)
+    return push

@@ -1,0 +1,67 @@
+"""What a run's ``summary.json`` says, from an engine at its end: counters, rates over
+training time, the final test scores and the curve, switches, checkpoints, recoveries,
+and what protects the task ports."""
+
+from __future__ import annotations
+
+import time
+
+from .. import arrays, netns
+from ..curves import converged_accuracy
+from .evaluator import Evaluation, scores
+
+
+def test_scores(engine) -> dict:
+    """``evaluator.scores`` (loss, accuracy, metrics) of the current weights on the whole
+    test set, computed on the coordinator (after a background evaluation still running)."""
+    setup, gen = engine.setup, engine.generation
+    if setup.x_test is None or gen is None:
+        return {"loss": None, "accuracy": None, "metrics": {}}
+    if engine.evaluator is not None:
+        engine.evaluator.wait()
+    local = setup.model_fn()
+    local.set_weights(gen.model.get_weights())
+    return scores(local, setup.x_test, setup.y_test, setup.loss_fn, setup.metrics)
+
+
+def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resume: dict | None = None) -> dict:
+    """``stopped``: the StopRequested that ended the run early; ``resume``: the checkpoint
+    event it resumed from."""
+    s, gen, ev = engine.state, engine.generation, engine.evaluator
+    train = max(wall - t_init, 1e-9)
+    final = test_scores(engine)
+    acc = final["accuracy"]
+    if ev is not None:  # the curve's last point, on the evaluator's own test subset
+        for e in ev.drain():
+            engine.log_eval(e)
+        t = time.perf_counter()
+        last = final if arrays.length(ev.y) == arrays.length(engine.setup.y_test) else ev.evaluate(gen)
+        engine.log_eval(Evaluation(s.updates, s.samples, engine.recorder.since(), last["accuracy"],
+                                   time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
+    curve = [e.accuracy for e in engine.evals if e.accuracy is not None]
+    return {
+        "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(engine.started_at, 3),
+        "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
+        "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+        # rates over training time: the cluster's start (init_s) left out
+        "train_s": round(train, 3), "workload_samples": total, "pushes_per_s": round(s.pushes / train, 3),
+        "samples_per_s": round(s.samples / train, 3), "test_accuracy": acc, "test_loss": final["loss"],
+        **{f"test_{k}": v for k, v in final["metrics"].items()},
+        "timeline": engine.timeline, "switches": engine.switches, "checkpoints": engine.checkpoints,
+        # time the loop spent with the manager's link: its records and events, and taking commands
+        "control_s": round(engine.control_seconds(), 6), "clocks": list(s.clocks),
+        "recoveries": engine.recovery_log,
+        "optimizer_iterations": int(gen.optimizer.iterations.numpy()),
+        "meta": engine.setup.meta,
+        "evals": [e.to_dict() for e in engine.evals],
+        "converged_accuracy": converged_accuracy(curve) if curve else acc,
+        "evals_skipped": ev.skipped if ev is not None else 0,
+        # what protects the task ports: a string (local cluster), or per node (hooks)
+        "task_ports": gen.cluster.task_ports() if hasattr(gen.cluster, "task_ports")
+        else netns.describe(getattr(gen.cluster, "network", None)),
+        # each worker's last CPU/memory reading (cpu: contention; "node" where its hook measured it)
+        "resources": {str(w): r for w, r in sorted(engine.monitor.latest().items())},
+        "stopped": stopped is not None,
+        **({"resumed_from": resume} if resume else {}),
+        **({"stop_checkpoint": stopped.checkpoint_path} if stopped is not None else {}),
+    }

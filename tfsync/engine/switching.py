@@ -1,0 +1,94 @@
+"""Between phases: drain, switch hot (same tasks) or by restart (checkpoint, new tasks,
+restore), set the phase's rate factor and momentum, and hand what the old policy learned
+to a new one of its kind (state saved beside checkpoints: tfsync.engine.checkpoints)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .checkpoints import load_state
+
+logger = logging.getLogger(__name__)
+
+
+def switch(engine, old, phase, index: int, carry: bool = True) -> None:
+    """Drain ``old``, switch to ``phase``; with ``carry``, a policy of the same protocol
+    takes over what ``old`` learned (``hand_over``). Records a switch event with timings."""
+    t0 = time.time()
+    engine.drain(old)
+    t_drained = time.time()
+    parts = {}
+    if phase.switch == "restart":
+        path = engine.checkpoint("switch")
+        parts["save_s"] = time.time() - t_drained
+        cluster, engine.next_cluster = engine.next_cluster or engine.gens.launch(), None
+        t = time.time()
+        if engine.evaluator is not None:
+            engine.evaluator.wait()
+        engine.close_generation(kill=True)
+        parts["stop_old_s"] = time.time() - t
+        t = time.time()
+        parts.update(engine.open_generation(cluster, restore=path))
+        parts["start_new_s"] = time.time() - t
+    if carry and phase.policy is not old:
+        hand_over(engine, old.save_state(), phase.policy, "switch")
+    set_config(engine, phase)
+    t1 = time.time()
+    event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch,
+             "samples": engine.state.samples, "updates": engine.state.updates,
+             "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
+             "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
+    engine.switches.append(event)
+    engine.event("switch", **event)
+    logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
+
+
+def set_config(engine, phase) -> None:
+    """The phase's rate factor and momentum (paper 003 §IV-C), from now on."""
+    engine.state.lr_scale = phase.lr_scale
+    momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
+    engine.generation.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
+
+
+def begin_phase(engine, phase, stats_of_previous: dict | None = None) -> dict:
+    """A timeline entry for ``phase`` starting now (and the previous one's final stats)."""
+    if stats_of_previous is not None and engine.timeline:
+        engine.timeline[-1]["stats"] = stats_of_previous
+    s = engine.state
+    start = {"protocol": phase.policy.name, "samples": s.samples, "updates": s.updates,
+             "time": round(engine.recorder.since(), 4), "policy": phase.policy.describe(),
+             "lr_scale": phase.lr_scale, "lr": None if engine.base_lr is None else engine.base_lr * phase.lr_scale}
+    engine.timeline.append(start)
+    engine.recorder.phase(start, s.pushes, len(engine.timeline) - 1)
+    return start
+
+
+def hand_over(engine, state: dict, policy, why: str) -> bool:
+    """Give ``policy`` (fresh, before its start) a saved policy state of the same protocol;
+    a state that does not fit it is refused, said in an event, and the policy starts
+    afresh. Returns whether it took the state."""
+    if not state or state.get("protocol") != policy.name:
+        return False
+    try:
+        policy.restore_state(state, workers=engine.workers)
+    except ValueError as e:
+        logger.warning("%s: %s starts afresh: %s", why, policy.name, e)
+        engine.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
+        return False
+    engine.event("policy_state", protocol=policy.name, restored=True, why=why)
+    return True
+
+
+def resume_from(engine, resume: dict) -> dict | None:
+    """Continue the books of an earlier run from its checkpoint event ``resume``: the
+    counters, and where the checkpoint has the state beside it, the
+    clocks, membership and rate factor too. Returns that saved state (its policy part is
+    handed over when the phase it was taken in begins), or None."""
+    engine.state.round = int(resume.get("round", 0))
+    engine.rewind(resume, "resume")
+    engine.recorder.event("resume", **resume)
+    saved = load_state(resume["path"])
+    if saved is not None:
+        engine.state.restore_state(saved["ledger"])
+    return saved
