@@ -6,7 +6,7 @@ cuts switching time about 3x (90 -> 36 s, 165 -> 53 s) against a sequential actu
 
 Here: H node hooks (``tfsync.hooks.node.serve``) run in this process on free loopback
 ports, one per task of a 1 PS + 2 workers cluster by default, and
-``tfsync.manager.launcher.HookLauncher`` drives them. Each task is a real TF task process
+``tfsync.engine.launcher.HookLauncher`` drives them. Each task is a real TF task process
 (``python -m tfsync.engine.server``) launched by its hook. Per mode, measured in one run:
 
   init     StartTasks of every task until every port is open
@@ -36,7 +36,7 @@ from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
-from tfsync.manager.launcher import HookLauncher
+from tfsync.engine.launcher import HookLauncher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Table III of paper 003: (cluster, init seq, init par, switching seq, switching par), seconds.

@@ -21,7 +21,7 @@ from tfsync import safefile
 from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2_grpc
 from tfsync.hooks.node import serve as serve_hook
-from tfsync.manager.hook_cluster import HookNodes
+from tfsync.engine.hook_cluster import HookNodes
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store

@@ -4,7 +4,7 @@ specs HookNodes makes (round-robin over hooks, PS first; fresh ports every gener
 import pytest
 
 from tfsync.config import ConfigError, JobConfig
-from tfsync.manager.hook_cluster import HookNodes, is_loopback
+from tfsync.engine.hook_cluster import HookNodes, is_loopback
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def test_loopback_hooks_get_free_ports_here():
 
 
 def test_pinned_tasks_stay_on_their_node_while_it_answers_and_move_when_it_does_not():
-    from tfsync.manager.launcher import place
+    from tfsync.engine.launcher import place
     tasks = [("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
     assert place(tasks, [0, 1, 2]) == {("ps", 0): 0, ("worker", 0): 1, ("worker", 1): 2, ("worker", 2): 0}
     pinned = {("ps", 0): 2, ("worker", 1): 2}
@@ -77,7 +77,7 @@ def test_job_file_placement_names_one_hook_per_task():
 
 def test_a_hooks_sample_gives_its_live_workers_readings_as_the_engines_own():
     from tfsync.api.v1 import common_pb2
-    from tfsync.manager.hook_cluster import workers_of
+    from tfsync.engine.hook_cluster import workers_of
     from tfsync.procstats import worker_reading
 
     def proc(job, index, pid, cpu, alive=True):
@@ -93,3 +93,20 @@ def test_a_hooks_sample_gives_its_live_workers_readings_as_the_engines_own():
     assert got == {1: {"cpu": 50.0, "mem": 12.5, "proc_cpu": 50.0, "set_cpu": 75.0, "pid": 11, "node": "n2",
                        "time": 50.0}}
     assert got[1] == worker_reading(150.0, 2, 50.0, 12.5, 11, 50.0, node="n2")
+
+
+def test_both_cluster_kinds_have_what_the_engine_needs():
+    """LocalCluster and HookCluster are the two implementations of engine.cluster.Cluster."""
+    import inspect
+
+    from tfsync.engine.cluster import Cluster, LocalCluster
+    from tfsync.engine.hook_cluster import HookCluster
+
+    needed = [name for name, _ in inspect.getmembers(Cluster, inspect.isfunction) if not name.startswith("_")]
+    assert set(needed) == {"launch", "wait_ready", "dead_tasks", "task_pid", "worker_pids", "stop"}
+    for kind in (LocalCluster, HookCluster):
+        for name in needed:
+            ours, theirs = inspect.signature(getattr(kind, name)), inspect.signature(getattr(Cluster, name))
+            extra = list(ours.parameters.values())[len(theirs.parameters):]   # optional ones only
+            assert list(ours.parameters)[:len(theirs.parameters)] == list(theirs.parameters), (kind.__name__, name)
+            assert all(p.default is not inspect.Parameter.empty for p in extra), (kind.__name__, name)

@@ -10,7 +10,7 @@ from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
-from tfsync.manager.launcher import HookLauncher, LaunchError
+from tfsync.engine.launcher import HookLauncher, LaunchError
 
 pytestmark = pytest.mark.cluster
 

@@ -18,7 +18,7 @@ from tfsync.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks.node import serve as serve_hook
 from tfsync.jobrun import hook_nodes
-from tfsync.manager.launcher import HookLauncher, LaunchError
+from tfsync.engine.launcher import HookLauncher, LaunchError
 from tfsync.manager.store import Store
 
 JOB = linear_job("ctl", "bsp", batch_size=16, epochs=2, checkpoint_every=0)

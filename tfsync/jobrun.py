@@ -88,7 +88,7 @@ def hook_nodes(cfg: JobConfig):
         return None
     from .config import ConfigError
     from .api import auth, transport
-    from .manager.hook_cluster import HookNodes
+    from .engine.hook_cluster import HookNodes
     token = auth.read_token(os.path.expanduser(cfg.cluster.token_file))
     tls = None
     if cfg.cluster.tls_ca:  # hooks that serve TLS

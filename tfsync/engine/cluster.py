@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .. import netns
 from ..ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
@@ -29,6 +30,35 @@ logger = logging.getLogger(__name__)
 
 class ClusterError(RuntimeError):
     """A task process failed to start or died."""
+
+
+class Cluster(Protocol):
+    """What the engine needs of one generation's tasks (``Engine(cluster_factory=...)``
+    makes one per generation): :class:`LocalCluster`, processes of this machine, or
+    ``tfsync.engine.hook_cluster.HookCluster``, tasks that node hooks run. ``spec`` is
+    the TF cluster spec with the coordinator as ``chief``. Optional: ``network`` (the
+    private namespace the coordinator's server joins), ``resource_readings()`` (workers
+    measured elsewhere), ``task_ports()`` (what protects them, for summary.json)."""
+
+    spec: dict
+
+    def launch(self) -> "Cluster":
+        """Start every task; return at once."""
+
+    def wait_ready(self) -> None:
+        """Until every task listens; raise ClusterError for one that died or is late."""
+
+    def dead_tasks(self) -> list[tuple[str, int, int]]:
+        """``(job, index, exit code)`` of the tasks that ended."""
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        """A running task's process id on its machine (None if it ended)."""
+
+    def worker_pids(self) -> dict[int, int]:
+        """``{worker index: pid}``, for the resource monitor."""
+
+    def stop(self) -> None:
+        """Kill every task (idempotent)."""
 
 
 def connect_strategy(cluster):

@@ -32,7 +32,7 @@ class Generations:
                  start_timeout: float, cluster_factory: Callable | None = None):
         self.setup, self.workers, self.ps, self.host = setup, workers, ps, host
         self.run_dir, self.start_timeout = run_dir, start_timeout
-        # LocalCluster (task processes of this one), or tfsync.manager.hook_cluster.HookNodes
+        # LocalCluster (task processes of this one), or tfsync.engine.hook_cluster.HookNodes
         self.cluster_factory = cluster_factory or LocalCluster
         self.clusters: list = []
         self.current: Generation | None = None

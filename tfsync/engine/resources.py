@@ -71,7 +71,7 @@ class ResourceMonitor:
     def set_remote(self, source: Callable[[], dict[int, dict]] | None) -> None:
         """Readings of workers on other nodes, which this process cannot sample:
         ``source()`` returns ``{worker: reading}`` in the same form (their hooks measure
-        them, ``tfsync.manager.hook_cluster``); a worker sampled here takes precedence."""
+        them, ``tfsync.engine.hook_cluster``); a worker sampled here takes precedence."""
         self._remote = source
 
     # -- sampling -----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from tfsync import netns
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import ClusterError, free_ports
-from tfsync.manager.launcher import HookLauncher, LaunchError, place
+from tfsync.engine.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback
 from tfsync.procstats import worker_reading
 
