@@ -125,6 +125,33 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_tfconfig(args) -> int:
+    """Print the TF_CONFIG of every task of a job for the addresses given."""
+    import shlex
+
+    from . import tfconfig
+    from .config import load_job
+
+    cfg = load_job(args.job, overrides=args.set)
+    spec = {"chief": [args.chief], "ps": args.ps.split(","), "worker": args.workers.split(",")}
+    for job, key, count in (("ps", "ps", cfg.cluster.ps), ("worker", "workers", cfg.cluster.workers)):
+        if len(spec[job]) != count:
+            return fail(f"--{key}: {len(spec[job])} addresses, but the job has cluster.{key} = {count}", EXIT_BAD_INPUT)
+    for job, addresses in spec.items():
+        for a in addresses:
+            if a.count(":") != 1 or not a.rsplit(":", 1)[1].isdigit():
+                return fail(f"--{'workers' if job == 'worker' else job}: {a!r} is not host:port", EXIT_BAD_INPUT)
+    configs = tfconfig.generate(spec)
+    if args.json:
+        print(json.dumps({f"{job}:{i}": value for (job, i), value in configs.items()}, indent=2))
+        return 0
+    for (job, i), value in configs.items():
+        runs = f"tfsync run {args.job}" if job == "chief" else "python -m tfsync.engine.server"
+        print(f"# {job} {i} at {spec[job][i]}: runs `{runs}`")
+        print(f"TF_CONFIG={shlex.quote(value)}")
+    return 0
+
+
 def _report(run_dir: str) -> str | None:
     """The run's report.html (tfsync.report), or None and a one-line warning: a report
     that cannot be drawn does not fail a finished run."""
@@ -179,6 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--server-name", help=argparse.SUPPRESS)  # and the name in its certificate
     r.set_defaults(func=cmd_run)
     rs.set_defaults(func=cmd_run, resume=True)
+    tc = sub.add_parser("tfconfig", help="print each task's TF_CONFIG (Kubernetes TFJob, Slurm)",
+                        description="The TF_CONFIG of every task of a job on the given addresses, for platforms "
+                                    "that start the tasks themselves: each PS and worker runs "
+                                    "`python -m tfsync.engine.server` with its TF_CONFIG, the chief runs "
+                                    "`tfsync run JOB` with its own (the engine then connects to those tasks). "
+                                    "Workers read the training records from data/ under their working "
+                                    "directory (a shared run directory), or use a data function that "
+                                    "returns a per-worker tf.data factory.")
+    tc.add_argument("job", help="path to the job file (TOML): its cluster.workers and cluster.ps")
+    tc.add_argument("--chief", required=True, metavar="HOST:PORT", help="the coordinator's address")
+    tc.add_argument("--ps", required=True, metavar="HOST:PORT,...", help="the parameter servers' addresses")
+    tc.add_argument("--workers", required=True, metavar="HOST:PORT,...", help="the workers' addresses")
+    tc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
+    tc.add_argument("--json", action="store_true", help='print {"job:index": TF_CONFIG} as JSON')
+    tc.set_defaults(func=cmd_tfconfig)
     from .switch.cli import add_commands as add_search_commands
     add_search_commands(sub)
     from .rl.cli import add_commands

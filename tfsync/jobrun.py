@@ -103,6 +103,34 @@ def hook_nodes(cfg: JobConfig):
     return HookNodes([(a, token) for a in c.hooks], ports=c.task_ports, tls=tls, pinned=pinned)
 
 
+def platform_cluster(cfg: JobConfig):
+    """The cluster factory for tasks a platform started from TF_CONFIG, this process being
+    their chief (None when TF_CONFIG is not set)."""
+    from . import tfconfig
+    from .config import ConfigError
+    from .engine.cluster import PlatformCluster
+    try:
+        tc = tfconfig.read()
+    except tfconfig.TFConfigError as e:
+        raise ConfigError(str(e), "TF_CONFIG") from None
+    if tc is None:
+        return None
+    if tc.task_type != "chief":
+        raise ConfigError(f"TF_CONFIG.task.type is {tc.task_type!r}: `tfsync run` is the chief (the coordinator); "
+                          "a ps or worker runs `python -m tfsync.engine.server`", "TF_CONFIG")
+    if cfg.cluster.hooks:
+        raise ConfigError("cluster.hooks and TF_CONFIG both name the tasks; keep one", "cluster.hooks")
+    for job, count in (("workers", cfg.cluster.workers), ("ps", cfg.cluster.ps)):
+        listed = len(tc.spec["worker" if job == "workers" else "ps"])
+        if listed != count:
+            raise ConfigError(f"cluster.{job} = {count}, but TF_CONFIG lists {listed}; make them agree "
+                              f"(--set cluster.{job}={listed})", f"cluster.{job}")
+    if cfg.switch.method == "restart":
+        raise ConfigError('switch.method = "restart" needs new tasks, but TF_CONFIG\'s are the platform\'s: '
+                          'use "hot"', "switch.method")
+    return PlatformCluster.factory(tc.spec)
+
+
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
             resume: dict | None = None, evals_per_run: int = 0, cluster_factory=None) -> dict:
     """Train the job; returns the summary (also in run_dir/summary.json). The tasks run on
@@ -119,8 +147,9 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     data = Workload.from_config(cfg, data_path)  # user code checked on one batch, before any task
     phases = build_phases(cfg, data.train_examples)
     biggest = max_batch(phases, cfg.cluster.workers)
+    platform = platform_cluster(cfg)
     check_job(cfg.cluster.workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
-              local_tasks=not cfg.cluster.hooks)
+              local_tasks=not cfg.cluster.hooks and platform is None)
     setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
                        max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test, metrics=data.metrics,
                        meta={"job": cfg.job.name, "data": data.source, "model": data.model_name,
@@ -140,7 +169,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,
                     on_start=injector.start if injector else None,
-                    cluster_factory=hook_nodes(cfg) or cluster_factory)
+                    cluster_factory=hook_nodes(cfg) or platform or cluster_factory)
     total = int(round(cfg.train.epochs * data.train_examples))
     try:
         summary = engine.run(phases, total, resume=resume)

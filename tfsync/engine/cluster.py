@@ -61,6 +61,61 @@ class Cluster(Protocol):
         """Kill every task (idempotent)."""
 
 
+@dataclass
+class PlatformCluster:
+    """Tasks a platform started from TF_CONFIG (a Kubernetes TFJob, a Slurm script; each
+    runs ``python -m tfsync.engine.server``): tfsync connects to them, neither starts nor
+    stops them, and cannot see their processes (a task that dies shows as a failed step,
+    and the platform restarts it). One generation only: a restart needs new tasks."""
+
+    spec: dict
+    start_timeout: float = 120.0
+    network = None
+    restartable = False   # a switch command "restart" is refused (tfsync.engine.commands)
+
+    @classmethod
+    def factory(cls, spec: dict):
+        """An ``Engine(cluster_factory=...)`` that hands out this cluster once."""
+        made = []
+
+        def make(*args, start_timeout: float = 120.0, **kw):
+            if made:
+                raise ClusterError("a restart needs new tasks, but TF_CONFIG's tasks are the platform's: "
+                                   "switch hot (switch.method = \"hot\"); a lost task is the platform's to restart")
+            made.append(cls(spec, start_timeout))
+            return made[0]
+        return make
+
+    def launch(self) -> "PlatformCluster":
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        for job in ("ps", "worker"):
+            for i, address in enumerate(self.spec[job]):
+                host, port = address.rsplit(":", 1)
+                while not _port_open(host, int(port)):
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"task {job}:{i} at {address} (from TF_CONFIG) did not answer within "
+                                           f"{self.start_timeout:.0f} s")
+                    time.sleep(0.2)
+
+    def dead_tasks(self) -> list[tuple[str, int, int]]:
+        return []
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        return None
+
+    def worker_pids(self) -> dict[int, int]:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    def task_ports(self) -> str:
+        return "started by the platform from TF_CONFIG: tfsync neither starts nor isolates them"
+
+
 def connect_strategy(cluster):
     """A ParameterServerStrategy coordinated by this process on ``cluster`` (a LocalCluster,
     or anything with a ``spec`` and a ``network``). The strategy starts this process's TF

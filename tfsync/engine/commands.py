@@ -108,6 +108,9 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
         engine.drain(old)
         raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
+    if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
+        raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
+                         "switch hot")
     sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
     options = dict(cmd.options)
     if policies.spec(cmd.protocol).self_sizing and "hi" in policies.spec(cmd.protocol).options:

@@ -1,7 +1,9 @@
 """Entry point of one TF task process (a PS or a worker): ``python -m tfsync.engine.server``.
 
 The process runs a ``tf.distribute.Server`` until it is killed, and exits by itself when
-its parent (the launcher) dies, so a crashed coordinator never leaves orphans.
+its parent (the launcher) dies, so a crashed coordinator never leaves orphans. Started by
+a platform (a Kubernetes TFJob, a Slurm script) with no arguments, it serves the task that
+TF_CONFIG names (tfsync.tfconfig).
 """
 
 from __future__ import annotations
@@ -25,12 +27,24 @@ def _exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Run one TF task (ps or worker) of a tfsync cluster.")
-    p.add_argument("--cluster", required=True, help="cluster spec as JSON: {job: [host:port, ...]}")
-    p.add_argument("--job", required=True, choices=("ps", "worker"))
-    p.add_argument("--index", type=int, required=True)
+    p = argparse.ArgumentParser(description="Run one TF task (ps or worker) of a tfsync cluster: the one "
+                                "the arguments name, or without them the one TF_CONFIG names.")
+    p.add_argument("--cluster", help="cluster spec as JSON: {job: [host:port, ...]}")
+    p.add_argument("--job", choices=("ps", "worker"))
+    p.add_argument("--index", type=int)
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
+    if args.cluster is None:
+        from tfsync import tfconfig
+        try:
+            tf_config = tfconfig.read()
+        except tfconfig.TFConfigError as e:
+            p.exit(2, f"tfsync task: {e}\n")
+        if tf_config is None or tf_config.task_type not in ("ps", "worker"):
+            p.exit(2, "tfsync task: give --cluster, --job and --index, or set TF_CONFIG to a ps or worker task\n")
+        args.cluster, args.job, args.index = json.dumps(tf_config.spec), tf_config.task_type, tf_config.task_index
+    elif args.job is None or args.index is None:
+        p.exit(2, "tfsync task: --cluster needs --job and --index\n")
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
 
