@@ -155,9 +155,12 @@ class Firewall:
             logger.warning("tfsync hook: could not remove firewall table %s: %s", self.table, e)
 
 
-def open_firewall(hook_port: int, allow=()) -> tuple[Firewall | None, str | None]:
+def open_firewall(hook_port: int, allow=(), keep: bool = False) -> tuple[Firewall | None, str | None]:
     """This hook's firewall, checked by making and deleting its table (so a kernel
-    without nf_tables is found now), with stale tables removed; or None and why not."""
+    without nf_tables is found now), with stale tables removed; or None and why not.
+    ``keep``: the hook restarted in place (same process id) with tasks to adopt: its table
+    stays until the first ``sync`` replaces it in one transaction, so their ports are
+    never open meanwhile."""
     reason = unavailable_reason()
     if reason is not None:
         return None, reason
@@ -165,7 +168,10 @@ def open_firewall(hook_port: int, allow=()) -> tuple[Firewall | None, str | None
     try:
         for name in remove_stale(hook_port):
             logger.info("removed firewall table %s of a hook that no longer runs", name)
-        _nft(text=ruleset(fw.table, []))   # makes and deletes the table: nf_tables works
+        if keep:
+            fw._applied = None   # whatever the table holds, the first sync rewrites it
+        else:
+            _nft(text=ruleset(fw.table, []))   # makes and deletes the table: nf_tables works
     except FirewallError as e:
         return None, str(e)
     return fw, None

@@ -7,6 +7,8 @@
 Requests are checked before anything runs; a bad one gets INVALID_ARGUMENT with the
 reason and the hook goes on serving. Every call requires the job token
 (``tfsync.api.auth``). Run one per node: ``python -m tfsync.hooks.node --help``.
+SIGHUP restarts the hook in place (a new tfsync installed, say): it re-executes itself
+and keeps its running tasks (tfsync.hooks.adopt).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tfsync import safefile
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.exits import EXIT_BAD_INPUT, interrupt
-from tfsync.hooks import firewall
+from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
 from tfsync.hooks.tasks import (ENV_ALLOWLIST, TASK_COMMAND, TASK_JOBS, Task, TaskConflictError, TaskLaunchError,
@@ -210,17 +212,25 @@ class HookServer:
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self.grpc_server.wait_for_termination(timeout)
 
+    def hand_over(self, grace: float = 1.0) -> str:
+        """Stop serving but keep the tasks (and their firewall table), and write their
+        table for the program that replaces this one; returns its path."""
+        self._stopping.set()
+        self.grpc_server.stop(grace).wait(timeout=grace + 5)
+        return adopt.save(os.path.join(self.supervisor.log_dir, "hook-tasks.json"), self.supervisor.tasks())
+
 
 def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig | None = None,
           log_dir: str | None = None, node: str | None = None, allow_remote: bool = False,
-          max_workers: int = 16, task_command=TASK_COMMAND, task_allow=()) -> tuple[HookServer, int]:
+          max_workers: int = 16, task_command=TASK_COMMAND, task_allow=(),
+          adopt_rows: list[dict] | None = None) -> tuple[HookServer, int]:
     """Start a NodeHook server; returns it (``.stop()`` kills its tasks too) and its port.
 
     ``max_workers`` bounds concurrent calls; each open StreamResources holds one.
     ``task_command``: the program of a task (``tfsync.hooks.tasks.TASK_COMMAND``).
     ``task_allow``: addresses (or networks) the firewall lets reach the task ports besides
     the cluster's hosts and loopback. Without a firewall (no root, no ``nft``) a warning
-    says so, once.
+    says so, once. ``adopt_rows``: the tasks of this hook before it re-executed itself.
     """
     log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
     for a in task_allow:
@@ -230,11 +240,12 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
             raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
     server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
                                          max_workers=max_workers)
-    fw, why = firewall.open_firewall(port, task_allow)
+    fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
     if fw is None:
         logger.warning("tfsync hook: TF task ports of this node will listen on every interface, unprotected "
                        "(no firewall): %s", why)
     supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why)
+    supervisor.adopt(adopt_rows or [])
     stopping = threading.Event()
     node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),
                                                       server)
@@ -260,7 +271,8 @@ def main(argv=None) -> int:
     p.add_argument("--task-allow", action="append", default=[], metavar="ADDRESS",
                    help="also let this address or network reach the task ports through the hook's firewall (a NAT "
                         "or relay between the nodes); the cluster's hosts and loopback always can")
-    args = p.parse_args(argv)
+    hook_args = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(hook_args)
     try:
         if args.init_token and not os.path.lexists(args.token_file):
             auth.write_token(args.token_file)
@@ -268,22 +280,37 @@ def main(argv=None) -> int:
                   "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
         tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+        rows = adopt.load(os.environ.pop(adopt.ENV)) if os.environ.get(adopt.ENV) else []
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
-                             node=args.node, task_allow=args.task_allow)
+                             node=args.node, task_allow=args.task_allow, adopt_rows=rows)
     except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
         print(f"tfsync hook: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C
+    signal.signal(signal.SIGHUP, _restart)
     try:
         print(f"tfsync hook listening on port {port}", flush=True)
         server.wait_for_termination()
     except KeyboardInterrupt:
         pass
+    except Restart:   # the same process id, arguments and port; the tasks go on
+        os.environ[adopt.ENV] = server.hand_over()
+        print("tfsync hook: restarting in place, keeping its tasks", flush=True)
+        os.execv(sys.executable, [sys.executable, "-m", "tfsync.hooks.node", *hook_args,
+                                  "--listen", f"{args.listen.rsplit(':', 1)[0]}:{port}"])
     finally:
         server.stop()
     return 0
+
+
+class Restart(Exception):
+    """SIGHUP: re-execute the hook, keeping its tasks."""
+
+
+def _restart(signum, frame):
+    raise Restart()
 
 
 if __name__ == "__main__":

@@ -424,6 +424,25 @@ class TaskSupervisor:
         while time.monotonic() < deadline and any(t.state() == "starting" for t in tasks):
             time.sleep(0.05)
 
+    def adopt(self, rows: list[dict]) -> list[Task]:
+        """Take over the tasks a previous program of this hook (before its exec) started
+        and that still run (tfsync.hooks.adopt); their ports are guarded again at once."""
+        from tfsync.hooks.adopt import FIELDS, Adopted
+        adopted = []
+        with self._lock:
+            for row in rows:
+                proc = Adopted(int(row["pid"]))
+                if proc.poll() is not None:
+                    continue
+                task = Task(**{k: row[k] for k in FIELDS if k != "sources"}, proc=proc,
+                            sources=tuple(row["sources"]))
+                self._tasks[task.key] = task
+                adopted.append(task)
+            self._guard()
+        for t in adopted:
+            logger.info("adopted %s %s:%d at %s, pid %d", t.job_id, t.job, t.index, t.address, t.proc.pid)
+        return adopted
+
     def shutdown(self) -> None:
         """Kill every task process this hook started, then remove its firewall table."""
         with self._lock:

@@ -169,3 +169,24 @@ def check_imports_no_tensorflow(*modules: str) -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- node hooks -----------------------------------------------------------------------------
+def start_hook(tmp_path, name, token_file, port):
+    """`tfsync hook` on 127.0.0.1:port, its output in tmp_path/name.out, once it listens."""
+    log = open(tmp_path / f"{name}.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "hook", "--listen", f"127.0.0.1:{port}",
+                             "--token-file", str(token_file), "--log-dir", str(tmp_path / name)],
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()
+    deadline = time.monotonic() + 60
+    while "listening" not in (tmp_path / f"{name}.out").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}.out").read_text()
+        time.sleep(0.1)
+    return proc
+
+
+def task_children(hook):
+    """``{pid: command line}`` of the TF task processes a hook process runs."""
+    return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children()
+            if "tfsync.engine.server" in " ".join(p.cmdline())}

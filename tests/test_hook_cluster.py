@@ -110,3 +110,43 @@ def test_both_cluster_kinds_have_what_the_engine_needs():
             extra = list(ours.parameters.values())[len(theirs.parameters):]   # optional ones only
             assert list(ours.parameters)[:len(theirs.parameters)] == list(theirs.parameters), (kind.__name__, name)
             assert all(p.default is not inspect.Parameter.empty for p in extra), (kind.__name__, name)
+
+
+def test_a_silent_hook_whose_tasks_still_serve_loses_no_task_until_its_silence_is_too_long(monkeypatch):
+    """A hook that does not answer Health (it restarts in place, or only its own port is
+    cut) while its tasks' ports accept: its tasks run on; a closed port, or silence past
+    HOOK_SILENCE_S, makes them lost as before."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from tfsync.engine import hook_cluster
+    from tfsync.engine.hook_cluster import HookCluster
+
+    class Silent:
+        def Health(self, request, timeout):
+            raise RuntimeError("UNAVAILABLE")
+
+    listening = []
+    for _ in range(2):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        listening.append(s)
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    done.join()
+    cluster = object.__new__(HookCluster)
+    cluster.__dict__.update(
+        spec={"ps": [f"127.0.0.1:{listening[0].getsockname()[1]}"], "worker": [f"127.0.0.1:{listening[1].getsockname()[1]}"]},
+        _thread=done, _error=None, _dead={}, _unreachable=set(), _silent_since={},
+        launcher=SimpleNamespace(_stubs=[Silent()], tasks_of=lambda h: [("ps", 0), ("worker", 0)],
+                                 addresses=["127.0.0.1:7070"], status={}))
+    assert cluster.dead_tasks() == []
+    monkeypatch.setattr(hook_cluster, "HOOK_SILENCE_S", 0.0)
+    assert sorted(cluster.dead_tasks()) == [("ps", 0, -1), ("worker", 0, -1)]   # silent too long
+    cluster._dead, cluster._silent_since = {}, {}
+    monkeypatch.setattr(hook_cluster, "HOOK_SILENCE_S", 60.0)
+    listening[1].close()
+    assert sorted(cluster.dead_tasks()) == [("ps", 0, -1), ("worker", 0, -1)]   # a task's port closed
+    listening[0].close()

@@ -11,24 +11,12 @@ import time
 import psutil
 import pytest
 
-from helpers import CHECKPOINTED_JOB, DATA, check_ps_recovered, tfsync_run, wait_for_checkpoints
+from helpers import (CHECKPOINTED_JOB, DATA, check_ps_recovered, start_hook, task_children, tfsync_run,
+                     wait_for_checkpoints)
 from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
 
 pytestmark = pytest.mark.cluster
-
-
-def start_hook(tmp_path, name, token_file, port):
-    log = open(tmp_path / f"{name}.out", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "hook", "--listen", f"127.0.0.1:{port}",
-                             "--token-file", str(token_file), "--log-dir", str(tmp_path / name)],
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    log.close()
-    deadline = time.monotonic() + 60
-    while "listening" not in (tmp_path / f"{name}.out").read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}.out").read_text()
-        time.sleep(0.1)
-    return proc
 
 
 @pytest.fixture
@@ -54,10 +42,6 @@ def two_hooks(tmp_path):
 def on_hooks(hooks, token_file) -> str:
     """The test job (its {run_dir} left to fill) with its tasks on ``hooks``."""
     return CHECKPOINTED_JOB.replace("[model]", f"[cluster]\nhooks = {json.dumps(hooks)}\ntoken_file = \"{token_file}\"\n[model]")
-
-
-def task_children(hook):
-    return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children() if "tfsync.engine.server" in " ".join(p.cmdline())}
 
 
 @pytest.mark.slow

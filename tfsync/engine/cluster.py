@@ -94,7 +94,7 @@ class PlatformCluster:
         for job in ("ps", "worker"):
             for i, address in enumerate(self.spec[job]):
                 host, port = address.rsplit(":", 1)
-                while not _port_open(host, int(port)):
+                while not port_open(host, int(port)):
                     if time.monotonic() > deadline:
                         raise ClusterError(f"task {job}:{i} at {address} (from TF_CONFIG) did not answer within "
                                            f"{self.start_timeout:.0f} s")
@@ -135,7 +135,7 @@ def connect_strategy(cluster):
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex((host, port)) == 0
@@ -225,7 +225,7 @@ class LocalCluster:
                     + (f"; see {self.log_dir}/{job}-{i}.log" if self.log_dir else "")
                 )
             host, port = self.spec[job][i].rsplit(":", 1)
-            if _port_open(host, int(port)):
+            if port_open(host, int(port)):
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:

@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,7 +34,7 @@ import grpc
 from tfsync import netns
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.engine.cluster import ClusterError, free_ports
+from tfsync.engine.cluster import ClusterError, free_ports, port_open
 from tfsync.engine.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback
 from tfsync.procstats import worker_reading
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
+# A hook that does not answer while its tasks' ports do (it restarts in place: SIGHUP)
+# has its tasks counted as running for this long; after it, or with a port closed, lost.
+HOOK_SILENCE_S = 60.0
 
 
 def workers_of(sample: common_pb2.ResourceSample) -> dict[int, dict]:
@@ -218,6 +222,8 @@ class HookCluster:
         self._error: BaseException | None = None
         self._dead: dict[tuple[str, int], int] = {}  # ended tasks -> exit code (-1: hook unreachable)
         self._unreachable: set[int] = set()           # hooks that did not answer Health
+        self._silent_since: dict[int, float] = {}     # hooks not answering while their tasks' ports do
+        self._stopped = threading.Event()
         self._streams: list | None = None             # StreamResources calls (resource_readings)
         self._readings: dict[int, dict] = {}
         self._readings_lock = threading.Lock()
@@ -268,17 +274,33 @@ class HookCluster:
                 try:
                     health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
                 except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
+                    if self._tasks_answer(h, mine):
+                        continue   # the hook restarts, or only its own port is cut: its tasks serve
                     logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
                     self._unreachable.add(h)
                     for task in mine:
                         self._dead.setdefault(task, -1)
                     continue
+                self._silent_since.pop(h, None)
                 for t in health.tasks:
                     key = (t.task.job, t.task.index)
                     if t.job_id == self.job_id and t.state in ENDED and key not in self._dead:
                         self.launcher.status[key] = t
                         self._dead[key] = t.exit_code
         return [(job, i, code) for (job, i), code in self._dead.items()]
+
+    def _tasks_answer(self, h: int, tasks) -> bool:
+        """Whether hook ``h``, which did not answer, may be left alone for now: every task
+        it runs still accepts connections, and it has been silent less than HOOK_SILENCE_S."""
+        since = self._silent_since.get(h, time.monotonic())
+        if time.monotonic() - since > HOOK_SILENCE_S or not all(
+                port_open(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in (self.spec[j][i] for j, i in tasks)):
+            return False
+        if h not in self._silent_since:
+            self._silent_since[h] = since
+            logger.warning("hook %s does not answer, but its tasks do: they go on (for %.0f s at most)",
+                           self.launcher.addresses[h], HOOK_SILENCE_S)
+        return True
 
     def task_pid(self, job: str, index: int) -> int | None:
         """The pid of a task whose hook is on this machine (None for remote or ended ones)."""
@@ -306,23 +328,33 @@ class HookCluster:
                     call = stub.StreamResources(node_hook_pb2.StreamResourcesRequest(
                         job_id=self.job_id, interval_s=RESOURCE_INTERVAL_S))
                     self._streams.append(call)
-                    threading.Thread(target=self._read_stream, args=(call,), daemon=True,
+                    threading.Thread(target=self._read_stream, args=(call, stub), daemon=True,
                                      name=f"tfsync-resources-{h}").start()
         with self._readings_lock:
             return {w: dict(r) for w, r in self._readings.items()}
 
-    def _read_stream(self, call) -> None:
-        try:
-            for sample in call:
-                readings = workers_of(sample)
-                with self._readings_lock:
-                    self._readings.update(readings)
-        except Exception as e:  # noqa: BLE001 - cancelled at stop, or the node is gone: no more readings
-            if not (hasattr(e, "code") and e.code() == grpc.StatusCode.CANCELLED):
+    def _read_stream(self, call, stub=None) -> None:
+        """Readings from one hook's stream; one that breaks (the hook restarts in place) is
+        opened again every second until the cluster stops."""
+        while True:
+            try:
+                for sample in call:
+                    readings = workers_of(sample)
+                    with self._readings_lock:
+                        self._readings.update(readings)
+            except Exception as e:  # noqa: BLE001 - cancelled at stop, or the node is gone: no more readings
+                if hasattr(e, "code") and e.code() == grpc.StatusCode.CANCELLED:
+                    return
                 logger.debug("resource stream of %s ended: %s", self.job_id, e)
+            if stub is None or self._stopped.wait(1.0):
+                return
+            call = stub.StreamResources(node_hook_pb2.StreamResourcesRequest(
+                job_id=self.job_id, interval_s=RESOURCE_INTERVAL_S))
+            self._streams.append(call)
 
     def stop(self) -> None:
-        for call in self._streams or ():
+        self._stopped.set()
+        for call in list(self._streams or ()):
             call.cancel()
         if self._thread is not None:
             self._thread.join()
