@@ -15,6 +15,7 @@ from tfsync.ports import free_ports
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.slow
 def test_a_hook_restarted_in_place_keeps_its_tasks_and_the_job_goes_on(tmp_path):
     token_file = tmp_path / "hooks.token"
     auth.write_token(token_file)
