@@ -45,7 +45,8 @@ def read(env=os.environ) -> TFConfig | None:
         if job not in JOBS:
             raise TFConfigError(f"{VARIABLE}.cluster.{job}: tfsync's jobs are {', '.join(JOBS)} (an evaluator "
                                 "runs in the chief)")
-        if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
+        if not isinstance(addresses, list) or not all(
+                isinstance(a, str) and a.rpartition(":")[0] and a.rpartition(":")[2].isdigit() for a in addresses):
             raise TFConfigError(f"{VARIABLE}.cluster.{job}: expected a list of \"host:port\"")
         spec[job] = list(addresses)
     for job, count in (("chief", (1,)), ("ps", None), ("worker", None)):
@@ -54,7 +55,7 @@ def read(env=os.environ) -> TFConfig | None:
             raise TFConfigError(f"{VARIABLE}.cluster.{job}: {n} listed; tfsync needs "
                                 + ("exactly 1 (the coordinator)" if count else "at least 1"))
     task = value.get("task")
-    if not isinstance(task, dict) or task.get("type") not in spec:
+    if not isinstance(task, dict) or not isinstance(task.get("type"), str) or task["type"] not in spec:
         raise TFConfigError(f"{VARIABLE}.task.type: expected one of {', '.join(spec)}, got "
                             f"{None if not isinstance(task, dict) else task.get('type')!r}")
     index = task.get("index", 0)

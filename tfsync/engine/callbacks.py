@@ -3,8 +3,9 @@ link (a Controller's records and events), the background evaluator, and any the 
 passes (``Engine(callbacks=[...])``).
 
 As tf_keras's ``CallbackList``, the list times each observer: the loop waits while one
-runs, so one that takes more than half the time of a step, on average over at least
-``min_calls`` calls, is named in one warning (once per observer and method).
+runs, so one that takes more than half the time between two pushes, on average over at
+least ``min_calls`` calls, is named in one warning (once per observer and method). They
+see a push after the policy's grants for it went out.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class CallbackList:
             self.calls[key] += 1
 
     def step_done(self, seconds: float) -> None:
-        """The loop finished one step in ``seconds`` (observers included): warn of slow ones."""
+        """``seconds`` passed since the previous push (observers included): warn of slow ones."""
         self._steps += 1
         self._step_s += seconds
         if self._steps % self.min_calls:

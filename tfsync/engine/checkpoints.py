@@ -39,10 +39,11 @@ class CheckpointDir:
 
     def save(self, generation, number: int, state: dict | None = None) -> str:
         """Checkpoint ``generation`` as ``ckpt-<number>`` and ``state`` beside it; returns its prefix."""
+        text = None if state is None else json.dumps(state, allow_nan=False)   # before anything is written
         safefile.make_dir(self.directory)
         prefix = generation.save(os.path.join(self.directory, f"ckpt-{number}"))
-        if state is not None:
-            safefile.write(prefix + STATE, json.dumps(state, allow_nan=False))
+        if text is not None:
+            safefile.write(prefix + STATE, text)
         self.kept = [p for p in self.kept if p != prefix] + [prefix]
         for old in self.kept[:-self.keep]:
             for path in glob.glob(glob.escape(old) + ".index") + glob.glob(glob.escape(old) + ".data-*") \

@@ -78,7 +78,11 @@ class PlatformCluster:
         """An ``Engine(cluster_factory=...)`` that hands out this cluster once."""
         made = []
 
-        def make(*args, start_timeout: float = 120.0, **kw):
+        def make(workers: int, ps: int, *args, start_timeout: float = 120.0, **kw):
+            listed = (len(spec["worker"]), len(spec["ps"]))
+            if (workers, ps) != listed:
+                raise ClusterError(f"the engine runs {workers} workers and {ps} PS, TF_CONFIG lists "
+                                   f"{listed[0]} and {listed[1]}")
             if made:
                 raise ClusterError("a restart needs new tasks, but TF_CONFIG's tasks are the platform's: "
                                    "switch hot (switch.method = \"hot\"); a lost task is the platform's to restart")
@@ -136,9 +140,14 @@ def connect_strategy(cluster):
 
 
 def port_open(host: str, port: int) -> bool:
+    """Whether ``host:port`` accepts a TCP connection now (a name that does not resolve
+    yet, as a pod's before it runs, does not)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
+        try:
+            return s.connect_ex((host, port)) == 0
+        except OSError:
+            return False
 
 
 @dataclass

@@ -76,12 +76,13 @@ def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
     return False
 
 
-def record(engine, result, policy) -> Push | None:
-    """Count a finished closure's push (None: a no-op token's, which ends a closure)."""
+def record(engine, result, policy) -> tuple[Push | None, dict | None]:
+    """Count a finished closure's push and write its metrics line; returns both (None: a
+    no-op token's, which ends a closure). The loop shows them to the observers."""
     r = np.asarray(result)
     wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
     if int(token[BATCH]) == 0:
-        return None
+        return None, None
     s, w = engine.state, int(wid)
     if int(token[SEQ]) != s.clocks[w] + 1:
         logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
@@ -92,5 +93,4 @@ def record(engine, result, policy) -> Push | None:
     line = push_record(push, time=engine.recorder.since(now), pushes=s.pushes, updates=s.updates,
                        samples=s.samples, protocol=policy.name, lr=float(rate), predicted=policy.predicted_speed(w))
     engine.recorder.push(line)
-    engine.callbacks.call("on_push", engine, push, line)
-    return push
+    return push, line

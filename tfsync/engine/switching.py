@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ..policy.base import Decision
 from .checkpoints import load_state
 
 logger = logging.getLogger(__name__)
@@ -82,13 +83,32 @@ def hand_over(engine, state: dict, policy, why: str) -> bool:
 
 def resume_from(engine, resume: dict) -> dict | None:
     """Continue the books of an earlier run from its checkpoint event ``resume``: the
-    counters, and where the checkpoint has the state beside it, the
-    clocks, membership and rate factor too. Returns that saved state (its policy part is
-    handed over when the phase it was taken in begins), or None."""
+    counters, and where the checkpoint has the state beside it (and the same number of
+    workers), the clocks too. Returns that saved state (its policy part is handed over
+    when the phase it was taken in begins: ``resume_policy``), or None."""
     engine.state.round = int(resume.get("round", 0))
     engine.rewind(resume, "resume")
     engine.recorder.event("resume", **resume)
-    saved = load_state(resume["path"])
-    if saved is not None:
+    try:
+        saved = load_state(resume["path"])
+        if saved is None:
+            return None
         engine.state.restore_state(saved["ledger"])
+    except (KeyError, TypeError, ValueError) as e:   # another worker count, a damaged file: the counters go on
+        logger.warning("resume: the clocks start afresh: %s", e)
+        engine.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
+        return None
     return saved
+
+
+def resume_policy(engine, saved: dict, policy) -> None:
+    """The resumed phase's policy takes its saved state; with it, the rate factor and the
+    membership it had (a straggler policy in ASP, a worker it had removed). Without it
+    (refused, another protocol) the policy starts afresh: every worker a member, the
+    phase's rate factor."""
+    books = engine.state
+    if hand_over(engine, saved["policy"], policy, "resume"):
+        books.lr_scale = float(saved["ledger"]["lr_scale"])
+        engine.generation.set_hyper(lr_scale=books.lr_scale)
+    else:
+        books.apply(Decision(restore=frozenset(range(books.num_workers)) - books.active), time.time())

@@ -9,6 +9,7 @@ the cluster and switches hot (same tasks) or by restart (checkpoint, new tasks, 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -33,7 +34,7 @@ from .records import RunRecorder
 from .recovery import recover_lost_ps
 from .resources import ResourceMonitor
 from .summary import summarize
-from .switching import begin_phase, hand_over, resume_from, set_config, switch
+from .switching import begin_phase, resume_from, resume_policy, set_config, switch
 from .results import next_result, record
 from .tfcompat import quiet_resource_deleters
 
@@ -189,7 +190,7 @@ class Engine:
         policy = self.policy = phase.policy
         self.apply(policy.start(self.view()))
         self._check_live(policy)
-        start_samples, epoch = self.state.samples, 0
+        start_samples, epoch, t_push = self.state.samples, 0, None
         while self.state.samples < end_samples:
             if callable(phase.momentum):
                 e = int((self.state.samples - start_samples) / self.epoch_samples)
@@ -208,20 +209,26 @@ class Engine:
                 self.wake_at = None
                 self.apply(policy.on_timer(self.view()))
                 continue
-            t = time.perf_counter()
             self.gens.schedule()
-            push = record(self, result, policy)
-            if push is None or self.state.samples >= end_samples:
-                continue  # the workload of this phase is done: drain, grant nothing more
+            push, line = record(self, result, policy)
+            if push is None:
+                continue
+            if self.state.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
+                self.callbacks.call("on_push", self, push, line)
+                continue
             self.apply(policy.on_push(push, self.view()))
             self._check_live(policy)
+            self.callbacks.call("on_push", self, push, line)  # observers after the grants went out
             t_commands = time.perf_counter()
             commands = self.controller.commands()
             self._commands_s += time.perf_counter() - t_commands
             for cmd in commands:
                 obey(self, phase, cmd)
                 policy = self.policy = phase.policy
-            self.callbacks.step_done(time.perf_counter() - t)
+            now = time.perf_counter()
+            if t_push is not None:
+                self.callbacks.step_done(now - t_push)   # the time between pushes, observers included
+            t_push = now
             if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
                     and self.state.samples < end_samples:
                 try:
@@ -249,9 +256,17 @@ class Engine:
         return begin_phase(self, phase, stats_of_previous)
 
     def save_state(self) -> dict:
-        """The books and the running policy's learned state (JSON), saved beside checkpoints."""
-        return {"ledger": self.state.save_state(),
-                "policy": self.policy.save_state() if self.policy is not None else {}}
+        """The books and the running policy's learned state (strict JSON), saved beside
+        checkpoints; a policy state that is not (a diverged predictor's inf) is left out,
+        said in a policy_state event, and the policy starts afresh at a resume."""
+        policy = self.policy.save_state() if self.policy is not None else {}
+        try:
+            json.dumps(policy, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            logger.warning("%s's state is not saved with the checkpoint: %s", self.policy.name, e)
+            self.event("policy_state", protocol=self.policy.name, saved=False, reason=str(e))
+            policy = {}
+        return {"ledger": self.state.save_state(), "policy": policy}
 
     def _check_live(self, policy: Policy) -> None:
         if self.in_flight() == 0 and self.wake_at is None:
@@ -267,7 +282,9 @@ class Engine:
                     self.wake_at = None
                     continue
                 self.gens.schedule()
-                record(self, result, policy)
+                push, line = record(self, result, policy)
+                if push is not None:
+                    self.callbacks.call("on_push", self, push, line)
         finally:
             self.draining = False
         self.apply(policy.finish(self.view()))
@@ -317,7 +334,7 @@ class Engine:
                 if i > 0:
                     switch(self, phases[i - 1].policy, phase, len(self.timeline), carry=phase is not resumed)
                 if phase is resumed:
-                    hand_over(self, saved["policy"], phase.policy, "resume")
+                    resume_policy(self, saved, phase.policy)
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self.next_cluster is None:
                     self.next_cluster = self.gens.launch()  # new tasks start while this phase trains
                 begin_phase(self, phase)

@@ -1,0 +1,76 @@
+"""What a resume takes back from the state beside a checkpoint (tfsync.engine.switching),
+and what it leaves: the policy's rate factor and membership go with its state only; a
+state that does not fit never stops the resume; a checkpoint never fails for a state."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tfsync.engine.switching import resume_from, resume_policy
+from tfsync.policy import BSP, LBBSP, Decision, Grant, PushMode
+from tfsync.policy.ledger import Ledger
+
+pytestmark = pytest.mark.unit
+
+
+def _engine(workers=3):
+    events, rates = [], []
+    engine = SimpleNamespace(
+        state=Ledger(workers), workers=workers, events=events, rates=rates,
+        generation=SimpleNamespace(set_hyper=lambda lr_scale: rates.append(lr_scale)),
+        recorder=SimpleNamespace(event=lambda kind, **f: events.append((kind, f))),
+        event=lambda kind, **f: events.append((kind, f)),
+        rewind=lambda checkpoint, why: None)
+    return engine
+
+
+def _saved(workers=3, policy=None):
+    books = Ledger(workers)
+    books.apply(Decision((Grant(0, 8, PushMode.APPLY),), remove={2}, lr_scale=1.0), now=0.0)
+    books.push(0, 8, PushMode.APPLY, 0, 0, start=0.0, end=1.0, arrival=1.0, loss=0.1)
+    return {"ledger": books.save_state(), "policy": policy or {}}
+
+
+def test_a_policy_that_takes_its_state_gets_its_rate_factor_and_members_back():
+    lbbsp = LBBSP(batch_size=8)
+    engine, saved = _engine(), _saved(policy=lbbsp.save_state())
+    engine.state.restore_state(saved["ledger"])
+    engine.state.lr_scale = 3.0   # the phase's factor, set when the run began
+    resume_policy(engine, saved, LBBSP(batch_size=8))
+    assert engine.state.lr_scale == 1.0 and engine.rates == [1.0] and engine.state.active == {0, 1}
+
+
+def test_a_fresh_policy_gets_every_worker_and_the_phases_rate_factor():
+    engine, saved = _engine(), _saved()
+    engine.state.restore_state(saved["ledger"])
+    engine.state.lr_scale = 3.0
+    resume_policy(engine, saved, BSP())   # BSP keeps no state: it starts afresh
+    assert engine.state.lr_scale == 3.0 and engine.rates == [] and engine.state.active == {0, 1, 2}
+    assert engine.state.clocks == [1, 0, 0]   # the clocks go on all the same
+
+
+def test_a_state_of_another_worker_count_or_a_damaged_one_leaves_the_clocks_to_start_afresh(tmp_path):
+    prefix = tmp_path / "ckpt-4"
+    (tmp_path / "ckpt-4.tfsync.json").write_text(json.dumps(_saved(workers=4)))
+    engine = _engine(workers=3)
+    assert resume_from(engine, {"path": str(prefix), "round": 2}) is None
+    assert engine.state.clocks == [0, 0, 0] and engine.state.round == 2
+    assert any(k == "policy_state" and "4 workers" in f["reason"] for k, f in engine.events)
+    (tmp_path / "ckpt-4.tfsync.json").write_text("{not json")
+    assert resume_from(_engine(), {"path": str(prefix)}) is None
+
+
+def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
+    from tfsync.engine.trainer import Engine
+
+    class Diverged(BSP):
+        def save_state(self):
+            return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
+
+    engine, events = object.__new__(Engine), []
+    engine.state, engine.policy = Ledger(2), Diverged()
+    engine.event = lambda kind, **f: events.append((kind, f))
+    state = engine.save_state()
+    assert state["policy"] == {} and json.dumps(state, allow_nan=False)
+    assert events and events[0][1]["saved"] is False
