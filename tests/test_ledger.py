@@ -120,3 +120,14 @@ def test_the_engine_and_the_simulator_count_one_schedule_the_same(tiny_problem, 
     for key in ("pushes", "updates", "samples", "dropped"):
         assert getattr(result, key) == summary[key], key
     assert sim.books.round == engine.state.round and sim.clocks == engine.state.clocks
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_rate_factor_that_is_not_a_finite_positive_number_is_refused(scale):
+    from tfsync.policy import PolicyError
+
+    books = Ledger(2)
+    with pytest.raises(PolicyError, match="lr_scale"):
+        books.apply(Decision(lr_scale=scale), now=0.0)
+    assert books.lr_scale == 1.0

@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -360,5 +361,5 @@ def validate_decision(decision: Decision, members: frozenset[int]) -> None:
             )
         if int(g.batch_size) < 1:
             raise PolicyError(f"policy granted batch size {g.batch_size} to worker {g.worker}; must be >= 1")
-    if decision.lr_scale is not None and not decision.lr_scale > 0:
-        raise PolicyError(f"policy set lr_scale={decision.lr_scale}; must be > 0")
+    if decision.lr_scale is not None and not (decision.lr_scale > 0 and math.isfinite(decision.lr_scale)):
+        raise PolicyError(f"policy set lr_scale={decision.lr_scale}; must be a finite number > 0")
