@@ -184,7 +184,6 @@ class Engine:
     def in_flight(self) -> int:
         return self.state.in_flight()
 
-    # -- receiving pushes ----------------------------------------------------------------
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int) -> None:
         policy = self.policy = phase.policy
