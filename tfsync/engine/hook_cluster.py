@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,7 +33,7 @@ import grpc
 from tfsync import netns
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.engine.cluster import ClusterError, free_ports, port_open
+from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError, place
 from tfsync.netns import is_loopback
 from tfsync.procstats import worker_reading
@@ -44,9 +43,6 @@ logger = logging.getLogger(__name__)
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
-# A hook that does not answer while its tasks' ports do (it restarts in place: SIGHUP)
-# has its tasks counted as running for this long; after it, or with a port closed, lost.
-HOOK_SILENCE_S = 60.0
 
 
 def workers_of(sample: common_pb2.ResourceSample) -> dict[int, dict]:
@@ -222,7 +218,6 @@ class HookCluster:
         self._error: BaseException | None = None
         self._dead: dict[tuple[str, int], int] = {}  # ended tasks -> exit code (-1: hook unreachable)
         self._unreachable: set[int] = set()           # hooks that did not answer Health
-        self._silent_since: dict[int, float] = {}     # hooks not answering while their tasks' ports do
         self._stopped = threading.Event()
         self._streams: list | None = None             # StreamResources calls (resource_readings)
         self._readings: dict[int, dict] = {}
@@ -269,38 +264,25 @@ class HookCluster:
         if self._thread is not None and not self._thread.is_alive() and self._error is None:
             for h, stub in enumerate(self.launcher._stubs):
                 mine = self.launcher.tasks_of(h)
-                if not mine:
+                if not mine or h in self._unreachable:
                     continue
                 try:
-                    health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+                    # wait_for_ready: a hook restarting in place (SIGHUP, a second or two) is waited
+                    # for, not taken for lost; one silent for HEALTH_TIMEOUT_S is
+                    health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S,
+                                         wait_for_ready=True)
                 except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
-                    if self._tasks_answer(h, mine):
-                        continue   # the hook restarts, or only its own port is cut: its tasks serve
                     logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
                     self._unreachable.add(h)
                     for task in mine:
                         self._dead.setdefault(task, -1)
                     continue
-                self._silent_since.pop(h, None)
                 for t in health.tasks:
                     key = (t.task.job, t.task.index)
                     if t.job_id == self.job_id and t.state in ENDED and key not in self._dead:
                         self.launcher.status[key] = t
                         self._dead[key] = t.exit_code
         return [(job, i, code) for (job, i), code in self._dead.items()]
-
-    def _tasks_answer(self, h: int, tasks) -> bool:
-        """Whether hook ``h``, which did not answer, may be left alone for now: every task
-        it runs still accepts connections, and it has been silent less than HOOK_SILENCE_S."""
-        since = self._silent_since.get(h, time.monotonic())
-        if time.monotonic() - since > HOOK_SILENCE_S or not all(
-                port_open(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in (self.spec[j][i] for j, i in tasks)):
-            return False
-        if h not in self._silent_since:
-            self._silent_since[h] = since
-            logger.warning("hook %s does not answer, but its tasks do: they go on (for %.0f s at most)",
-                           self.launcher.addresses[h], HOOK_SILENCE_S)
-        return True
 
     def task_pid(self, job: str, index: int) -> int | None:
         """The pid of a task whose hook is on this machine (None for remote or ended ones)."""
