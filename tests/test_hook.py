@@ -302,16 +302,10 @@ def test_init_token_writes_a_0600_token_once_and_the_hook_serves_with_it(tmp_pat
 def test_free_ports_skips_ports_in_use_and_hands_out_fresh_ones_in_turn(make_hook):
     import socket
     stub, hook, token, port = make_hook()
+    from tfsync.hooks.tasks import _bindable   # what FreePorts itself asks of a port
     # 6 ports free now, below the kernel's ephemeral range (32768-60999 by default), so no
     # other process is handed one of them while the test runs (a full run once was)
-    def free(p):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", p))
-                return True
-            except OSError:
-                return False
-    first = next(f for f in range(20000, 32000, 10) if all(free(p) for p in range(f, f + 6)))
+    first = next(f for f in range(20000, 32000, 10) if all(_bindable(p) for p in range(f, f + 6)))
     busy = socket.socket()
     try:
         busy.bind(("0.0.0.0", first + 1))   # a task left by a coordinator that died, say
