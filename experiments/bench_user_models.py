@@ -4,7 +4,8 @@ small model (examples/regression, a tabular MLP with Adam: a step of a few milli
 
 For each job file: plain tf_keras ``model.fit`` under ParameterServerStrategy (which is
 ASP), tfsync ASP and tfsync BSP, with the job's own model, data, loss and optimizer
-(tfsync.workload), on fresh local clusters (2 workers + 1 PS), steps/s of the steady part.
+(tfsync.workload), on fresh local clusters (2 workers + 1 PS), steps/s of the steady part;
+and, for reference, fit with as many steps per execution as a tfsync closure runs.
 Configurations alternate within each repeat, so drifting load hits all alike; the median
 of the repeats is reported. Targets (issue 16): ASP >= 0.9x native, BSP >= 0.8x.
 Writes results/bench_user_models.csv and .png.
@@ -31,6 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_engine import steady_rate  # noqa: E402
 
+from tfsync.engine.step import STEPS_PER_CLOSURE  # noqa: E402
+
+# fit told to run as many steps per dispatch as a tfsync closure (not the default): shown
+# beside the targets, which compare with fit as users run it
+SPE = f"native fit, {STEPS_PER_CLOSURE} steps/execution"
+
 CIFAR = os.path.join(ROOT, "..", "shared", "data", "cifar10_subset.npz")
 MODELS = {  # name: (job file, --set overrides, steps per configuration)
     "resnet20 (CIFAR-10)": ("examples/cifar10_resnet/job.toml", [f"data.args={{path = \"{CIFAR}\", limit = 4000}}"], 80),
@@ -46,8 +53,9 @@ def workload(job: str, overrides: list[str]):
     return cfg, Workload.from_config(cfg)
 
 
-def native_fit(work, batch: int, steps: int, workers: int) -> float:
-    """Plain model.fit under ParameterServerStrategy: steps/s of its 2nd epoch."""
+def native_fit(work, batch: int, steps: int, workers: int, per_execution: int = 1) -> float:
+    """Plain model.fit under ParameterServerStrategy: steps/s of its 2nd epoch
+    (``per_execution``: fit's ``steps_per_execution``, 1 by default)."""
     import tensorflow as tf
     import tf_keras as keras
 
@@ -63,7 +71,7 @@ def native_fit(work, batch: int, steps: int, workers: int) -> float:
 
         with strategy.scope():
             model = work.model_fn()
-            model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=1)
+            model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=per_execution)
         times = []
 
         class Clock(keras.callbacks.Callback):
@@ -103,9 +111,10 @@ def main(argv=None) -> int:
         cfg, work = workload(job, overrides)
         batch, steps = cfg.train.batch_size, int(steps * args.scale)
         print(f"{name}: {job}, batch {batch} per worker, {steps} steps per configuration", flush=True)
-        rates: dict[str, list[float]] = {"native fit": [], "tfsync ASP": [], "tfsync BSP": []}
+        rates: dict[str, list[float]] = {"native fit": [], "tfsync ASP": [], "tfsync BSP": [], SPE: []}
         for rep in range(args.repeats):
             rates["native fit"].append(native_fit(work, batch, steps, args.workers))
+            rates[SPE].append(native_fit(work, batch, steps, args.workers, per_execution=STEPS_PER_CLOSURE))
             for protocol in ("asp", "bsp"):
                 rates[f"tfsync {protocol.upper()}"].append(
                     tfsync_rate(work, protocol, batch, steps, args.workers, os.path.join(runs, protocol)))
@@ -138,13 +147,14 @@ def plot(rows, path: str) -> None:
     for ax, m in zip(axes, models):
         mine = [r for r in rows if r["model"] == m]
         bars = ax.bar([r["configuration"] for r in mine], [r["ratio_to_native"] for r in mine],
-                      color=["#9a9a9a", "#e08040", "#4878a8"])
+                      color=["#9a9a9a", "#e08040", "#4878a8", "#c8c8c8"])
         for b, r in zip(bars, mine):
             ax.annotate(f"{r['ratio_to_native']:.2f}x\n{r['samples_per_s']:,.0f}/s", (b.get_x() + b.get_width() / 2,
                         b.get_height()), ha="center", va="bottom", fontsize=8)
         ax.axhline(0.9, color="#e08040", ls=":", lw=1)
         ax.axhline(0.8, color="#4878a8", ls=":", lw=1)
         ax.set_ylim(0, max(1.35, 1.25 * max(r["ratio_to_native"] for r in mine)))
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_title(m)
         ax.set_ylabel("steps/s relative to model.fit")
     fig.savefig(path, dpi=100)

@@ -13,8 +13,10 @@ from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
 
-JOB = linear_job("wloss", {"name": "bsp", "until": 0.4}, "asp", epochs=3, checkpoint_every=0)
-WORKLOAD = 3 * 6000
+# BSP for 7200 samples, then ASP for 22800: enough left after the second kill (at 350
+# pushes) for the rejoined worker to train again, however fast ASP runs
+JOB = linear_job("wloss", {"name": "bsp", "until": 0.24}, "asp", epochs=5, checkpoint_every=0)
+WORKLOAD = 5 * 6000
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 A token is ``[batch_size, mode, round, seq]`` (int64). A worker's standing closure blocks
 on its own FIFO queue on PS task 0 until the coordinator enqueues a token (the pattern of
 TF1's SyncReplicasOptimizer; DESIGN.md). ``batch_size == 0`` is a no-op token that ends a
-standing closure.
+standing closure. Each finished step leaves its row on one more queue, which the
+coordinator drains (``drain``): one remote call returns every row waiting.
 
 AGGREGATE pushes go to one ConditionalAccumulator holding ``[|B| * g (flattened), |B|]``:
 the accumulator averages its inputs, so ``sum(|B_i| g_i) / sum(|B_i|)`` (paper 002 eq. 8)
@@ -20,6 +21,7 @@ from . import tfcompat
 
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
+ROW_LEN = 1 + TOKEN_LEN + 5   # a finished step: [worker, *token, start, end, loss, version, rate]
 MODE_APPLY, MODE_AGGREGATE = 0, 1
 
 
@@ -103,12 +105,16 @@ class PSControl:
         with tf.device(device):
             self.queues = [tf.queue.FIFOQueue(capacity, [tf.int64], shapes=[[TOKEN_LEN]], name=f"gate{i}")
                            for i in range(num_workers)]
+            self.done = tf.queue.FIFOQueue(capacity * max(num_workers, 1), [tf.float64], shapes=[[ROW_LEN]],
+                                           name="finished_steps")
             self.accumulator = tf.compat.v1.ConditionalAccumulator(
                 tf.float32, shape=[sum(self.sizes) + 1], name="bsp_accumulator")
         self.device = device
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
         self.release = tf.function(self._release, input_signature=[spec])
         self.barrier = tf.function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+        self.drain = tf.function(self._drain, input_signature=[])
+        self.close_finished = tf.function(self._close_finished, input_signature=[])
 
     # -- worker side (called inside the step function) ---------------------------------
     def dequeue(self, worker_index):
@@ -124,6 +130,12 @@ class PSControl:
         with tf.control_dependencies([self.accumulator.apply_grad(weighted_flat(grads, batch_size),
                                                                   local_step=round_)]):
             return tf.identity(self.rate())
+
+    def finished(self, row):
+        """Put a finished step's row on the PS's queue (after its push: the row depends on it)."""
+        with tf.device(self.device):
+            with tf.control_dependencies([self.done.enqueue(row)]):
+                return tf.constant(True)
 
     # -- coordinator side -----------------------------------------------------------------
     def _release(self, tokens):
@@ -144,6 +156,18 @@ class PSControl:
         with tf.control_dependencies(read_back(self.optimizer, self.variables)):
             self._release(tokens)
         return flat[-1]
+
+    def _drain(self):
+        """Every finished step's row on the queue, at least one (blocks until there is one;
+        the coordinator is the queue's only reader, so the count read first is there)."""
+        with tf.device(self.device):
+            return self.done.dequeue_many(tf.maximum(self.done.size(), 1))
+
+    def _close_finished(self):
+        """End a ``drain`` that waits (it fails with OutOfRangeError)."""
+        with tf.device(self.device):
+            self.done.close(cancel_pending_enqueues=True)
+            return tf.constant(True)
 
     def set_round(self, round_: int) -> None:
         with tf.device(self.device):

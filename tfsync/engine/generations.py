@@ -3,8 +3,10 @@ tasks on node hooks) and the ParameterServerStrategy connected to them. A restar
 (switch or recovery) closes one and opens the next; only one trains at a time.
 
 Every worker always has ``STANDING_PER_WORKER`` closures standing, blocked on its gate on
-the PS; daemon threads wait on their results and put them, tagged with their generation,
-on one queue the engine's loop reads (a fetch of a killed generation may never return:
+the PS; each runs up to ``step.STEPS_PER_CLOSURE`` granted steps and is replaced when it
+ends. A daemon thread drains the finished steps' rows from the PS and puts them, tagged
+with their generation, on one queue the engine's loop reads; daemon threads wait on the
+closures and report a failed one there (a fetch of a killed generation may never return:
 daemons never block the interpreter's exit).
 """
 
@@ -38,9 +40,11 @@ class Generations:
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
         self.results: queue.Queue = queue.Queue()   # (generation, value, error)
-        self.standing = 0
+        self.standing = 0   # closures of the current generation not yet ended
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
+        self._lock = threading.Lock()
+        self._closing = False
 
     def launch(self):
         """A new generation's tasks, starting (``open`` waits for them)."""
@@ -70,19 +74,20 @@ class Generations:
                      "trace_s": time.time() - t3}
 
     def stand(self) -> None:
-        """Every worker's standing closures, and the threads that wait on them."""
-        gen, self._fetch_q = self.current, queue.Queue()
+        """Every worker's standing closures, the threads that wait on them, and the thread
+        that drains finished steps."""
+        gen, self._fetch_q, self._closing, self.standing = self.current, queue.Queue(), False, 0
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
             threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
                              name=f"tfsync-fetch-{i}").start()
-        self.standing = 0
+        threading.Thread(target=self._drainer, args=(gen,), daemon=True, name="tfsync-drain").start()
         for _ in range(STANDING_PER_WORKER * self.workers):
-            self.schedule()
+            self._schedule(gen)
 
-    def schedule(self) -> None:
-        """One more standing closure (after one finished)."""
-        self.standing += 1
-        self._fetch_q.put(self.current.schedule())
+    def _schedule(self, gen) -> None:
+        with self._lock:
+            self.standing += 1
+        self._fetch_q.put(gen.schedule())
 
     def _fetcher(self, gen, remote_values: queue.Queue) -> None:
         while True:
@@ -90,9 +95,30 @@ class Generations:
             if rv is None:
                 return
             try:
-                self.results.put((gen, rv.fetch(), None))
+                rv.fetch()
+                failed = None
             except Exception as e:  # reported by the engine loop
+                failed = e
                 self.results.put((gen, None, e))
+            with self._lock:
+                self.standing -= 1
+                again = failed is None and not self._closing and gen is self.current
+            if again:  # a closure ran its steps: the next one takes its place
+                try:
+                    self._schedule(gen)
+                except Exception as e:  # (the coordinator holds a failure of another closure)
+                    self.results.put((gen, None, e))
+
+    def _drainer(self, gen) -> None:
+        while True:
+            try:
+                rows = gen.control.drain().numpy()
+            except Exception as e:
+                if not (self._closing or gen.closed or gen is not self.current):
+                    self.results.put((gen, None, e))  # e.g. the PS died: reported by the engine loop
+                return
+            for row in rows:
+                self.results.put((gen, row, None))
 
     def close(self, kill: bool = True) -> None:
         """Stop the current generation: at once (``kill``), or after ending every standing
@@ -100,19 +126,17 @@ class Generations:
         gen, self.current = self.current, None
         if gen is None:
             return
+        with self._lock:
+            self._closing = True
         self.channel.close()
-        for _ in range(STANDING_PER_WORKER * self.workers + 1):
-            self._fetch_q.put(None)  # fetchers still waiting on a closure stay blocked (daemons)
-        if not kill:
+        if not kill:  # end every standing closure with a no-op token, and the drain
             gen.control.release(tf.constant(noop_rows(self.workers, 2 * STANDING_PER_WORKER + 1)))
             deadline = time.monotonic() + 30
             while self.standing > 0 and time.monotonic() < deadline:
-                try:
-                    g, _, _ = self.results.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if g is gen:
-                    self.standing -= 1
+                time.sleep(0.02)
+            gen.control.close_finished()
+        for _ in range(STANDING_PER_WORKER * self.workers + 1):
+            self._fetch_q.put(None)  # fetchers still waiting on a closure stay blocked (daemons)
         gen.close()
         cluster = gen.cluster
         del gen

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def next_result(engine):
-    """The next finished closure of the current generation; None when a timer is due, or
+    """The next finished step of the current generation; None when a timer is due, or
     when a lost worker's recovery left nothing in flight (while draining, nothing more is
     granted)."""
     waited = 0.0
@@ -48,8 +48,7 @@ def next_result(engine):
                     f"{engine.in_flight()}); raise train.timeout_s if steps are this slow")
             continue
         if gen is not engine.generation:
-            continue  # a closure of a replaced generation
-        engine.gens.standing -= 1
+            continue  # a step of a replaced generation
         if err is not None:
             time.sleep(0.2)  # let the OS report a task that just died
             if raise_if_dead(engine, err) or engine.recovering:
@@ -76,13 +75,11 @@ def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
     return False
 
 
-def record(engine, result, policy) -> tuple[Push | None, dict | None]:
-    """Count a finished closure's push and write its metrics line; returns both (None: a
-    no-op token's, which ends a closure). The loop shows them to the observers."""
+def record(engine, result, policy) -> tuple[Push, dict]:
+    """Count a finished step's push and write its metrics line; returns both. The loop
+    shows them to the observers."""
     r = np.asarray(result)
     wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
-    if int(token[BATCH]) == 0:
-        return None, None
     s, w = engine.state, int(wid)
     if int(token[SEQ]) != s.clocks[w] + 1:
         logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)

@@ -1,12 +1,22 @@
-"""The gated training step every standing closure runs on a worker.
+"""The gated training steps every standing closure runs on a worker.
 
-1. dequeue this worker's next token from its gate on the PS (blocks until granted);
-2. read the weights (after the token: control dependency), compute the gradient on the
-   first ``batch_size`` rows of the worker's next input batch (no retrace per size);
+A closure runs up to ``steps`` steps in a loop (one closure per step would pay the
+coordinator's dispatch of a function and the copy of its result at every step, which on a
+step of a few milliseconds costs more than the step: issue 16). Each step:
+
+1. dequeue this worker's next token from its gate on the PS (blocks until granted); a
+   no-op token (batch size 0) ends the closure;
+2. read the weights (after the token: a control dependency, on the PS itself, so no
+   extra round trip), compute the gradient on the first ``batch_size`` rows of the
+   worker's next input batch (no retrace per size);
 3. push: apply now, or add to the round's weighted accumulator;
-4. return one float64 vector ``[worker, *token, start, end, loss, version, rate]`` with
-   worker-side timestamps and the learning rate of the update the push makes or joins (one tensor: the coordinator copies each output back with its
-   own RPC).
+4. put one float64 row ``[worker, *token, start, end, loss, version, rate]`` (worker-side
+   timestamps, the learning rate of the update the push makes or joins) on the PS's
+   queue of finished steps, which the coordinator drains (``PSControl.drain``): it sees
+   each push as it lands, not when the closure ends (a BSP round needs every push of
+   the round before it grants the next step of the same closure).
+
+The closure returns how many steps it ran.
 """
 
 from __future__ import annotations
@@ -15,37 +25,47 @@ import tensorflow as tf
 
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl
 
+STEPS_PER_CLOSURE = 32
 
-def make_step_fn(model, control: PSControl, loss_fn):
+
+def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOSURE):
     variables = control.variables
 
-    @tf.function
-    def step(worker_index, iterator):
-        token = control.dequeue(worker_index)
+    def one_step(worker_index, iterator, token):
         with tf.control_dependencies([token]):
             start = tf.timestamp()
-            version = tf.identity(control.optimizer.iterations)
-
-        def work():
+            with tf.device(control.device):
+                version = tf.identity(control.optimizer.iterations)
             x, y = next(iterator)
-            b = tf.cast(token[BATCH], tf.int32)
-            x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
+        b = tf.cast(token[BATCH], tf.int32)
+        x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
+        with tf.control_dependencies([token]):  # the weights are read after the grant
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
                 if model.losses:  # kernel_regularizer, add_loss: as model.fit adds them
                     loss += tf.add_n(model.losses)
-            grads = tape.gradient(loss, variables)
-            rate = tf.cond(token[MODE] == MODE_AGGREGATE,
-                           lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
-                           lambda: control.apply(grads))
-            with tf.control_dependencies([rate]):
-                end = tf.timestamp()
-            return tf.cast(loss, tf.float32), end, tf.cast(rate, tf.float32)
+        grads = tape.gradient(loss, variables)
+        rate = tf.cond(token[MODE] == MODE_AGGREGATE,
+                       lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
+                       lambda: control.apply(grads))
+        with tf.control_dependencies([rate]):
+            end = tf.timestamp()
+        row = tf.concat([tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
+                         tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64),
+                                   tf.cast(rate, tf.float64)])], 0)
+        return control.finished(row)
 
-        loss, end, rate = tf.cond(token[BATCH] > 0, work, lambda: (tf.constant(0.0), start, tf.constant(0.0)))
-        parts = [tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
-                 tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64),
-                           tf.cast(rate, tf.float64)])]
-        return tf.concat(parts, 0)
+    @tf.function
+    def run(worker_index, iterator):
+        def body(i, stopped):
+            with tf.device(control.device):  # the token stays on the PS for the reads that wait on it
+                token = control.dequeue(worker_index)
+            ran = tf.cond(token[BATCH] > 0, lambda: one_step(worker_index, iterator, token),
+                          lambda: tf.constant(False))
+            return i + tf.cast(ran, tf.int32), tf.logical_not(ran)
 
-    return step
+        ran, _ = tf.while_loop(lambda i, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
+                               (tf.constant(0), tf.constant(False)))
+        return ran
+
+    return run

@@ -208,10 +208,7 @@ class Engine:
                 self.wake_at = None
                 self.apply(policy.on_timer(self.view()))
                 continue
-            self.gens.schedule()
             push, line = record(self, result, policy)
-            if push is None:
-                continue
             if self.state.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.callbacks.call("on_push", self, push, line)
                 continue
@@ -233,8 +230,9 @@ class Engine:
                 try:
                     self.drain(policy)
                     self.checkpoint("periodic")
-                except (EngineError, ChannelError, tf.errors.UnavailableError):
-                    # the PS died during the save (CI: UnavailableError "Socket closed" from it)
+                except (EngineError, ChannelError, tf.errors.UnavailableError, tf.errors.CancelledError):
+                    # the PS died during the save (UnavailableError "Socket closed" from it, or the
+                    # save cancelled with the drain that waited on it)
                     if not recover_lost_ps(self, phase, wait_s=5.0):
                         raise
                     continue
@@ -280,10 +278,8 @@ class Engine:
                 if result is None:
                     self.wake_at = None
                     continue
-                self.gens.schedule()
                 push, line = record(self, result, policy)
-                if push is not None:
-                    self.callbacks.call("on_push", self, push, line)
+                self.callbacks.call("on_push", self, push, line)
         finally:
             self.draining = False
         self.apply(policy.finish(self.view()))

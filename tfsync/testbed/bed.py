@@ -223,7 +223,10 @@ class Testbed:
         w = self.wire
         _run("ip", "netns", "add", w)
         _run("ip", "-n", w, "link", "set", "lo", "up")
-        _run("ip", "-n", w, "link", "add", "br0", "type", "bridge")
+        # a MAC of its own: a bridge otherwise takes its lowest port's, so a veth added later
+        # (a node remade, another host) could change it, and the nodes' ARP entries for the
+        # bridge's address would point nowhere for seconds (every hook "does not answer")
+        _run("ip", "-n", w, "link", "add", "br0", "address", f"02:74:66:73:{self.slot:02x}:01", "type", "bridge")
         _run("ip", "-n", w, "addr", "add", f"{base[1]}/{base.prefixlen}", "dev", "br0")
         _run("ip", "-n", w, "link", "set", "br0", "up")
         for node in self.nodes.values():
