@@ -41,7 +41,7 @@ SPE = f"native fit, {STEPS_PER_CLOSURE} steps/execution"
 CIFAR = os.path.join(ROOT, "..", "shared", "data", "cifar10_subset.npz")
 MODELS = {  # name: (job file, --set overrides, steps per configuration)
     "resnet20 (CIFAR-10)": ("examples/cifar10_resnet/job.toml", [f"data.args={{path = \"{CIFAR}\", limit = 4000}}"], 80),
-    "tabular MLP (regression)": ("examples/regression/job.toml", [], 600),
+    "tabular MLP (regression)": ("examples/regression/job.toml", [], 2000),
 }
 
 
@@ -146,7 +146,7 @@ def plot(rows, path: str) -> None:
     axes = fig.subplots(1, len(models), squeeze=False)[0]
     for ax, m in zip(axes, models):
         mine = [r for r in rows if r["model"] == m]
-        bars = ax.bar([r["configuration"] for r in mine], [r["ratio_to_native"] for r in mine],
+        bars = ax.bar([r["configuration"].replace(", ", ",\n") for r in mine], [r["ratio_to_native"] for r in mine],
                       color=["#9a9a9a", "#e08040", "#4878a8", "#c8c8c8"])
         for b, r in zip(bars, mine):
             ax.annotate(f"{r['ratio_to_native']:.2f}x\n{r['samples_per_s']:,.0f}/s", (b.get_x() + b.get_width() / 2,
