@@ -40,7 +40,6 @@ class Generations:
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
         self.results: queue.Queue = queue.Queue()   # (generation, value, error)
-        self.standing = 0   # closures of the current generation not yet ended
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
         self._lock = threading.Lock()
@@ -76,18 +75,19 @@ class Generations:
     def stand(self) -> None:
         """Every worker's standing closures, the threads that wait on them, and the thread
         that drains finished steps."""
-        gen, self._fetch_q, self._closing, self.standing = self.current, queue.Queue(), False, 0
+        gen, self._fetch_q, self._closing = self.current, queue.Queue(), False
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
             threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
                              name=f"tfsync-fetch-{i}").start()
         threading.Thread(target=self._drainer, args=(gen,), daemon=True, name="tfsync-drain").start()
         for _ in range(STANDING_PER_WORKER * self.workers):
-            self._schedule(gen)
+            self._schedule(gen, self._fetch_q)
 
-    def _schedule(self, gen) -> None:
+    def _schedule(self, gen, remote_values: queue.Queue) -> None:
+        """One more closure on ``gen``, watched by ``gen``'s fetchers."""
         with self._lock:
-            self.standing += 1
-        self._fetch_q.put(gen.schedule())
+            gen.standing += 1
+        remote_values.put(gen.schedule())
 
     def _fetcher(self, gen, remote_values: queue.Queue) -> None:
         while True:
@@ -101,11 +101,11 @@ class Generations:
                 failed = e
                 self.results.put((gen, None, e))
             with self._lock:
-                self.standing -= 1
+                gen.standing -= 1
                 again = failed is None and not self._closing and gen is self.current
             if again:  # a closure ran its steps: the next one takes its place
                 try:
-                    self._schedule(gen)
+                    self._schedule(gen, remote_values)
                 except Exception as e:  # (the coordinator holds a failure of another closure)
                     self.results.put((gen, None, e))
 
@@ -132,7 +132,7 @@ class Generations:
         if not kill:  # end every standing closure with a no-op token, and the drain
             gen.control.release(tf.constant(noop_rows(self.workers, 2 * STANDING_PER_WORKER + 1)))
             deadline = time.monotonic() + 30
-            while self.standing > 0 and time.monotonic() < deadline:
+            while gen.standing > 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             gen.control.close_finished()
         for _ in range(STANDING_PER_WORKER * self.workers + 1):
