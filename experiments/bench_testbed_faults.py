@@ -7,7 +7,8 @@ Per latency, two jobs (MNIST, the bundled MLP, no shared run directory):
 - **restart switch**: BSP for half the workload, then ASP by restart (paper 003 Fig. 9:
   checkpoint, stop the tasks, connect to new ones started while the old ones trained,
   restore). Reported: the switch's parts from ``summary.json`` (drain, save, stop the
-  old tasks, wait for / connect to / restore / trace the new generation).
+  old tasks, wait for / connect to / restore / trace the new generation, and the rest:
+  the new closures standing, the policy's hand-over).
 - **recovery**: BSP with a checkpoint every 20 updates; the worker task on one node is
   killed (SIGKILL, its node and hook stay up), then the PS task. Reported: each
   recovery's seconds (from the loss being seen to training again), and the samples the
@@ -96,9 +97,11 @@ def kill_task(bed: Testbed, job: str) -> str:
     raise RuntimeError(f"no {job} task found on the testbed's nodes")
 
 
-def run_job(bed: Testbed, kind: str, work: str, epochs: float) -> dict:
-    run_dir = os.path.join(work, kind.replace(" ", "-"))
-    job = os.path.join(work, kind.replace(" ", "-") + ".toml")
+def run_job(bed: Testbed, kind: str, work: str, epochs: float, tag: str) -> dict:
+    """One job in a run directory of its own (``tag``: a finished run's records must not be
+    read as this one's)."""
+    run_dir = os.path.join(work, kind.replace(" ", "-") + tag)
+    job = run_dir + ".toml"
     with open(job, "w") as f:
         f.write(job_text(run_dir, kind, bed, epochs))
     proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", job, "--no-report"]),
@@ -127,13 +130,14 @@ def rows_of(kind: str, latency: float, repeat: int, s: dict) -> list[dict]:
             "test_accuracy": round(s["test_accuracy"], 4)}
     if kind == "restart switch":
         (sw,) = [e for e in s["switches"] if e["method"] == "restart"]
-        return [{**base, "event": "restart switch", "seconds": sw["overhead_s"], "samples_lost": 0,
-                 **{p: sw.get(p, 0.0) for p in SWITCH_PARTS}}]
+        parts = {p: sw.get(p, 0.0) for p in SWITCH_PARTS}
+        return [{**base, "event": "restart switch", "seconds": sw["overhead_s"], "samples_lost": 0, **parts,
+                 "other_s": round(sw["overhead_s"] - sum(parts.values()), 4)}]
     out = []
     for r in s["recoveries"]:
         what = "worker recovery" if r["task"].startswith("worker") else "PS recovery"
         out.append({**base, "event": what, "seconds": r["seconds"], "samples_lost": r.get("samples_lost", 0),
-                    **{p: "" for p in SWITCH_PARTS}})
+                    **{p: "" for p in SWITCH_PARTS}, "other_s": ""})
     return out
 
 
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
                     bed.set(node, latency_ms=latency)
                 for repeat in range(args.repeats):
                     for kind in ("restart switch", "recovery"):
-                        for row in rows_of(kind, latency, repeat, run_job(bed, kind, work, args.epochs)):
+                        for row in rows_of(kind, latency, repeat, run_job(bed, kind, work, args.epochs, f"-{latency:g}ms-{repeat}")):
                             rows.append(row)
                             print(row, flush=True)
     finally:
@@ -188,7 +192,7 @@ def plot(rows, path) -> None:
     left.set_title("from the event to training again")
     left.legend()
     bottom = [0.0] * len(latencies)
-    for part in SWITCH_PARTS:
+    for part in (*SWITCH_PARTS, "other_s"):  # other: the new closures standing, the policy's hand-over
         vals = []
         for lat in latencies:
             got = [float(r[part]) for r in rows if r["latency_ms"] == lat and r["event"] == "restart switch"]

@@ -52,11 +52,10 @@ def recover_lost_ps(engine, phase, wait_s: float = 0.0) -> bool:
     return True
 
 
-def recover_lost_workers(engine, policy) -> bool:
-    """If only workers died (no PS): finish the live workers' steps, apply the round,
-    checkpoint and restart the cluster from it; returns whether it did."""
-    gen = engine.generation
-    dead = gen.cluster.dead_tasks() if gen is not None else []
+def recover_lost_workers(engine, policy, dead: list) -> bool:
+    """If only workers died (no PS) among ``dead`` (the cluster's ``dead_tasks()``): finish
+    the live workers' steps, apply the round, checkpoint and restart the cluster from it;
+    returns whether it did."""
     if not dead or any(job != "worker" for job, _, _ in dead):
         return False
     lost_workers = sorted(w for _, w, _ in dead)

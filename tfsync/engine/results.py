@@ -63,10 +63,13 @@ def next_result(engine):
 
 def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
     """Recover from lost workers (True if it did); raise for any other dead task."""
-    if engine.recovering is None and recover_lost_workers(engine, engine.policy):
+    # one look at the tasks: a second could see a death the first did not (a hook's report
+    # arriving in between) and end the run for a worker that can be recovered
+    dead = engine.generation.cluster.dead_tasks()
+    if engine.recovering is None and recover_lost_workers(engine, engine.policy, dead):
         return True
     lost = engine.recovering or ()
-    dead = [d for d in engine.generation.cluster.dead_tasks() if d[0] != "worker" or d[1] not in lost]
+    dead = [d for d in dead if d[0] != "worker" or d[1] not in lost]
     if dead:
         job, i, code = dead[0]
         raise EngineError(
