@@ -2,10 +2,12 @@
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras as keras
 
 from tfsync import arrays
 from tfsync.engine.callbacks import Callback
@@ -246,6 +248,27 @@ def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path):
     steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
     assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
     assert (tmp_path / "summary.json").exists() and list((tmp_path / "checkpoints").glob("ckpt-*.index"))
+
+
+def test_a_step_that_fails_midway_through_a_closure_ends_the_run_at_once_with_its_error(tiny_problem, tmp_path):
+    """A user's loss that raises on the 21st input batch (a NaN example there): a closure
+    runs many steps, and the one that fails ends the run with TF's error in one line, at
+    once (not after ``timeout_s``), with the steps before it counted."""
+    x, y, model_fn, optimizer_fn, _ = tiny_problem
+    x = np.repeat(x, 8, axis=0)
+    y = np.repeat(y, 8, axis=0)
+    x[20 * M] = np.nan
+
+    def loss_fn(labels, logits):
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return tf.debugging.check_numerics(losses, "the loss")
+
+    engine = _engine((x, y, model_fn, optimizer_fn, loss_fn), tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"a training step failed: InvalidArgumentError: the loss : Tensor had NaN values$"):
+        engine.run([Phase(ASP(FixedSizer([M, M])))], total_samples=len(y) * 4)
+    assert time.monotonic() - t0 < 60
+    assert 1 <= len(_records(tmp_path)) < len(y) * 4 // M
 
 
 def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_and_no_orphans(tiny_problem,

@@ -57,8 +57,17 @@ def next_result(engine):
                 if engine.in_flight() == 0:
                     return None
                 continue
-            raise EngineError(f"a training step failed: {type(err).__name__}: {str(err).splitlines()[0]}") from err
+            raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
         return value
+
+
+def error_line(err: BaseException) -> str:
+    """The line of a TF error that says what went wrong: a step's error starts with "Graph
+    execution error:" and the stack of where the failing op was defined."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    noise = ("Graph execution error", "Detected at node", "File ", "[[", "Additional GRPC", ":UNKNOWN:")
+    said = [line for line in lines if line and not line.startswith(noise)]
+    return said[0] if said else next((line for line in lines if line), type(err).__name__)
 
 
 def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
