@@ -42,8 +42,7 @@ class Generations:
         self.results: queue.Queue = queue.Queue()   # (generation, value, error)
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
-        self._lock = threading.Lock()
-        self._closing = False
+        self._lock = threading.Lock()   # the current generation, and closure counts
 
     def launch(self):
         """A new generation's tasks, starting (``open`` waits for them)."""
@@ -75,7 +74,7 @@ class Generations:
     def stand(self) -> None:
         """Every worker's standing closures, the threads that wait on them, and the thread
         that drains finished steps."""
-        gen, self._fetch_q, self._closing = self.current, queue.Queue(), False
+        gen, self._fetch_q = self.current, queue.Queue()
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
             threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
                              name=f"tfsync-fetch-{i}").start()
@@ -102,7 +101,7 @@ class Generations:
                 self.results.put((gen, None, e))
             with self._lock:
                 gen.standing -= 1
-                again = failed is None and not self._closing and gen is self.current
+                again = failed is None and gen is self.current   # (not once it is closing)
             if again:  # a closure ran its steps: the next one takes its place
                 try:
                     self._schedule(gen, remote_values)
@@ -114,7 +113,7 @@ class Generations:
             try:
                 rows = gen.control.drain().numpy()
             except Exception as e:
-                if not (self._closing or gen.closed or gen is not self.current):
+                if gen is self.current:
                     self.results.put((gen, None, e))  # e.g. the PS died: reported by the engine loop
                 return
             for row in rows:
@@ -123,11 +122,10 @@ class Generations:
     def close(self, kill: bool = True) -> None:
         """Stop the current generation: at once (``kill``), or after ending every standing
         closure with no-op tokens."""
-        gen, self.current = self.current, None
+        with self._lock:
+            gen, self.current = self.current, None
         if gen is None:
             return
-        with self._lock:
-            self._closing = True
         self.channel.close()
         if not kill:  # end every standing closure with a no-op token, and the drain
             gen.control.release(tf.constant(noop_rows(self.workers, 2 * STANDING_PER_WORKER + 1)))
