@@ -149,13 +149,19 @@ def _wait_for(predicate, what, proc, timeout=120):
             return
         assert proc.poll() is None, f"the job ended before {what}: {proc.stdout.read()[-3000:]}"
         time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
+    proc.kill()
+    raise AssertionError(f"not within {timeout} s: {what}: {proc.stdout.read()[-12000:]}")
+
+
+def _pids(bed, node) -> set[int]:
+    """The processes in ``node``'s namespace."""
+    out = subprocess.run(["ip", "netns", "pids", bed.node(node).netns], capture_output=True, text=True).stdout
+    return set(map(int, out.split()))
 
 
 def _node_dies(bed, node):
     """Every process of ``node`` killed at once, as a machine that loses power."""
-    pids = subprocess.run(["ip", "netns", "pids", bed.node(node).netns], capture_output=True, text=True).stdout
-    for pid in map(int, pids.split()):
+    for pid in _pids(bed, node):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -283,6 +289,39 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
                                                text=True, check=True).stdout
     with open(os.path.join(bed.dir, "hook-n2.log")) as f:
         assert "unprotected" not in f.read()
+
+
+@pytest.mark.slow
+def test_a_partitioned_worker_node_is_left_out_and_rejoins_when_its_link_is_back(bed, tmp_path):
+    """n3's link goes down mid-BSP (n3 and its hook live on, unreachable): its worker is
+    lost, the next generation runs both workers on n1 and n2, and when the link is back
+    the job places a worker on n3 again, after stopping the task it had left there. Every
+    push the engine counted is kept."""
+    before = _pids(bed, "n3")   # n3's hook
+    run_dir, coordinator = _job(tmp_path, bed, "partition", 0.5, 10)
+    try:
+        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
+        bed.set("n3", up=False)
+        _wait_for(lambda: any(r.get("event") == "worker_rejoined" for r in records(run_dir)), "the worker's recovery",
+                  coordinator)
+        pushes = sum("pushes" in r for r in records(run_dir))
+        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= pushes + 10, "10 pushes without n3",
+                  coordinator)
+        bed.set("n3", up=True)
+        _wait_for(lambda: any(r.get("event") == "node_rejoined" for r in records(run_dir)), "n3's return",
+                  coordinator)
+        out, _ = coordinator.communicate(timeout=300)
+    finally:
+        bed.set("n3", up=True)
+        kill_if_running(coordinator)
+    assert coordinator.returncode == 0, out[-3000:]
+    rs = records(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["task"] for r in summary["recoveries"]] == ["worker:1"], summary["recoveries"]
+    assert [r["node"] for r in rs if r.get("event") == "node_rejoined"] == [bed.hooks[2]]
+    assert _pids(bed, "n3") == before   # no task left behind on n3 (the partitioned generation's was stopped)
+    assert summary["samples"] >= summary["workload_samples"]
+    assert summary["test_accuracy"] > 0.8
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import tensorflow as tf
 from .channel import PSChannel
 from .cluster import LocalCluster
 from .control import noop_rows
+from .cut import bound_redials, cut
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
 
 STANDING_PER_WORKER = 2
@@ -36,6 +37,7 @@ class Generations:
         self.run_dir, self.start_timeout = run_dir, start_timeout
         # LocalCluster (task processes of this one), or tfsync.engine.hook_cluster.HookNodes
         self.cluster_factory = cluster_factory or LocalCluster
+        bound_redials()   # before TF's first channel: a lost task's redial fails in seconds (tfsync.engine.cut)
         self.clusters: list = []
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
@@ -60,6 +62,7 @@ class Generations:
         t0 = time.time()
         cluster.wait_ready()
         t1 = time.time()
+        cut(getattr(cluster, "cut_off", ()))   # tasks of old generations behind a partition (tfsync.engine.cut)
         gen = Generation(cluster, self.setup, self.records)
         t2 = time.time()
         if restore:
@@ -141,6 +144,20 @@ class Generations:
         gc.collect()  # free remote resources while their tasks still run (no deleter errors)
         cluster.stop()
 
+    def returned(self) -> list[str]:
+        """Nodes the current generation left out (they did not answer) that are back; a
+        restart would use them (node hooks only: a local cluster has no nodes to lose)."""
+        returned = getattr(self.cluster_factory, "returned", None)
+        return returned() if returned is not None else []
+
+    def left_out(self) -> list[str]:
+        """The nodes (hooks) the current generation left out: they did not answer."""
+        left_out = getattr(self.cluster_factory, "left_out_hooks", None)
+        return left_out() if left_out is not None else []
+
     def stop_all(self) -> None:
         for c in self.clusters:
             c.stop()
+        close = getattr(self.cluster_factory, "close", None)
+        if close is not None:
+            close()

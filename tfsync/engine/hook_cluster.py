@@ -10,7 +10,8 @@ hooks without knowing it. ``HookNodes`` makes one per generation:
 
 Tasks go round-robin over the hooks that answer Health (PS first; ``pinned`` tasks on
 their own hook while it answers: a node that died or lost its link gets none of a new
-generation's tasks) and listen on their hook's host. When
+generation's tasks; ``returned`` says when such a node answers again, and the engine
+then restarts on every node) and listen on their hook's host. When
 every hook is on this machine the tasks (and the coordinator's TF server) run in this
 process's private network namespace instead, reachable from this machine only
 (``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
+REJOIN_PROBE_S = 2.0          # how often a node left out of a generation is asked whether it is back
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
 
 
@@ -77,6 +79,13 @@ class HookNodes:
         self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
         self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
         self.generations = 0
+        self.left_out: set[int] = set()      # hooks the newest generation left out: they did not answer
+        self._answering: set[int] = set()    # ... of which the probe has heard since
+        self._left_running: dict[int, list[str]] = {}   # hook -> job ids whose tasks it may still run
+        self._cut_off: list[str] = []        # their addresses, until the next generation has connected
+        self._probe_lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._closed = threading.Event()
 
     @contextlib.contextmanager
     def _stub(self, hook: int):
@@ -145,26 +154,71 @@ class HookNodes:
                 "worker": [addresses[("worker", i)] for i in range(workers)]}
         return spec, assignment
 
+    def _answers(self, hook: int, timeout: float = HEALTH_TIMEOUT_S, say: bool = True) -> bool:
+        try:
+            with self._stub(hook) as stub:
+                stub.Health(node_hook_pb2.HealthRequest(), timeout=timeout)
+            return True
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return True   # it answered (a wrong token, TLS...): the launch says what is wrong
+            if say:
+                logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
+                               self.hooks[hook][0], e.code().name)
+            return False
+
     def live_hooks(self) -> list[int]:
         """The hooks that answer Health now (a node that died or lost its link does not):
         a new generation's tasks go to these only, so a job outlives a node. ClusterError
         if none answers."""
-        def answers(hook: int) -> bool:
-            try:
-                with self._stub(hook) as stub:
-                    stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
-                return True
-            except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    return True   # it answered (a wrong token, TLS...): the launch says what is wrong
-                logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
-                               self.hooks[hook][0], e.code().name)
-                return False
         with ThreadPoolExecutor(len(self.hooks)) as pool:
-            live = [h for h, ok in enumerate(pool.map(answers, range(len(self.hooks)))) if ok]
+            live = [h for h, ok in enumerate(pool.map(self._answers, range(len(self.hooks)))) if ok]
         if not live:
             raise ClusterError(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
         return live
+
+    # -- nodes that come back ------------------------------------------------------------------
+    def returned(self) -> list[str]:
+        """The hooks (addresses) the newest generation left out that answer again: their
+        nodes are back (a partition healed, a node restarted), and a new generation would
+        use them. Probed in the background every ``REJOIN_PROBE_S``; their tasks that older
+        generations left running there are stopped first."""
+        with self._probe_lock:
+            if self.left_out and (self._prober is None or not self._prober.is_alive()):
+                self._prober = threading.Thread(target=self._probe, name="tfsync-rejoin-probe", daemon=True)
+                self._prober.start()
+            return [self.hooks[h][0] for h in sorted(self._answering & self.left_out)]
+
+    def left_out_hooks(self) -> list[str]:
+        with self._probe_lock:
+            return [self.hooks[h][0] for h in sorted(self.left_out)]
+
+    def _probe(self) -> None:
+        while not self._closed.wait(REJOIN_PROBE_S):
+            with self._probe_lock:
+                waiting = self.left_out - self._answering
+            if not waiting:
+                return
+            for h in sorted(waiting):
+                if self._answers(h, timeout=REJOIN_PROBE_S, say=False):
+                    self._stop_left_running(h)
+                    with self._probe_lock:
+                        self._answering.add(h)
+
+    def _stop_left_running(self, hook: int) -> None:
+        """Stop the tasks older generations left on ``hook`` while it did not answer."""
+        for job_id in self._left_running.pop(hook, []):
+            try:
+                with self._stub(hook) as stub:
+                    stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id=job_id), timeout=30.0)
+                logger.info("stopped the tasks %s had left on %s", job_id, self.hooks[hook][0])
+            except grpc.RpcError as e:
+                logger.warning("could not stop the tasks %s left on %s: %s", job_id, self.hooks[hook][0],
+                               e.code().name)
+
+    def close(self) -> None:
+        """End the background probe (the engine's end)."""
+        self._closed.set()
 
     def chief_host(self) -> str:
         """This machine's address as the hooks' nodes reach it: the source address of the
@@ -192,16 +246,23 @@ class HookNodes:
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
         network = netns.shared() if self.local else None
-        spec, assignment = self.spec(workers, ps, network, self.live_hooks() if len(self.hooks) > 1 else None,
-                                     ask_ports=self._hook_ports)
+        live = self.live_hooks() if len(self.hooks) > 1 else None
+        with self._probe_lock:
+            self.left_out = set() if live is None else set(range(len(self.hooks))) - set(live)
+            self._answering = set()
+        for h in live or ():
+            self._stop_left_running(h)   # a node back before the probe saw it
+        spec, assignment = self.spec(workers, ps, network, live, ask_ports=self._hook_ports)
         self.generations += 1
         if work_dir and self.local:
             where = {"workdir": os.path.abspath(work_dir)}
         else:
             where = {"stage_id": self.job_id, "files": [(f, os.path.join(work_dir, f)) for f in files]} \
                 if work_dir else {}
-        return HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network,
+        made = HookCluster(self, spec, assignment, f"{self.job_id}-g{self.generations}", start_timeout, network,
                            where)
+        made.cut_off, self._cut_off = self._cut_off, []
+        return made
 
 
 class HookCluster:
@@ -214,6 +275,9 @@ class HookCluster:
                                      tls=nodes.tls, netns=network.name if network is not None else "",
                                      **(where or {}))
         self._mapping = assignment
+        # tasks of older generations on nodes that did not answer: TF's connect must not wait
+        # on them (tfsync.engine.cut)
+        self.cut_off: list[str] = []
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._dead: dict[tuple[str, int], int] = {}  # ended tasks -> exit code (-1: hook unreachable)
@@ -343,6 +407,8 @@ class HookCluster:
         for h in self._unreachable:   # not waited for: a partitioned node would hold the stop for a minute
             logger.warning("the tasks of %s on %s are left running: its hook did not answer", self.job_id,
                            self.launcher.addresses[h])
+            self.nodes._left_running.setdefault(h, []).append(self.job_id)
+            self.nodes._cut_off.extend(self.spec[job][i] for job, i in self.launcher.tasks_of(h))
         try:
             self.launcher.stop(skip=self._unreachable)
         except LaunchError as e:

@@ -95,3 +95,19 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     if not engine.draining:
         engine.apply(policy.start(engine.view()))
     return True
+
+
+def rejoin_nodes(engine, policy, back: list[str]) -> None:
+    """Nodes the current generation left out (``back``: their hooks, which answer again)
+    are used again: drain, checkpoint, and restart on every node that answers. Nothing
+    counted is lost; the restart costs a few seconds, as a restart switch does."""
+    t0 = time.time()
+    engine.drain(policy)
+    path = engine.checkpoint("node_rejoined")
+    engine.restart_generation(restore=path)
+    still_out = engine.gens.left_out()   # a node lost again before the new generation started
+    for node in back:
+        if node not in still_out:
+            logger.warning("node %s is back: its hook answers again; the cluster now uses it", node)
+            engine.event("node_rejoined", node=node, checkpoint=path, seconds=round(time.time() - t0, 3))
+    engine.apply(policy.start(engine.view()))

@@ -31,7 +31,7 @@ from .generation import Generation, TrainSetup
 from .generations import Generations
 from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .records import RunRecorder
-from .recovery import recover_lost_ps
+from .recovery import recover_lost_ps, rejoin_nodes
 from .resources import ResourceMonitor
 from .summary import summarize
 from .switching import begin_phase, resume_from, resume_policy, set_config, switch
@@ -237,6 +237,9 @@ class Engine:
                         raise
                     continue
                 self.apply(policy.start(self.view()))
+            back = self.gens.returned()
+            if back and self.state.samples < end_samples:
+                rejoin_nodes(self, policy, back)
         self.drain(policy)
 
     def event(self, kind: str, **fields) -> None:
