@@ -6,11 +6,17 @@ emulates 10 and 30 ms, paper 003 Sec. VI-A).
 For each latency, the same job (MNIST, a wide MLP so that a step's pull and push are
 large against its compute) runs as BSP, ASP and Sync-Switch (BSP for the first
 ``--switch-at`` of the workload, then ASP), configurations alternating within a repeat.
+With ``--search R,M`` the switch point is not given but found first, as a recurring job
+would have it (paper 003 Algorithm 1): ``tfsync search --runs R --settings M`` on the
+testbed at the first latency (the point depends on how training converges, not on the
+network), and every Sync-Switch run uses it.
 Reported per run: training time, samples/s, final test accuracy, and the time to reach
 the BSP run's final accuracy (from evaluations during the run). Writes
 results/bench_testbed.csv and .png.
 
     sudo python experiments/bench_testbed.py --nodes 4 --workers 4 --repeats 1
+    sudo python experiments/bench_testbed.py --nodes 8 --workers 8 --epochs 1 --momentum inverse_n --search 1,3 \
+        --repeats 2 --out results/bench_testbed_8w
 
 The machine has 2 cores: all tasks share them, so compute is slowed by the number of
 tasks; the network share of a step grows with latency. Say so when quoting.
@@ -19,17 +25,18 @@ tasks; the network share of a step grows with latency. Say so when quoting.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -37,49 +44,48 @@ PROTOCOLS = {
     "bsp": '[[protocol]]\nname = "bsp"\n',
     "asp": '[[protocol]]\nname = "asp"\n',
     "sync-switch": '[[protocol]]\nname = "bsp"\nuntil = {at}\n[[protocol]]\nname = "asp"\n'
-                   '[switch]\nmethod = "hot"\npoint = "job"\n',
+                   '[switch]\nmethod = "hot"\npoint = "job"\nmomentum = "{momentum}"\n',
 }
 
 
+def protocol_text(protocol: str, switch_at: float, momentum: str) -> str:
+    """A Sync-Switch whose point is 1.0 (the search kept BSP to the end) is BSP."""
+    if protocol == "sync-switch" and switch_at >= 1.0:
+        protocol = "bsp"
+    return PROTOCOLS[protocol].format(at=switch_at, momentum=momentum)
+
+
 def job_text(run_dir: str, protocol: str, args, bed: Testbed) -> str:
-    return textwrap.dedent(f"""
-        [job]
-        name = "bench-testbed"
-        run_dir = "{run_dir}"
-        seed = 0
-        [data]
-        name = "mnist"
-        [model]
-        fn = "{os.path.join(ROOT, 'experiments', 'wide_mlp.py')}:build"
-        args = {{hidden = {args.hidden}}}
-        [train]
-        loss = "SparseCategoricalCrossentropy"
-        loss_args = {{from_logits = true}}
-        epochs = {args.epochs}
-        batch_size = 64
-        learning_rate = 0.01
-        checkpoint_every = 0
-        eval_every = {args.eval_every}
-        eval_samples = 2000
-        timeout_s = 600
-        """) + PROTOCOLS[protocol].format(at=args.switch_at) + bed.cluster_toml() + f"workers = {args.workers}\n"
+    return (wide_mlp_job("bench-testbed", run_dir, args.hidden, args.epochs, args.eval_every)
+            + protocol_text(protocol, args.switch_at, args.momentum) + bed.cluster_toml() + f"workers = {args.workers}\n")
 
 
 def run_one(bed: Testbed, protocol: str, args, work: str) -> dict:
     run_dir = os.path.join(work, f"run-{protocol}")
-    job = os.path.join(work, f"{protocol}.toml")
-    with open(job, "w") as f:
-        f.write(job_text(run_dir, protocol, args, bed))
     t0 = time.time()
-    r = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", job, "--no-report"]),
-                       capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise RuntimeError(f"{protocol} failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        s = json.load(f)
+    s = run_on_testbed(bed, os.path.join(work, f"{protocol}.toml"), job_text(run_dir, protocol, args, bed), run_dir)
     return {"protocol": protocol, "wall_s": round(time.time() - t0, 2), "train_s": round(s["train_s"], 2),
             "samples_per_s": round(s["samples_per_s"], 1), "test_accuracy": round(s["test_accuracy"], 4),
             "evals": [(e["time"] - s["init_s"], e["accuracy"]) for e in s.get("evals", []) if "accuracy" in e]}
+
+
+def search_point(bed: Testbed, args, work: str) -> float:
+    """The switch point ``tfsync search`` finds for the Sync-Switch job on the testbed."""
+    job = os.path.join(work, "search.toml")
+    with open(job, "w") as f:
+        f.write(job_text(os.path.join(work, "run-search"), "sync-switch", args, bed))
+    runs, settings = args.search.split(",")
+    r = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "search", job, "--runs", runs,
+                                         "--settings", settings, "--json",
+                                         "--store", os.path.join(work, "jobs.db")]), capture_output=True, text=True,
+                       timeout=7200)
+    if r.returncode != 0:
+        raise RuntimeError(f"search failed ({r.returncode}): {r.stderr[-2000:]}")
+    found = json.loads(r.stdout)
+    tried = ", ".join(f"{t['fraction']:.4g}: {t['mean']:.4f}" for t in found["tried"])
+    print(f"searched switch point: {found['fraction']:.4g} (BSP {found['bsp']}, target {found['target']:.4f} - "
+          f"{found['beta']}; tried {tried}; {found['search_time_s']:.0f} s)", flush=True)
+    return float(found["fraction"])
 
 
 def time_to(evals, target: float) -> float | None:
@@ -96,32 +102,37 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=512, help="the MLP's hidden width (wider: more to send)")
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--switch-at", type=float, default=0.25)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--momentum", default="keep",
+                   help="Sync-Switch's momentum after the switch (switch.momentum: keep, zero, inverse_n, ...)")
+    p.add_argument("--search", default=None, metavar="R,M",
+                   help="find the switch point with `tfsync search --runs R --settings M` first (at the first latency)")
+    p.add_argument("--repeats", type=int, default=1, help="0 with --search: the search alone")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
     args = p.parse_args(argv)
     rows = []
     bed = Testbed.up("bench", nodes=args.nodes, rate=args.rate, log=print)
     try:
         with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
-            for latency in [float(x) for x in args.latencies.split(",")]:
+            for k, latency in enumerate(float(x) for x in args.latencies.split(",")):
                 for node in bed.nodes:
                     bed.set(node, latency_ms=latency)
+                if args.search and k == 0:
+                    args.switch_at = search_point(bed, args, work)
+                    if args.repeats == 0:
+                        return 0   # the search alone
                 for repeat in range(args.repeats):
                     results = {name: run_one(bed, name, args, work) for name in PROTOCOLS}
                     target = results["bsp"]["test_accuracy"] - 0.005
                     for name, r in results.items():
                         row = {"latency_ms": latency, "repeat": repeat, "workers": args.workers,
+                               "switch_at": args.switch_at if name == "sync-switch" else None,
                                **{k: v for k, v in r.items() if k != "evals"},
                                "target_accuracy": round(target, 4), "time_to_target_s": time_to(r["evals"], target)}
                         rows.append(row)
                         print(row, flush=True)
     finally:
         bed.down()
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png", args)
     print(f"wrote {args.out}.csv and .png")
     return 0

@@ -23,7 +23,6 @@ shares them, so these times include waiting for CPU as well as for the network.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import signal
@@ -35,6 +34,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from testbed_bench import write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -162,11 +164,7 @@ def main(argv=None) -> int:
                             print(row, flush=True)
     finally:
         bed.down()
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.csv and .png")
     return 0

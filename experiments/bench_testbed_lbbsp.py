@@ -1,0 +1,154 @@
+"""LB-BSP across separate hosts (issue 17): BSP, LB-BSP and ASP per update on a
+``tfsync testbed`` whose worker nodes differ, against the ideal X / sum(v) (paper 002
+Sec. 5.2; the same analysis as bench_lbbsp.py, which runs on one host).
+
+The PS runs on n1, worker 0 on n2, worker 1 on n3. Heterogeneity, one kind per run:
+- ``cpu``: n2's hook (and so every task it starts) is pinned to CPU 0, n3's to CPU 1, and
+  CPU burners on CPU 1 leave worker 1 the Hetero-L3 share (1/3) of its CPU;
+- ``bandwidth``: n3's link is shaped to ``--slow-rate`` (tbf, both directions): worker 1's
+  pull and push take longer, its compute does not.
+LB-BSP sizes each worker's batch from its predicted speed (``--predictor``); per update
+is the time for X = n * B samples in the steady part of a run (one round of BSP or
+LB-BSP, n updates of ASP). The PS and the coordinator are not pinned. Targets: LB-BSP
+<= 1.10x ideal, >= 1.5x faster than BSP.
+
+    sudo python experiments/bench_testbed_lbbsp.py --repeats 2
+
+The machine has 2 cores: the PS, the coordinator and the relay share them with the
+workers, so compute is slowed by contention. Compare ratios within one run, not times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from bench_lbbsp import analyse, start_burners  # noqa: E402
+from bench_predictors import read_pushes  # noqa: E402
+from testbed_bench import run_on_testbed, write_csv  # noqa: E402
+
+from tfsync.testbed.bed import Testbed  # noqa: E402
+
+PROTOCOLS = {"BSP": '[[protocol]]\nname = "bsp"\n', "LB-BSP": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\n',
+             "ASP": '[[protocol]]\nname = "asp"\n'}
+COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "ASP": "#55a868"}
+
+
+def job_text(run_dir: str, label: str, args, bed: Testbed) -> str:
+    return textwrap.dedent(f"""
+        [job]
+        name = "bench-testbed-lbbsp"
+        run_dir = "{run_dir}"
+        seed = 0
+        [data]
+        name = "mnist"
+        [model]
+        name = "{args.model}"
+        [train]
+        epochs = {args.samples / 60000}
+        batch_size = {args.batch_size}
+        learning_rate = {args.lr}
+        checkpoint_every = 0
+        timeout_s = 600
+        """) + PROTOCOLS[label].format(p=args.predictor) + bed.cluster_toml() + "workers = 2\n"
+
+
+def run_one(bed: Testbed, label: str, args, work: str) -> dict:
+    run_dir = os.path.join(work, f"run-{label.lower()}")
+    summary = run_on_testbed(bed, os.path.join(work, f"{label.lower()}.toml"), job_text(run_dir, label, args, bed),
+                             run_dir)
+    a = analyse(read_pushes(run_dir), 2 * args.batch_size, args.skip)
+    return {"protocol": label, "per_update_s": round(a["per_update_s"], 4), "ideal_s": round(a["ideal_s"], 4),
+            "ratio_to_ideal": round(a["per_update_s"] / a["ideal_s"], 3),
+            **{f"speed_w{w}": round(v, 1) for w, v in sorted(a["speed"].items())},
+            **{f"batch_w{w}": round(v, 1) for w, v in sorted(a["batch"].items())},
+            "final_loss": round(a["final_loss"], 4), "test_accuracy": summary["test_accuracy"],
+            "train_s": round(summary["train_s"], 1)}
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Pin every thread of ``pid`` to ``cpu``: the tasks it starts later inherit it."""
+    subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--slow-by", default="cpu,bandwidth", help="comma-separated: cpu, bandwidth")
+    p.add_argument("--slow-rate", default="40mbit", help="n3's link under --slow-by bandwidth (tc rate)")
+    p.add_argument("--samples", type=int, default=30000, help="workload per run (samples)")
+    p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "linear"))
+    p.add_argument("--batch-size", type=int, default=512, help="B per worker; X = 2 * B per update")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--predictor", default="ema")
+    p.add_argument("--skip", type=float, default=0.1, help="share of each run's samples left out as warm-up")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "bench_testbed_lbbsp"))
+    args = p.parse_args(argv)
+    rows = []
+    bed = Testbed.up("benchlb", nodes=3, log=print)
+    try:
+        pin(bed.node("n2").pid, 0)
+        pin(bed.node("n3").pid, 1)
+        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+            for slow in args.slow_by.split(","):
+                burners = start_burners("hetero-l3", 2) if slow == "cpu" else []   # on worker 1's CPU
+                if slow == "bandwidth":
+                    bed.set("n3", rate=args.slow_rate)
+                try:
+                    for repeat in range(args.repeats):
+                        for label in PROTOCOLS:
+                            row = {"slow_by": slow, "repeat": repeat, **run_one(bed, label, args, work)}
+                            rows.append(row)
+                            print(row, flush=True)
+                finally:
+                    for b in burners:
+                        b.stop()
+                    bed.set("n3", rate="none")
+    finally:
+        bed.down()
+    write_csv(args.out + ".csv", rows)
+    plot(rows, args.out + ".png", args)
+    for slow in dict.fromkeys(r["slow_by"] for r in rows):
+        med = {label: statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == slow
+                                        and r["protocol"] == label) for label in PROTOCOLS}
+        ideal = statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == slow and r["protocol"] == "LB-BSP")
+        print(f"{slow}: per update BSP {med['BSP']:.3f} s, LB-BSP {med['LB-BSP']:.3f} s (x{med['LB-BSP'] / ideal:.2f} "
+              f"ideal, BSP / LB-BSP {med['BSP'] / med['LB-BSP']:.2f}), ASP {med['ASP']:.3f} s")
+    print(f"wrote {args.out}.csv and .png")
+    return 0
+
+
+def plot(rows, path, args) -> None:
+    from matplotlib.figure import Figure
+
+    kinds = list(dict.fromkeys(r["slow_by"] for r in rows))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    width = 0.25
+    for j, label in enumerate(PROTOCOLS):
+        values = [statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == k and r["protocol"] == label)
+                  for k in kinds]
+        ax.bar([i + (j - 1) * width for i in range(len(kinds))], values, width, color=COLORS[label], label=label)
+    ideal = [statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == k and r["protocol"] == "LB-BSP")
+             for k in kinds]
+    ax.scatter(range(len(kinds)), ideal, marker="_", s=900, color="black", zorder=3, label="ideal X/sum(v)")
+    ax.set_xticks(range(len(kinds)), [f"slow worker by {k}" + (f" ({args.slow_rate})" if k == "bandwidth" else
+                                                                " (1/3 CPU)") for k in kinds])
+    ax.set_ylabel(f"seconds per X = 2 x {args.batch_size} samples")
+    ax.set_title(f"LB-BSP on the testbed: 2 workers on 2 nodes, PS on a third ({args.model}, median of "
+                 f"{args.repeats})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Sync-Switch's straggler policies when one node's link slows for a while (issue 17;
+paper 003 Sec. IV-B2 and VI-B3, here with the network as the cause rather than a paused
+process).
+
+A ``tfsync testbed`` of 5 nodes: the PS on n1, 4 workers on n2..n5, every node's one-way
+latency ``--latency``. The job (MNIST, the wide MLP of bench_testbed.py) runs BSP for the
+first ``--switch-at`` of its workload, then ASP. ``--episode-s`` seconds after training
+starts, n3's link (worker 1) turns slow (``--slow-latency`` one-way) for ``--slow-s``
+seconds, then recovers. Each run uses one straggler policy before the switch: none (the
+plain plan), greedy (that worker goes to ASP while the others stay in BSP) or elastic
+(it leaves the cluster and is readmitted later). Reported per run: training time, test
+accuracy, and what the detector saw (from the BSP phase's stats). Configurations
+alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
+
+    sudo python experiments/bench_testbed_stragglers.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
+
+from tfsync.testbed.bed import Testbed  # noqa: E402
+
+POLICIES = ("none", "greedy", "elastic")
+COLORS = {"none": "#4878a8", "greedy": "#c44e52", "elastic": "#55a868"}
+
+
+def job_text(run_dir: str, policy: str, args, bed: Testbed) -> str:
+    return wide_mlp_job("bench-testbed-stragglers", run_dir, args.hidden, args.epochs) + textwrap.dedent(f"""
+        [[protocol]]
+        name = "bsp"
+        until = {args.switch_at}
+        [[protocol]]
+        name = "asp"
+        [switch]
+        point = "job"
+        stragglers = "{policy}"
+        straggler_window_s = {args.window_s}
+        straggler_k = 2
+        readmit_after_s = {args.readmit_s}
+        """) + bed.cluster_toml() + "workers = 4\n"
+
+
+def slow_link(bed: Testbed, run_dir: str, args, stop: threading.Event, seen: dict) -> None:
+    """n3's link slow from ``episode_s`` after training starts, for ``slow_s``."""
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    while not stop.is_set():
+        if os.path.exists(metrics):
+            with open(metrics) as f:
+                if any('"event": "phase"' in line for line in f):
+                    break
+        time.sleep(0.1)
+    if stop.wait(args.episode_s):
+        return
+    bed.set("n3", latency_ms=args.slow_latency)
+    seen["slowed_at"] = time.time()
+    stop.wait(args.slow_s)
+    bed.set("n3", latency_ms=args.latency)
+    seen["restored_at"] = time.time()
+
+
+def run_one(bed: Testbed, policy: str, args, work: str) -> dict:
+    run_dir = os.path.join(work, f"run-{policy}")
+    stop, seen = threading.Event(), {}
+    t = threading.Thread(target=slow_link, args=(bed, run_dir, args, stop, seen), daemon=True)
+    t.start()
+    try:
+        s = run_on_testbed(bed, os.path.join(work, f"{policy}.toml"), job_text(run_dir, policy, args, bed), run_dir)
+    finally:
+        stop.set()
+        t.join()
+        bed.set("n3", latency_ms=args.latency)
+    stats = s["timeline"][0].get("stats", {})
+    return {"policy": policy, "train_s": round(s["train_s"], 2), "test_accuracy": round(s["test_accuracy"], 4),
+            "slowed": "slowed_at" in seen, "switches": stats.get("switches", 0), "removals": stats.get("removals", 0),
+            "detections": sum(1 for d in stats.get("detected", []) if d[2] == "became"),
+            "bsp_phase_s": round(s["timeline"][1]["time"] - s["timeline"][0]["time"], 2)
+            if len(s["timeline"]) > 1 else None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--latency", type=float, default=10.0, help="every node's one-way ms")
+    p.add_argument("--slow-latency", type=float, default=80.0, help="n3's one-way ms while slow")
+    p.add_argument("--episode-s", type=float, default=3.0, help="seconds after training starts that n3 slows")
+    p.add_argument("--slow-s", type=float, default=20.0, help="how long n3 stays slow")
+    p.add_argument("--epochs", type=float, default=0.6)
+    p.add_argument("--switch-at", type=float, default=0.6, help="BSP for this share of the workload")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--window-s", type=float, default=2.0)
+    p.add_argument("--readmit-s", type=float, default=15.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed_stragglers"))
+    args = p.parse_args(argv)
+    rows = []
+    bed = Testbed.up("benchst", nodes=5, latency_ms=args.latency, log=print)
+    try:
+        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+            for repeat in range(args.repeats):
+                for policy in POLICIES:
+                    row = {"repeat": repeat, **run_one(bed, policy, args, work)}
+                    rows.append(row)
+                    print(row, flush=True)
+    finally:
+        bed.down()
+    write_csv(args.out + ".csv", rows)
+    base = statistics.median(r["train_s"] for r in rows if r["policy"] == "none")
+    for policy in POLICIES:
+        mine = [r for r in rows if r["policy"] == policy]
+        t = statistics.median(r["train_s"] for r in mine)
+        print(f"{policy:8s} train {t:6.1f} s (x{base / t:.2f} the plain plan), accuracy "
+              f"{statistics.median(r['test_accuracy'] for r in mine):.4f}, detections "
+              f"{[r['detections'] for r in mine]}")
+    plot(rows, args.out + ".png", args)
+    print(f"wrote {args.out}.csv and .png")
+    return 0
+
+
+def plot(rows, path, args) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.8))
+    a1, a2 = fig.subplots(1, 2)
+    for i, policy in enumerate(POLICIES):
+        mine = [r for r in rows if r["policy"] == policy]
+        a1.bar(i, statistics.median(r["train_s"] for r in mine), color=COLORS[policy])
+        a1.scatter([i] * len(mine), [r["train_s"] for r in mine], color="black", s=10, zorder=3)
+        a2.bar(i, statistics.median(r["test_accuracy"] for r in mine) * 100, color=COLORS[policy])
+    for ax, title in ((a1, "training time, s (dots: runs)"), (a2, "test accuracy, %")):
+        ax.set_xticks(range(len(POLICIES)), ["plain plan", "greedy", "elastic"])
+        ax.set_title(title, fontsize=10)
+    lo = min(r["test_accuracy"] for r in rows) * 100
+    a2.set_ylim(max(0, lo - 3), 100)
+    fig.suptitle(f"4 workers on 4 testbed nodes at {args.latency:g} ms; n3's link at {args.slow_latency:g} ms for "
+                 f"{args.slow_s:g} s during BSP", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
