@@ -82,7 +82,7 @@ def pin(pid: int, cpu: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-by", default="cpu,bandwidth", help="comma-separated: cpu, bandwidth")
-    p.add_argument("--slow-rate", default="40mbit", help="n3's link under --slow-by bandwidth (tc rate)")
+    p.add_argument("--slow-rate", default="10mbit", help="n3's link under --slow-by bandwidth (tc rate)")
     p.add_argument("--samples", type=int, default=30000, help="workload per run (samples)")
     p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "linear"))
     p.add_argument("--batch-size", type=int, default=512, help="B per worker; X = 2 * B per update")

@@ -61,7 +61,9 @@ def _resolve(address: str) -> set[tuple[str, int]]:
 def cut(addresses) -> int:
     """Shut down every TCP connection of this process to ``addresses`` ("host:port");
     returns how many. Linux only (/proc); elsewhere it cuts nothing."""
-    targets = set().union(*(_resolve(a) for a in addresses)) if addresses else set()
+    if not addresses:
+        return 0
+    targets = set().union(*(_resolve(a) for a in addresses))
     inodes = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -74,8 +76,6 @@ def cut(addresses) -> int:
             if _endpoint(fields[2]) in targets:
                 inodes.add(fields[9])
     cut_count = 0
-    if not inodes:
-        return 0
     for fd in os.listdir("/proc/self/fd"):
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")

@@ -399,6 +399,8 @@ class HookCluster:
             self._streams.append(call)
 
     def stop(self) -> None:
+        if self._stopped.is_set():   # once: the engine's end stops every generation again
+            return
         self._stopped.set()
         for call in list(self._streams or ()):
             call.cancel()
