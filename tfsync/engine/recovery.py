@@ -15,6 +15,10 @@ ClusterCoordinator reconnect to it (it does)? In TF 2.21 the recovered worker's 
 function then fails with NOT_FOUND for the BSP accumulator on the PS, while the gate
 queues still work (tried, with a marker token to reconcile lost tokens); a restart from
 a checkpoint taken at the loss costs a few seconds more and works for every protocol.
+
+A node left out of a generation (its hook did not answer: it died or lost its link) that
+answers again is used again (``rejoin_nodes``): the engine drains, checkpoints and
+restarts on every node.
 """
 
 from __future__ import annotations
