@@ -181,12 +181,10 @@ class HookNodes:
     def returned(self) -> list[str]:
         """The hooks (addresses) the newest generation left out that answer again: their
         nodes are back (a partition healed, a node restarted), and a new generation would
-        use them. Probed in the background every ``REJOIN_PROBE_S``; their tasks that older
-        generations left running there are stopped first."""
+        use them. Probed in the background every ``REJOIN_PROBE_S`` from the generation that
+        left them out; their tasks that older generations left running there are stopped
+        first."""
         with self._probe_lock:
-            if self.left_out and (self._prober is None or not self._prober.is_alive()):
-                self._prober = threading.Thread(target=self._probe, name="tfsync-rejoin-probe", daemon=True)
-                self._prober.start()
             return [self.hooks[h][0] for h in sorted(self._answering & self.left_out)]
 
     def left_out_hooks(self) -> list[str]:
@@ -195,15 +193,23 @@ class HookNodes:
 
     def _probe(self) -> None:
         while not self._closed.wait(REJOIN_PROBE_S):
-            with self._probe_lock:
+            with self._probe_lock:   # ends under the lock, so a new generation's call starts another
                 waiting = self.left_out - self._answering
-            if not waiting:
-                return
+                if not waiting:
+                    self._prober = None
+                    return
             for h in sorted(waiting):
                 if self._answers(h, timeout=REJOIN_PROBE_S, say=False):
                     self._stop_left_running(h)
                     with self._probe_lock:
                         self._answering.add(h)
+
+    def left_running(self, hook: int, job_id: str, addresses) -> None:
+        """A stopped generation ``job_id`` left its tasks (at ``addresses``) on ``hook``, which
+        did not answer: they are stopped when it answers again, and the next generation's
+        connect does not wait on them (tfsync.engine.cut)."""
+        self._left_running.setdefault(hook, []).append(job_id)
+        self._cut_off.extend(addresses)
 
     def _stop_left_running(self, hook: int) -> None:
         """Stop the tasks older generations left on ``hook`` while it did not answer."""
@@ -250,6 +256,9 @@ class HookNodes:
         with self._probe_lock:
             self.left_out = set() if live is None else set(range(len(self.hooks))) - set(live)
             self._answering = set()
+            if self.left_out and self._prober is None:
+                self._prober = threading.Thread(target=self._probe, name="tfsync-rejoin-probe", daemon=True)
+                self._prober.start()
         for h in live or ():
             self._stop_left_running(h)   # a node back before the probe saw it
         spec, assignment = self.spec(workers, ps, network, live, ask_ports=self._hook_ports)
@@ -409,8 +418,7 @@ class HookCluster:
         for h in self._unreachable:   # not waited for: a partitioned node would hold the stop for a minute
             logger.warning("the tasks of %s on %s are left running: its hook did not answer", self.job_id,
                            self.launcher.addresses[h])
-            self.nodes._left_running.setdefault(h, []).append(self.job_id)
-            self.nodes._cut_off.extend(self.spec[job][i] for job, i in self.launcher.tasks_of(h))
+            self.nodes.left_running(h, self.job_id, [self.spec[job][i] for job, i in self.launcher.tasks_of(h)])
         try:
             self.launcher.stop(skip=self._unreachable)
         except LaunchError as e:
