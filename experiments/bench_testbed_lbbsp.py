@@ -3,8 +3,9 @@
 Sec. 5.2; the same analysis as bench_lbbsp.py, which runs on one host).
 
 The PS runs on n1, worker 0 on n2, worker 1 on n3. Heterogeneity, one kind per run:
-- ``cpu``: n2's hook (and so every task it starts) is pinned to CPU 0, n3's to CPU 1, and
-  CPU burners on CPU 1 leave worker 1 the Hetero-L3 share (1/3) of its CPU;
+- ``cpu``: each worker node is a one-CPU machine (``--cpu``: the testbed's per-node CPU
+  share, a cgroup quota over the hook and the tasks it starts), and n3 gets
+  ``--slow-cpu`` of one CPU (1/3 by default: the paper's Hetero-L3 level);
 - ``bandwidth``: n3's link is shaped to ``--slow-rate`` (tbf, both directions): worker 1's
   pull and push take longer, its compute does not.
 LB-BSP sizes each worker's batch from its predicted speed (``--predictor``); per update
@@ -13,6 +14,7 @@ LB-BSP, n updates of ASP). The PS and the coordinator are not pinned. Targets: L
 <= 1.10x ideal, >= 1.5x faster than BSP.
 
     sudo python experiments/bench_testbed_lbbsp.py --repeats 2
+    sudo python experiments/bench_testbed_lbbsp.py --slow-by cpu --samples 60000 --repeats 2
 
 The machine has 2 cores: the PS, the coordinator and the relay share them with the
 workers, so compute is slowed by contention. Compare ratios within one run, not times.
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -31,7 +32,7 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from bench_lbbsp import analyse, start_burners  # noqa: E402
+from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
 from testbed_bench import run_on_testbed, write_csv  # noqa: E402
 
@@ -74,15 +75,12 @@ def run_one(bed: Testbed, label: str, args, work: str) -> dict:
             "train_s": round(summary["train_s"], 1)}
 
 
-def pin(pid: int, cpu: int) -> None:
-    """Pin every thread of ``pid`` to ``cpu``: the tasks it starts later inherit it."""
-    subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-by", default="cpu,bandwidth", help="comma-separated: cpu, bandwidth")
     p.add_argument("--slow-rate", default="10mbit", help="n3's link under --slow-by bandwidth (tc rate)")
+    p.add_argument("--cpu", type=float, default=1.0, help="each worker node's CPU share, in CPUs")
+    p.add_argument("--slow-cpu", type=float, default=1 / 3, help="n3's CPU share under --slow-by cpu, in CPUs")
     p.add_argument("--samples", type=int, default=30000, help="workload per run (samples)")
     p.add_argument("--model", default="cnn", choices=("cnn", "mlp", "linear"))
     p.add_argument("--batch-size", type=int, default=512, help="B per worker; X = 2 * B per update")
@@ -93,13 +91,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "bench_testbed_lbbsp"))
     args = p.parse_args(argv)
     rows = []
-    bed = Testbed.up("benchlb", nodes=3, log=print)
+    bed = Testbed.up("benchlb", nodes=3, log=print, cpu=args.cpu)
     try:
-        pin(bed.node("n2").pid, 0)
-        pin(bed.node("n3").pid, 1)
         with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
             for slow in args.slow_by.split(","):
-                burners = start_burners("hetero-l3", 2) if slow == "cpu" else []   # on worker 1's CPU
+                if slow == "cpu":
+                    bed.set("n3", cpu=args.slow_cpu)
                 if slow == "bandwidth":
                     bed.set("n3", rate=args.slow_rate)
                 try:
@@ -109,9 +106,7 @@ def main(argv=None) -> int:
                             rows.append(row)
                             print(row, flush=True)
                 finally:
-                    for b in burners:
-                        b.stop()
-                    bed.set("n3", rate="none")
+                    bed.set("n3", rate="none", cpu=args.cpu)
     finally:
         bed.down()
     write_csv(args.out + ".csv", rows)
@@ -141,10 +136,10 @@ def plot(rows, path, args) -> None:
              for k in kinds]
     ax.scatter(range(len(kinds)), ideal, marker="_", s=900, color="black", zorder=3, label="ideal X/sum(v)")
     ax.set_xticks(range(len(kinds)), [f"slow worker by {k}" + (f" ({args.slow_rate})" if k == "bandwidth" else
-                                                                " (1/3 CPU)") for k in kinds])
+                                                                f" ({args.slow_cpu:.2g} CPU)") for k in kinds])
     ax.set_ylabel(f"seconds per X = 2 x {args.batch_size} samples")
-    ax.set_title(f"LB-BSP on the testbed: 2 workers on 2 nodes, PS on a third ({args.model}, median of "
-                 f"{args.repeats})", fontsize=9)
+    ax.set_title(f"LB-BSP on the testbed: 2 workers on 2 nodes of {args.cpu:g} CPU, PS on a third ({args.model}, "
+                 f"median of {args.repeats})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -21,6 +21,7 @@ import pytest
 from helpers import kill_if_running, records
 from tfsync.hooks import firewall
 from tfsync.testbed import bed as testbed
+from tfsync.testbed import cpushare
 
 REASON = testbed.unavailable_reason()
 FIREWALL = firewall.unavailable_reason()   # the nodes' hooks share this kernel and tools
@@ -48,6 +49,7 @@ def bed(tmp_path_factory):
         made.down()
         mp.undo()
         assert not any(n.startswith(f"tfsb{made.slot}-") for n in os.listdir("/run/netns"))
+        assert not any(os.path.exists(os.path.dirname(cpushare.procs_file(n.netns))) for n in made.nodes.values())
 
 
 def _rtts_ms(bed, host, port, tries=5) -> list[float]:
@@ -140,6 +142,25 @@ def test_a_nodes_packet_loss_drops_that_share_of_what_it_sends_and_is_removed(be
     assert "tfsync_loss" not in tables
     with pytest.raises(testbed.TestbedInputError, match="loss 150 %: give 0 to 100 %"):
         bed.set("n2", loss_pct=150)
+
+
+def test_a_nodes_cpu_share_caps_its_hook_and_whatever_runs_there(bed):
+    burn = "import os, time\nt = time.time()\nwhile time.time() - t < 1.0:\n    pass\nprint(sum(os.times()[:2]))\n"
+
+    def cpu_s() -> float:   # CPU seconds a process on n2 gets in one second of wall time
+        return float(subprocess.run(bed.command("n2", [sys.executable, "-c", burn]), capture_output=True, text=True,
+                                    check=True, timeout=30).stdout)
+
+    bed.set("n2", cpu=0.2)
+    try:
+        assert bed.node("n2").pid in cpushare.members(bed.node("n2").netns)   # so are the tasks it starts
+        capped = cpu_s()
+    finally:
+        bed.set("n2", cpu="none")
+    free = cpu_s()
+    assert capped < 0.35 and free > 1.8 * capped, (capped, free)
+    with pytest.raises(testbed.TestbedInputError, match="cpu 0: give 0.01 to"):
+        bed.set("n2", cpu=0)
 
 
 def _wait_for(predicate, what, proc, timeout=120):

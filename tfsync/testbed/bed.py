@@ -5,6 +5,7 @@
     subprocess.run(bed.command("c", ["tfsync", "run", "job.toml"]))   # the coordinator's node
     bed.set("n2", latency_ms=30)       # while the job runs: n2's link turns slow
     bed.set("n3", jitter_ms=5, loss_pct=1)
+    bed.set("n3", cpu=0.33)            # n3's hook and tasks share a third of one CPU
     bed.down()                         # every namespace, link, process and file removed
 
 Layout (slot ``s``: several testbeds can be up at once):
@@ -26,6 +27,8 @@ Layout (slot ``s``: several testbeds can be up at once):
 - jitter: the relay's (``relay.py``); packet loss: an nftables ingress rule on the node's
   veth in the wire namespace that drops that share of what it sends, at random (netem's
   ``loss``, which this kernel lacks; needs ``nft``);
+- CPU: a node given a share runs its hook and tasks in a cgroup ``tfsb<s>-<node>`` capped
+  at that many CPUs (``cpushare.py``);
 - a node's hook runs in its own mount namespace with an empty tmpfs over each
   ``private`` directory (``/tmp`` by default): a node sees nothing the coordinator
   keeps there, as a separate machine would not (no shared run directory);
@@ -52,6 +55,7 @@ from dataclasses import asdict, dataclass
 from tfsync import safefile
 from tfsync.netns import pid_alive
 from tfsync.taskcmd import task_env
+from tfsync.testbed import cpushare
 
 HOOK_PORT = 7070
 TASK_PORTS = (20000, 20099)   # the job file's cluster.task_ports; the relay listens on all of them
@@ -80,6 +84,7 @@ class Node:
     rate: str | None = None   # tbf rate ("100mbit"), None: unshaped
     jitter_ms: float = 0.0    # each chunk it sends waits latency +- up to this (the relay)
     loss_pct: float = 0.0     # share of the packets it sends that are dropped (nftables)
+    cpu: float | None = None  # CPUs its processes may use together (a cgroup quota: cpushare.py), None: no cap
     up: bool = True
     pid: int | None = None    # its hook (None for the coordinator's node)
 
@@ -127,6 +132,14 @@ def check_rate(rate: str | None) -> str | None:
     return rate
 
 
+def _check_cpu(cpu: float | None) -> float | None:
+    try:
+        cpushare.check(cpu)
+    except ValueError as e:
+        raise TestbedInputError(str(e)) from None
+    return cpu
+
+
 def _rate_bits(rate: str) -> float:
     number, unit = re.match(r"([\d.]+)(\w+)", rate).groups()
     return float(number) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
@@ -168,14 +181,19 @@ class Testbed:
         return self.nodes[name]
 
     def command(self, node: str, argv: list[str]) -> list[str]:
-        """``argv`` run on ``node`` (in its network namespace)."""
-        return ["ip", "netns", "exec", self.node(node).netns, *argv]
+        """``argv`` run on ``node`` (in its network namespace, and within its CPU share)."""
+        n = self.node(node)
+        command = ["ip", "netns", "exec", n.netns, *argv]
+        if n.cpu is not None:   # joins the node's cgroup first, as the hook's own tasks are in it (outside the
+            # namespace: `ip netns exec` mounts a /sys of its own, without the cgroups)
+            command = ["sh", "-c", f'echo $$ > {cpushare.procs_file(n.netns)} && exec "$@"', "sh", *command]
+        return command
 
     # -- making and removing -----------------------------------------------------------------
     @classmethod
     def up(cls, name: str = "tfsync", nodes: int = 3, latency_ms: float = 0.0, rate: str | None = None,
            private: tuple[str, ...] = ("/tmp",), log=None, jitter_ms: float = 0.0,
-           loss_pct: float = 0.0) -> "Testbed":
+           loss_pct: float = 0.0, cpu: float | None = None) -> "Testbed":
         """Make a testbed of ``nodes`` nodes (each running a hook) plus the coordinator's node."""
         if not _NAME.fullmatch(name):
             raise TestbedInputError(f"testbed name {name!r}: use 1-16 lower-case letters, digits and '-'")
@@ -183,6 +201,7 @@ class Testbed:
             raise TestbedInputError(f"nodes = {nodes}: a testbed has 1 to 200 nodes")
         check_link(latency_ms, jitter_ms, loss_pct)
         check_rate(rate)
+        _check_cpu(cpu)
         for d in private:
             if not os.path.isabs(d) or os.path.realpath(d) in ("/", "/proc", "/sys", "/dev", "/run"):
                 raise TestbedInputError(f"private directory {d!r}: give an absolute path other than / /proc /sys /dev /run")
@@ -196,7 +215,7 @@ class Testbed:
         made = {}
         for k, node in enumerate([COORDINATOR] + [f"n{i}" for i in range(1, nodes + 1)]):
             made[node] = Node(node, f"tfsb{slot}-{node}", str(base[10 + k]), str(adv[10 + k]), latency_ms, rate,
-                              jitter_ms, loss_pct)
+                              jitter_ms, loss_pct, cpu=None if node == COORDINATOR else cpu)
         bed = cls(name, slot, made, private=tuple(private))
         safefile.make_dir(state_root(), 0o700)
         safefile.make_dir(bed.dir, 0o700)
@@ -254,6 +273,8 @@ class Testbed:
                     "--task-allow", self.nodes[COORDINATOR].advertised,
                     *[a for d in self.private for a in ("--private", d)]]
             node.pid = self._spawn(node.netns, argv, f"hook-{node.name}.log", "tfsync hook listening")
+            if node.cpu is not None:
+                self._share(node)
             say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")
         self.save()
 
@@ -290,16 +311,24 @@ class Testbed:
             if ns in present:
                 with contextlib.suppress(TestbedError):
                     _run("ip", "netns", "del", ns)
+            cpushare.remove(ns)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- changing links while a job runs ------------------------------------------------------
     def set(self, node: str, latency_ms: float | None = None, rate: str | None = None,
-            up: bool | None = None, jitter_ms: float | None = None, loss_pct: float | None = None) -> Node:
+            up: bool | None = None, jitter_ms: float | None = None, loss_pct: float | None = None,
+            cpu: float | str | None = None) -> Node:
         """Change ``node``'s link: latency and jitter (the relay picks them up within 0.2 s),
         packet loss, bandwidth (``rate``; "none" removes the limit) or whether it is up at
-        all (down: a partition)."""
+        all (down: a partition); or its CPU share (``cpu`` CPUs for all its processes, the
+        running tasks included; "none" removes the cap)."""
         n = self.node(node)
         check_link(latency_ms, jitter_ms, loss_pct)
+        if cpu is not None:
+            if n.name == COORDINATOR:
+                raise TestbedInputError("cpu: the coordinator's node has no CPU share; give a task node")
+            n.cpu = None if cpu == "none" else _check_cpu(float(cpu))
+            self._share(n)
         if latency_ms is not None or jitter_ms is not None:
             n.latency_ms = n.latency_ms if latency_ms is None else float(latency_ms)
             n.jitter_ms = n.jitter_ms if jitter_ms is None else float(jitter_ms)
@@ -333,6 +362,14 @@ class Testbed:
                            text=True, timeout=30)
         if r.returncode != 0:
             raise TestbedError(f"packet loss: nft failed: {r.stderr.strip() or r.returncode}")
+
+    def _share(self, node: Node) -> None:
+        """Put every process of ``node`` in its cgroup, capped at ``node.cpu`` CPUs."""
+        r = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True)
+        try:
+            cpushare.limit(node.netns, node.cpu, [int(p) for p in r.stdout.split()])
+        except cpushare.CpuShareError as e:
+            raise TestbedError(f"cpu share of {node.name}: {e}") from None
 
     def _shape(self, node: Node) -> None:
         for ns, dev in ((node.netns, "eth0"), (self.wire, f"v-{node.name}")):

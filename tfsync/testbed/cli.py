@@ -29,6 +29,16 @@ def percent(text: str) -> float:
         raise argparse.ArgumentTypeError(f"loss {text!r}: give a percentage such as 1% or 0.5") from None
 
 
+def cpus(text: str) -> float | str:
+    """"0.33" -> 0.33 CPUs; "none" (no cap) is kept as it is."""
+    if text == "none":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cpu {text!r}: give CPUs such as 0.5, or none") from None
+
+
 def add_commands(sub) -> None:
     tb = sub.add_parser(
         "testbed", help="separate hosts on this machine (network namespaces) with an emulated network",
@@ -43,6 +53,7 @@ def add_commands(sub) -> None:
                "  tfsync testbed exec c -- tfsync run job.toml\n"
                "  tfsync testbed set n2 --latency 30ms     # while the job runs\n"
                "  tfsync testbed set n3 --jitter 5ms --loss 1%\n"
+               "  tfsync testbed set n3 --cpu 0.33          # a slow machine: a third of one CPU\n"
                "  tfsync testbed down",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     s = tb.add_subparsers(dest="testbed_command", metavar="COMMAND")
@@ -59,6 +70,7 @@ def add_commands(sub) -> None:
                     help="every node's jitter: each chunk waits latency +- up to this (e.g. 2ms)")
     up.add_argument("--loss", type=percent, default=0.0,
                     help="every node's packet loss on what it sends, in %% (e.g. 1%%; needs nftables)")
+    up.add_argument("--cpu", type=cpus, help="every task node's CPU share, in CPUs (e.g. 0.5; a cgroup quota)")
     up.add_argument("--private", action="append", metavar="DIR",
                     help="a directory each node sees empty (repeatable; default /tmp)")
     s.add_parser("down", parents=[name], help="stop every process and remove every namespace and link",
@@ -71,13 +83,14 @@ def add_commands(sub) -> None:
     ch = s.add_parser("set", parents=[name], help="change a node's link while a job runs",
                       description="Change one node's link while a job runs: its one-way latency and jitter "
                                   "(what every chunk it sends waits in the relay), its packet loss (what it "
-                                  "sends), its bandwidth (tbf, both ways), or take it down and up again (a "
-                                  "partition).")
+                                  "sends), its bandwidth (tbf, both ways), its CPU share, or take it down and up "
+                                  "again (a partition).")
     ch.add_argument("node", help="n1, n2, ... or c")
     ch.add_argument("--latency", type=latency, help="one-way latency of what it sends (e.g. 30ms)")
     ch.add_argument("--jitter", type=latency, help="each chunk it sends waits latency +- up to this (e.g. 5ms)")
     ch.add_argument("--loss", type=percent, help="percent of the packets it sends dropped (0: none)")
     ch.add_argument("--rate", help="tc rate, or none")
+    ch.add_argument("--cpu", type=cpus, help="CPUs its hook and tasks may use together (e.g. 0.33), or none")
     ch.add_argument("--down", action="store_true", help="take the link down (a partition)")
     ch.add_argument("--up", action="store_true", help="bring the link back")
     ex = s.add_parser("exec", parents=[name], help="run a command on a node (e.g. c: the coordinator's)",
@@ -97,7 +110,8 @@ def cmd_testbed(args) -> int:
     try:
         if args.testbed_command == "up":
             bed = Testbed.up(args.name, args.nodes, args.latency, args.rate, tuple(args.private or ["/tmp"]),
-                             log=lambda msg: print(msg, flush=True), jitter_ms=args.jitter, loss_pct=args.loss)
+                             log=lambda msg: print(msg, flush=True), jitter_ms=args.jitter, loss_pct=args.loss,
+                             cpu=None if args.cpu == "none" else args.cpu)
             print(f"testbed {bed.name} is up; its job file table:\n\n{bed.cluster_toml()}")
             return 0
         bed = Testbed.load(args.name)
@@ -113,7 +127,7 @@ def cmd_testbed(args) -> int:
                     hook = "coordinator" if n["pid"] is None else \
                         f"hook {'running' if n['hook_alive'] else 'GONE'} (pid {n['pid']})"
                     print(f"{n['name']:>4}  {n['address']:<14} advertised {n['advertised']:<14} "
-                          f"latency {_link(n)}  rate {n['rate'] or '-'}  "
+                          f"latency {_link(n)}  rate {n['rate'] or '-'}  {_cpu(n)}"
                           f"link {'up' if n['up'] else 'DOWN'}  {hook}")
                 print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
         elif args.testbed_command == "set":
@@ -121,8 +135,9 @@ def cmd_testbed(args) -> int:
                 return fail("--up and --down: give one", EXIT_BAD_INPUT)
             n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
                         up=True if args.up else False if args.down else None, jitter_ms=args.jitter,
-                        loss_pct=args.loss)
-            print(f"{n.name}: latency {_link(vars(n))}, rate {n.rate or '-'}, link {'up' if n.up else 'down'}")
+                        loss_pct=args.loss, cpu=args.cpu)
+            print(f"{n.name}: latency {_link(vars(n))}, rate {n.rate or '-'}, {_cpu(vars(n))}, "
+                  f"link {'up' if n.up else 'down'}")
         elif args.testbed_command == "exec":
             argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             if not argv:
@@ -141,3 +156,7 @@ def _link(n: dict) -> str:
     """"10 ms", "10 +- 2 ms, 1 % loss": a node's latency, jitter and loss."""
     text = f"{n['latency_ms']:g}" + (f" +- {n['jitter_ms']:g}" if n.get("jitter_ms") else "") + " ms"
     return text + (f", {n['loss_pct']:g} % loss" if n.get("loss_pct") else "")
+
+
+def _cpu(n: dict) -> str:
+    return f"cpu {n['cpu']:g}" if n.get("cpu") is not None else "cpu -"
