@@ -5,7 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from tfsync.batching import GpuProfile, Hysteresis, cpu_rule, gpu_rule, predicted_times, profile_worker
+from tfsync.batching import (GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times,
+                             profile_worker)
+from tfsync.batching.stepfit import MAX_FIXED, StepFit
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +57,38 @@ def test_cpu_rule_bounds_bind_and_the_rest_is_reshared():
 def test_cpu_rule_infeasible_bounds_are_a_clear_error(lo, hi, total, msg):
     with pytest.raises(ValueError, match=f"total batch {total} cannot be split among 2 workers.*{msg}"):
         cpu_rule([1.0, 2.0], total, lo, hi)
+
+
+def test_affine_rule_equalises_step_lines_and_leaves_a_worker_whose_fixed_part_is_too_long_at_lo():
+    a, b = [0.0036, 0.143], [6.9e-5, 1.46e-4]     # measured on the testbed: n3 at a third of a CPU
+    sizes = affine_rule(a, b, 4096)
+    assert sum(sizes) == 4096
+    times = [ai + bi * x for ai, bi, x in zip(a, b, sizes)]
+    assert abs(times[0] - times[1]) <= max(b)      # equal to within one sample
+    assert affine_rule([0, 0, 0], [1 / 3000, 1 / 1000, 1 / 2000], 66) == cpu_rule([3000, 1000, 2000], 66)
+    # worker 1's link alone takes 0.4 s, longer than worker 0 needs for the whole batch
+    assert affine_rule([0.03, 0.40], [1 / 14000, 1 / 14000], 1024) == [1023, 1]
+    assert affine_rule([0.03, 0.40], [1 / 14000, 1 / 14000], 1024, lo=8) == [1016, 8]
+    with pytest.raises(ValueError, match="fixed times >= 0 and times per sample > 0"):
+        affine_rule([0.1, -0.1], [1e-3, 1e-3], 64)
+    with pytest.raises(ValueError, match="one fixed time and one time per sample per worker, got 2 and 1"):
+        affine_rule([0.1, 0.1], [1e-3], 64)
+
+
+def test_a_step_fit_finds_the_fixed_share_once_batches_differ():
+    fit = StepFit(window=4)
+    for _ in range(4):
+        fit.add(512, 0.143 + 512 * 1.46e-4)
+    assert fit.fixed_share(512) == 0.0              # one batch size: nothing to fit, the paper's model
+    for x in (512, 735, 735):
+        fit.add(x, 0.143 + x * 1.46e-4)
+    assert fit.fixed_share(512) == pytest.approx(0.143 / (0.143 + 512 * 1.46e-4))
+    for x in (256, 512, 1024):                      # slower at a smaller batch: all of it is fixed
+        fit.add(x, 0.5 - x * 1e-5)
+    assert fit.fixed_share(512) == MAX_FIXED
+    restored = StepFit(window=4)
+    restored.restore_state(fit.save_state())
+    assert restored.points == fit.points
 
 
 def test_cpu_rule_rejects_bad_speeds():

@@ -29,6 +29,23 @@ def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
     assert lb.time / lb.updates < 0.6 * bsp.time / bsp.updates  # ideal: 48/96 of BSP's round
 
 
+def test_the_affine_model_reaches_equal_times_where_part_of_a_step_does_not_shrink_with_the_batch():
+    """Step time (0.01 + 0.001 x) * factor: worker 1's fixed part is 3x worker 0's. Equal
+    times need x = (53, 11); the proportional rule (t = x / v) over-predicts what a smaller
+    batch saves, so it creeps towards them and stops short inside its hysteresis."""
+    speeds = dict(fixed=0.01, per_sample=0.001, factors=[1, 3])
+    runs = {m: Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32, model=m), updates=30)
+            for m in ("proportional", "affine")}
+    affine, proportional = (round_sizes(runs[m]) for m in ("affine", "proportional"))
+    assert affine[-10:] == [{0: 53, 1: 11}] * 10
+    assert all(r[1] >= 12 for r in proportional[-10:])
+    assert runs["affine"].time < 0.97 * runs["proportional"].time
+    with pytest.raises(ValueError, match="LB-BSP model 'cubic': give one of proportional, affine"):
+        LBBSP(model="cubic")
+    with pytest.raises(ValueError, match="model 'affine' is for the CPU rule"):
+        LBBSP(model="affine", profiles=[GpuProfile(0.01, 0.001)] * 2)
+
+
 def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
     """LB-BSP is BSP with other sizes: once it picks (48, 16), training is identical to
     BSP run with FixedSizer([48, 16]), weighted mean included (paper 002 eq. 8)."""

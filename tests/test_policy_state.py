@@ -203,6 +203,16 @@ def test_lbbsp_sizes_as_before_after_a_restart(key, blocking):
         assert all(p.using_model for p in r.restored[1].sizer.predictors.values())
 
 
+def test_lbbsp_affine_sizes_as_before_after_a_restart():
+    """The affine model's lines are part of the state: without them a restored sizer
+    falls back to the proportional rule until the batches differ again."""
+    def sim():
+        return Simulator(3, SpeedModel(fixed=0.02, per_sample=0.001, factors=[1.0, 2.5, 1.6], jitter=0.1, seed=4))
+    r = restart(lambda: LBBSP(batch_size=32, model="affine"), sim, dict(pushes=150), dict(pushes=150))
+    assert len(r.state["sizer"]["fits"]["1"]) == 16
+    same_then_different(r)
+
+
 def test_lbbsp_refuses_another_protocol_predictor_or_worker_count_and_changes_nothing():
     policy = LBBSP(batch_size=32, predictor="ema")
     lbbsp_sim().run(policy, pushes=30)

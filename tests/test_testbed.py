@@ -159,7 +159,7 @@ def test_a_nodes_cpu_share_caps_its_hook_and_whatever_runs_there(bed):
         bed.set("n2", cpu="none")
     free = cpu_s()
     assert capped < 0.35 and free > 1.8 * capped, (capped, free)
-    with pytest.raises(testbed.TestbedInputError, match="cpu 0: give 0.01 to"):
+    with pytest.raises(testbed.TestbedInputError, match="cpu 0: give 0.1 to"):
         bed.set("n2", cpu=0)
 
 

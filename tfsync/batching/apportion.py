@@ -6,6 +6,12 @@ equalise every worker's time under sum x_i = X are x_i = v_i / sum_j v_j * X. Bo
 gets the bound and the rest is re-shared among the others in proportion), and the real-valued
 shares are rounded by largest remainder so that the integers sum to X exactly and each
 differs from its share by less than 1.
+
+Beyond the paper, ``affine_rule``: where part of a worker's step does not shrink with its
+batch (its pull and push over a slow link, per-step overheads on a slow CPU), t_i = x_i /
+v_i is wrong: a smaller batch saves less time than it predicts, and the proportional rule
+reaches equal times only over many rounds, or never within its hysteresis. The affine
+rule equalises t_i(x) = a_i + b_i x directly.
 """
 
 from __future__ import annotations
@@ -45,22 +51,24 @@ def bounds(n: int, total: int, lo=1, hi=None) -> tuple[list[int], list[int]]:
 
 
 def water_fill(weights: Sequence[float], total: float, lo: Sequence[float],
-               hi: Sequence[float]) -> list[float]:
-    """Real shares x_i = clip(lam * w_i, lo_i, hi_i) with sum x_i = total (weights > 0).
+               hi: Sequence[float], offsets: Sequence[float] | None = None) -> list[float]:
+    """Real shares x_i = clip(lam * w_i - c_i, lo_i, hi_i) with sum x_i = total (weights
+    > 0; offsets c_i, default 0).
 
-    f(lam) = sum clip(lam * w_i, lo_i, hi_i) is piecewise linear and non-decreasing, with
-    breakpoints lo_i / w_i and hi_i / w_i: binary-search the segment holding ``total``
-    and solve the linear piece exactly."""
+    f(lam) = sum clip(lam * w_i - c_i, lo_i, hi_i) is piecewise linear and non-decreasing,
+    with breakpoints (lo_i + c_i) / w_i and (hi_i + c_i) / w_i: binary-search the segment
+    holding ``total`` and solve the linear piece exactly."""
     w = np.asarray(weights, dtype=float)
     lo_, hi_ = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    c = np.zeros_like(w) if offsets is None else np.asarray(offsets, dtype=float)
 
     def f(lam: float) -> float:
-        return float(np.clip(lam * w, lo_, hi_).sum())
+        return float(np.clip(lam * w - c, lo_, hi_).sum())
 
-    points = np.unique(np.concatenate([lo_ / w, hi_ / w]))
+    points = np.unique(np.concatenate([(lo_ + c) / w, (hi_ + c) / w]))
     a, b = 0, len(points) - 1  # f(points[0]) = sum lo <= total <= sum hi = f(points[-1])
     if f(points[b]) <= total:
-        return np.clip(points[b] * w, lo_, hi_).tolist()
+        return np.clip(points[b] * w - c, lo_, hi_).tolist()
     while b - a > 1:
         mid = (a + b) // 2
         if f(points[mid]) <= total:
@@ -69,7 +77,7 @@ def water_fill(weights: Sequence[float], total: float, lo: Sequence[float],
             b = mid
     fa, fb = f(points[a]), f(points[b])
     lam = points[a] if fb == fa else points[a] + (total - fa) / (fb - fa) * (points[b] - points[a])
-    return np.clip(lam * w, lo_, hi_).tolist()
+    return np.clip(lam * w - c, lo_, hi_).tolist()
 
 
 def round_to_total(shares: Sequence[float], total: int, lo: Sequence[int], hi: Sequence[int]) -> list[int]:
@@ -109,3 +117,22 @@ def cpu_rule(speeds: Sequence[float], total: int, lo=1, hi=None) -> list[int]:
         raise ValueError(f"speeds must be finite and > 0 (samples/s), got {list(speeds)!r}")
     lo_, hi_ = bounds(n, total, lo, hi)
     return round_to_total(water_fill(v, total, lo_, hi_), total, lo_, hi_)
+
+
+def affine_rule(fixed: Sequence[float], per_sample: Sequence[float], total: int, lo=1, hi=None) -> list[int]:
+    """Integer batch sizes that equalise t_i(x) = fixed_i + per_sample_i * x (seconds),
+    summing to ``total``, each within [lo, hi]: x_i = (T - a_i) / b_i for the common T
+    that sums to ``total``. A worker whose fixed part alone exceeds T gets ``lo``: the
+    round then waits for it whatever the others get."""
+    n = len(fixed)
+    if n == 0 or len(per_sample) != n:
+        raise ValueError(f"affine_rule needs one fixed time and one time per sample per worker, got {n} and "
+                         f"{len(per_sample)}")
+    a, b = [float(v) for v in fixed], [float(v) for v in per_sample]
+    if any(not math.isfinite(v) or v < 0 for v in a) or any(not math.isfinite(v) or v <= 0 for v in b):
+        raise ValueError(f"affine_rule needs fixed times >= 0 and times per sample > 0 (seconds), got {a!r} "
+                         f"and {b!r}")
+    total = int(total)
+    lo_, hi_ = bounds(n, total, lo, hi)
+    shares = water_fill([1.0 / v for v in b], total, lo_, hi_, offsets=[ai / bi for ai, bi in zip(a, b)])
+    return round_to_total(shares, total, lo_, hi_)

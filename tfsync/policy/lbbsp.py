@@ -15,6 +15,18 @@ the GPU rule (§3.3, a linear program; communication time as an EMA of the part 
 iteration the profile does not explain). A ``Hysteresis`` keeps sizes that are not
 worth changing (tfsync.batching.hysteresis).
 
+``model="affine"`` (beyond the paper, CPU rule only): a worker's step time is a + b * x,
+not x / v. Part of a step does not shrink with the batch (a pull and push over a slow
+link; per-step overheads, which a slow CPU slows too), so under x / v a smaller batch
+saves less than predicted and the sizes reach equal times only over many rounds, or
+stop short of them inside the hysteresis. A least-squares line over each worker's last
+steps (``tfsync.batching.stepfit``) says which share of a step is fixed; the predictor
+learns and predicts the worker's speed at the configured batch size B (each step's time
+scaled along that line, so a batch LB-BSP changed does not look like the worker changing
+speed; NARX's resource inputs and trends act on this level), and ``affine_rule``
+equalises the lines. Until a worker's batches have differed (the first round's equal
+split) its share is 0: the proportional rule.
+
 Modes (§4, Fig. 7): ``blocking=True`` sizes round r+1 at the barrier of round r from
 that round's observations (the paper's CPU clusters). ``blocking=False`` grants sizes
 computed one round earlier, so the barrier never waits for prediction: round r+1 uses
@@ -53,7 +65,8 @@ import time
 from typing import Mapping, Sequence
 
 from .. import plainstate
-from ..batching import GpuProfile, Hysteresis, cpu_rule, gpu_rule, predicted_times
+from ..batching import GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times
+from ..batching.stepfit import StepFit
 from ..predict import EMA, REGISTRY as PREDICTORS, factory
 from .base import BatchSizer, ClusterView, Push
 from .bsp import BSP
@@ -84,13 +97,24 @@ def _plain(spec):
     return getattr(spec, "__name__", type(spec).__name__)
 
 
+MODELS = ("proportional", "affine")
+
+
 class LBBSPSizer(BatchSizer):
     """Per-worker batch sizes from predicted speeds (see the module docstring)."""
 
     def __init__(self, batch_size: int = 32, predictor="ema", *, profiles=None, blocking: bool = True,
                  background: bool = False, lo: int | Sequence[int] = 1, hi=None,
-                 min_gain: float = 0.05, max_change: float = 0.5, comm_alpha: float = 0.2):
+                 min_gain: float = 0.05, max_change: float = 0.5, comm_alpha: float = 0.2,
+                 model: str = "proportional"):
         super().__init__(batch_size)
+        if model not in MODELS:
+            raise ValueError(f"LB-BSP model {model!r}: give one of {', '.join(MODELS)}")
+        if model == "affine" and profiles is not None:
+            raise ValueError("LB-BSP model 'affine' is for the CPU rule; with GPU profiles the rule has its own "
+                             "communication term: drop one")
+        self.model = model
+        self.fits: dict[int, StepFit] = {}   # affine: each worker's recent (batch, time) line
         self.make_predictor = factory(predictor)
         self.predictor_spec = _plain(predictor)
         self.profiles = self._profiles(profiles)
@@ -133,7 +157,7 @@ class LBBSPSizer(BatchSizer):
             p = self.predictors.get(push.worker)
             if p is None:
                 p = self.predictors[push.worker] = self.make_predictor()
-            p.update(push.batch_size / t, cpu, mem)
+            p.update(self._speed(push.worker, push.batch_size, t), cpu, mem)
             v = p.predict()
             if math.isfinite(v) and v > 0:
                 self._next[push.worker] = v
@@ -147,6 +171,17 @@ class LBBSPSizer(BatchSizer):
         self._observe_max = max(self._observe_max, dt)
         self._observes += 1
 
+    def _speed(self, worker: int, batch: int, t: float) -> float:
+        """The speed the predictor learns from: batch / t; under the affine model, at the
+        configured batch size B whatever the batch was (t scaled by the worker's line), so
+        that a batch LB-BSP changed is not mistaken for the worker changing speed."""
+        if self.model != "affine":
+            return batch / t
+        fit = self.fits.setdefault(worker, StepFit())
+        fit.add(batch, t)
+        f = fit.fixed_share(batch)
+        return self.batch_size / (t * (f + (1.0 - f) * self.batch_size / batch))
+
     def predictions(self, workers: Sequence[int]) -> dict[int, float]:
         """Predicted speed per worker (made at its last push); one never observed gets the
         mean of the others."""
@@ -158,7 +193,7 @@ class LBBSPSizer(BatchSizer):
 
     # -- sizing -------------------------------------------------------------------------
     def _rule(self, workers: list[int], speeds: dict[int, float], comm: dict[int, float],
-              current: dict[int, int] | None) -> dict[int, int]:
+              shapes: dict[int, float], current: dict[int, int] | None) -> dict[int, int]:
         """The sizes for ``workers`` from a snapshot (pure: safe in a background thread)."""
         total = self.batch_size * len(workers)
         if self.profiles is not None:
@@ -172,9 +207,19 @@ class LBBSPSizer(BatchSizer):
 
             def times(sizes):
                 return dict(zip(workers, predicted_times(prof, [sizes[w] for w in workers], c)))
+        elif not speeds:  # nothing observed yet: BSP's equal split
+            return {w: self.batch_size for w in workers}
+        elif self.model == "affine":  # t_i(x) = a_i + b_i x from the speed at B and the fixed share there
+            line = {}
+            for w in workers:
+                f, t = shapes.get(w, 0.0), self.batch_size / speeds[w]
+                line[w] = (f * t, (1.0 - f) * t / self.batch_size)
+            proposed = dict(zip(workers, affine_rule([line[w][0] for w in workers], [line[w][1] for w in workers],
+                                                     total, self.lo, self.hi)))
+
+            def times(sizes):
+                return {w: line[w][0] + line[w][1] * sizes[w] for w in workers}
         else:
-            if not speeds:  # nothing observed yet: BSP's equal split
-                return {w: self.batch_size for w in workers}
             proposed = dict(zip(workers, cpu_rule([speeds[w] for w in workers], total, self.lo, self.hi)))
 
             def times(sizes):  # paper 002 §3.2: t_i = x_i / v_i
@@ -183,7 +228,8 @@ class LBBSPSizer(BatchSizer):
 
     def _snapshot(self, workers):
         self.last_speeds = self.predictions(workers)
-        return self.last_speeds, {w: e.predict() for w, e in self.comm.items() if e.count}
+        shapes = {w: self.fits[w].fixed_share(self.batch_size) for w in workers if w in self.fits}
+        return self.last_speeds, {w: e.predict() for w, e in self.comm.items() if e.count}, shapes
 
     def predicted(self, worker: int) -> float | None:
         """The speed the sizes now granted were chosen from."""
@@ -198,14 +244,14 @@ class LBBSPSizer(BatchSizer):
             sizes = self._rule(workers, *self._snapshot(workers), self.current)
         else:
             sizes = self._take_plan(workers)
-            speeds, comm = self._snapshot(workers)
+            snapshot = self._snapshot(workers)
             if self.background:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfsync-lbbsp")
                 if self._future is None:  # one plan in the making at a time; it lands when done
-                    self._future = self._pool.submit(self._rule, workers, speeds, comm, sizes)
+                    self._future = self._pool.submit(self._rule, workers, *snapshot, sizes)
             else:
-                self._plan = self._rule(workers, speeds, comm, sizes)
+                self._plan = self._rule(workers, *snapshot, sizes)
         self.current = sizes
         self._decide_s.append(time.perf_counter() - t0)
         logger.debug("LB-BSP sizes %s (total %d)", sizes, sum(sizes.values()))
@@ -236,6 +282,7 @@ class LBBSPSizer(BatchSizer):
                 "next": plainstate.str_keys(self._next, float),
                 "comm": plainstate.str_keys(self.comm, lambda e: e.save_state()),
                 "current": sizes(self.current), "plan": sizes(plan),
+                "fits": plainstate.str_keys(self.fits, lambda f: f.save_state()),
                 "last_speeds": plainstate.str_keys(self.last_speeds, float),
                 "late": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds}
 
@@ -253,8 +300,12 @@ class LBBSPSizer(BatchSizer):
             for w, saved in plainstate.int_keys(state.get("comm", {})).items():
                 comm[w] = EMA(self.comm_alpha)
                 comm[w].restore_state(saved)
+            fits = {}
+            for w, saved in plainstate.int_keys(state.get("fits", {})).items():
+                fits[w] = StepFit()
+                fits[w].restore_state(saved)
             sizes = (lambda d: None if d is None else plainstate.int_keys(d, int))
-            values = dict(predictors=predictors, comm=comm, current=sizes(state.get("current")),
+            values = dict(predictors=predictors, comm=comm, fits=fits, current=sizes(state.get("current")),
                           _plan=sizes(state.get("plan")), _next=plainstate.int_keys(state.get("next", {}), float),
                           last_speeds=plainstate.int_keys(state.get("last_speeds", {}), float),
                           late=int(state.get("late", 0)), workers=state.get("workers"))
@@ -303,7 +354,7 @@ class LBBSPSizer(BatchSizer):
 
     def describe(self) -> dict:
         return {"name": "LBBSPSizer", "batch_size": self.batch_size, "predictor": self.predictor_spec,
-                "rule": "gpu" if self.profiles is not None else "cpu", "blocking": self.blocking,
+                "rule": "gpu" if self.profiles is not None else "cpu", "model": self.model, "blocking": self.blocking,
                 "background": self.background, "lo": self.lo, "hi": self.hi,
                 "hysteresis": self.hysteresis.describe()}
 
@@ -322,16 +373,18 @@ class LBBSP(BSP):
                Option("min_gain", float, lo=0, help="predicted gain below which sizes are kept"),
                Option("max_change", float, lo=0, help="relative change above which sizes always move"),
                Option("comm_alpha", float, lo=0, hi=1, lo_open=True,
-                      help="EMA weight of the communication time"))
+                      help="EMA weight of the communication time"),
+               Option("model", str, choices=MODELS,
+                      help="step time as batch / speed (the paper) or affine: a fixed part plus batch / speed"))
 
     def __init__(self, batch_size: int = 32, predictor="ema", profiles=None, blocking: bool = True,
                  background: bool = False, lo=1, hi=None, min_gain: float = 0.05,
-                 max_change: float = 0.5, comm_alpha: float = 0.2, sizer: LBBSPSizer | None = None,
-                 seed: int | None = None):
+                 max_change: float = 0.5, comm_alpha: float = 0.2, model: str = "proportional",
+                 sizer: LBBSPSizer | None = None, seed: int | None = None):
         if sizer is None:
             sizer = LBBSPSizer(batch_size, predictor, profiles=profiles, blocking=blocking,
                                background=background, lo=lo, hi=hi, min_gain=min_gain,
-                               max_change=max_change, comm_alpha=comm_alpha)
+                               max_change=max_change, comm_alpha=comm_alpha, model=model)
         elif not isinstance(sizer, LBBSPSizer):
             raise ValueError(f"LBBSP needs an LBBSPSizer, got {type(sizer).__name__}; pass "
                              "LB-BSP's options instead of a sizer")

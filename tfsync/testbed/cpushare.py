@@ -3,8 +3,8 @@
 slow machine as well as one behind a slow link (LB-BSP's CPU heterogeneity, paper 002
 Sec. 5.2, where it runs in VMs with fewer cores).
 
-``cpus`` is in CPUs: 0.33 is a third of one CPU (CFS bandwidth control: ``cpus`` x the
-period of run time per 100 ms period, over all of the node's threads). cgroup v2
+``cpus`` is in CPUs: 0.33 is a third of one CPU (CFS bandwidth control: ``cpus`` x 10 ms
+of run time in every 10 ms, over all of the node's threads). cgroup v2
 (``cpu.max``) and v1 (``cpu.cfs_quota_us``) are both handled. Nothing here knows of
 network namespaces: the testbed says which processes are the node's.
 """
@@ -15,7 +15,8 @@ import contextlib
 import os
 
 ROOT = "/sys/fs/cgroup"
-PERIOD_US = 100_000
+PERIOD_US = 10_000   # short: a node capped at a third of a CPU is slow throughout, not stopped
+# for 67 ms of every 100 ms (the default period), which made short steps take 26 or 90 ms by chance
 
 
 class CpuShareError(RuntimeError):
@@ -45,8 +46,8 @@ def _write(path: str, text: str) -> None:
 
 
 def check(cpus: float | None) -> None:
-    if cpus is not None and not 0.01 <= cpus <= os.cpu_count():
-        raise ValueError(f"cpu {cpus:g}: give 0.01 to {os.cpu_count()} CPUs (this machine's), or none")
+    if cpus is not None and not 0.1 <= cpus <= os.cpu_count():   # the kernel's least quota is 1 ms a period
+        raise ValueError(f"cpu {cpus:g}: give 0.1 to {os.cpu_count()} CPUs (this machine's), or none")
 
 
 def limit(name: str, cpus: float | None, pids) -> None:
@@ -62,7 +63,7 @@ def limit(name: str, cpus: float | None, pids) -> None:
             os.mkdir(group)
         except OSError as e:
             raise CpuShareError(f"cannot make cgroup {group} ({e.strerror})") from None
-    quota = -1 if cpus is None else max(1000, round(cpus * PERIOD_US))
+    quota = -1 if cpus is None else round(cpus * PERIOD_US)
     if v2:
         _write(os.path.join(group, "cpu.max"), f"{'max' if quota < 0 else quota} {PERIOD_US}")
     else:
