@@ -1,6 +1,7 @@
-"""LB-BSP across separate hosts (issue 17): BSP, LB-BSP and ASP per update on a
-``tfsync testbed`` whose worker nodes differ, against the ideal X / sum(v) (paper 002
-Sec. 5.2; the same analysis as bench_lbbsp.py, which runs on one host).
+"""LB-BSP across separate hosts (issue 17): BSP, LB-BSP (the paper's proportional rule and
+the affine one, ``model = "affine"``) and ASP per update on a ``tfsync testbed`` whose
+worker nodes differ, against the ideal X / sum(v) (paper 002 Sec. 5.2; the same analysis
+as bench_lbbsp.py, which runs on one host).
 
 The PS runs on n1, worker 0 on n2, worker 1 on n3. Heterogeneity, one kind per run:
 - ``cpu``: each worker node is a one-CPU machine (``--cpu``: the testbed's per-node CPU
@@ -13,8 +14,7 @@ is the time for X = n * B samples in the steady part of a run (one round of BSP 
 LB-BSP, n updates of ASP). The PS and the coordinator are not pinned. Targets: LB-BSP
 <= 1.10x ideal, >= 1.5x faster than BSP.
 
-    sudo python experiments/bench_testbed_lbbsp.py --repeats 2
-    sudo python experiments/bench_testbed_lbbsp.py --slow-by cpu --samples 60000 --repeats 2
+    sudo python experiments/bench_testbed_lbbsp.py --batch-size 2048 --samples 120000 --repeats 2
 
 The machine has 2 cores: the PS, the coordinator and the relay share them with the
 workers, so compute is slowed by contention. Compare ratios within one run, not times.
@@ -39,8 +39,9 @@ from testbed_bench import run_on_testbed, write_csv  # noqa: E402
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
 PROTOCOLS = {"BSP": '[[protocol]]\nname = "bsp"\n', "LB-BSP": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\n',
+             "LB-BSP affine": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\nmodel = "affine"\n',
              "ASP": '[[protocol]]\nname = "asp"\n'}
-COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "ASP": "#55a868"}
+COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "LB-BSP affine": "#dd8452", "ASP": "#55a868"}
 
 
 def job_text(run_dir: str, label: str, args, bed: Testbed) -> str:
@@ -63,8 +64,9 @@ def job_text(run_dir: str, label: str, args, bed: Testbed) -> str:
 
 
 def run_one(bed: Testbed, label: str, args, work: str) -> dict:
-    run_dir = os.path.join(work, f"run-{label.lower()}")
-    summary = run_on_testbed(bed, os.path.join(work, f"{label.lower()}.toml"), job_text(run_dir, label, args, bed),
+    name = label.lower().replace(" ", "-")
+    run_dir = os.path.join(work, f"run-{name}")
+    summary = run_on_testbed(bed, os.path.join(work, f"{name}.toml"), job_text(run_dir, label, args, bed),
                              run_dir)
     a = analyse(read_pushes(run_dir), 2 * args.batch_size, args.skip)
     return {"protocol": label, "per_update_s": round(a["per_update_s"], 4), "ideal_s": round(a["ideal_s"], 4),
@@ -114,11 +116,18 @@ def main(argv=None) -> int:
     for slow in dict.fromkeys(r["slow_by"] for r in rows):
         med = {label: statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == slow
                                         and r["protocol"] == label) for label in PROTOCOLS}
-        ideal = statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == slow and r["protocol"] == "LB-BSP")
-        print(f"{slow}: per update BSP {med['BSP']:.3f} s, LB-BSP {med['LB-BSP']:.3f} s (x{med['LB-BSP'] / ideal:.2f} "
-              f"ideal, BSP / LB-BSP {med['BSP'] / med['LB-BSP']:.2f}), ASP {med['ASP']:.3f} s")
+        lb = ", ".join(f"{label} {med[label]:.3f} s (x{ideal(rows, slow, label) :.2f} ideal, BSP / it "
+                       f"{med['BSP'] / med[label]:.2f})" for label in PROTOCOLS if label.startswith("LB-BSP"))
+        print(f"{slow}: per update BSP {med['BSP']:.3f} s, {lb}, ASP {med['ASP']:.3f} s")
     print(f"wrote {args.out}.csv and .png")
     return 0
+
+
+def ideal(rows, slow: str, label: str) -> float:
+    """The median of ``label``'s runs' per-update time over their own ideal X / sum(v): the
+    speeds are each run's own (under a fixed per-step cost a worker's speed depends on its
+    batch, so the ideal does too)."""
+    return statistics.median(r["ratio_to_ideal"] for r in rows if r["slow_by"] == slow and r["protocol"] == label)
 
 
 def plot(rows, path, args) -> None:
@@ -127,14 +136,17 @@ def plot(rows, path, args) -> None:
     kinds = list(dict.fromkeys(r["slow_by"] for r in rows))
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
-    width = 0.25
+    width = 0.2
     for j, label in enumerate(PROTOCOLS):
         values = [statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == k and r["protocol"] == label)
                   for k in kinds]
-        ax.bar([i + (j - 1) * width for i in range(len(kinds))], values, width, color=COLORS[label], label=label)
-    ideal = [statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == k and r["protocol"] == "LB-BSP")
-             for k in kinds]
-    ax.scatter(range(len(kinds)), ideal, marker="_", s=900, color="black", zorder=3, label="ideal X/sum(v)")
+        xs = [i + (j - 1.5) * width for i in range(len(kinds))]
+        ax.bar(xs, values, width, color=COLORS[label], label=label)
+        if label.startswith("LB-BSP"):   # its own ideal, from its runs' speeds
+            ideals = [statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == k and r["protocol"] == label)
+                      for k in kinds]
+            ax.scatter(xs, ideals, marker="_", s=300, color="black", zorder=3,
+                       label="ideal X/sum(v)" if j == 1 else None)
     ax.set_xticks(range(len(kinds)), [f"slow worker by {k}" + (f" ({args.slow_rate})" if k == "bandwidth" else
                                                                 f" ({args.slow_cpu:.2g} CPU)") for k in kinds])
     ax.set_ylabel(f"seconds per X = 2 x {args.batch_size} samples")
