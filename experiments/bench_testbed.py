@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import testbed_bench  # noqa: E402
 from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
     args = p.parse_args(argv)
     rows = []
-    bed = Testbed.up("bench", nodes=args.nodes, rate=args.rate, log=print)
+    bed = testbed_bench.up("bench", nodes=args.nodes, rate=args.rate, log=print)
     try:
         with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
             for k, latency in enumerate(float(x) for x in args.latencies.split(",")):

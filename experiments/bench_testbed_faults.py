@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import testbed_bench  # noqa: E402
 from testbed_bench import write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed_faults"))
     args = p.parse_args(argv)
     rows = []
-    bed = Testbed.up("faults", nodes=3, log=print)
+    bed = testbed_bench.up("faults", nodes=3, log=print)
     try:
         with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
             for latency in [float(x) for x in args.latencies.split(",")]:

@@ -26,7 +26,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +33,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
+import testbed_bench  # noqa: E402
 from testbed_bench import run_on_testbed, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
@@ -91,11 +91,12 @@ def main(argv=None) -> int:
     p.add_argument("--skip", type=float, default=0.1, help="share of each run's samples left out as warm-up")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "bench_testbed_lbbsp"))
+    p.add_argument("--keep", default=None, metavar="DIR", help="keep each run's directory in DIR")
     args = p.parse_args(argv)
     rows = []
-    bed = Testbed.up("benchlb", nodes=3, log=print, cpu=args.cpu)
+    bed = testbed_bench.up("benchlb", nodes=3, log=print, cpu=args.cpu)
     try:
-        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+        with testbed_bench.work_dir(args.keep) as work:
             for slow in args.slow_by.split(","):
                 if slow == "cpu":
                     bed.set("n3", cpu=args.slow_cpu)

@@ -21,7 +21,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -30,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import testbed_bench  # noqa: E402
 from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
@@ -72,8 +72,8 @@ def slow_link(bed: Testbed, run_dir: str, args, stop: threading.Event, seen: dic
     seen["restored_at"] = time.time()
 
 
-def run_one(bed: Testbed, policy: str, args, work: str) -> dict:
-    run_dir = os.path.join(work, f"run-{policy}")
+def run_one(bed: Testbed, policy: str, args, work: str, repeat: int) -> dict:
+    run_dir = os.path.join(work, f"run-{policy}-{repeat}")   # a new one: slow_link waits for its first phase
     stop, seen = threading.Event(), {}
     t = threading.Thread(target=slow_link, args=(bed, run_dir, args, stop, seen), daemon=True)
     t.start()
@@ -84,11 +84,33 @@ def run_one(bed: Testbed, policy: str, args, work: str) -> dict:
         t.join()
         bed.set("n3", latency_ms=args.latency)
     stats = s["timeline"][0].get("stats", {})
+    start = s["started_at"] + s["init_s"]   # training starts: the episode's clock (epoch seconds)
+
+    def since(t):
+        return None if t is None else round(t - start, 2)
+
+    membership = stats.get("membership", [])
     return {"policy": policy, "train_s": round(s["train_s"], 2), "test_accuracy": round(s["test_accuracy"], 4),
-            "slowed": "slowed_at" in seen, "switches": stats.get("switches", 0), "removals": stats.get("removals", 0),
+            "slowed_s": since(seen.get("slowed_at")), "restored_s": since(seen.get("restored_at")),
+            "switches": stats.get("switches", 0), "removals": stats.get("removals", 0),
             "detections": sum(1 for d in stats.get("detected", []) if d[2] == "became"),
-            "bsp_phase_s": round(s["timeline"][1]["time"] - s["timeline"][0]["time"], 2)
-            if len(s["timeline"]) > 1 else None}
+            # "w1@7.3": worker 1, 7.3 s into training
+            "detected": ";".join(f"w{w}@{since(t)}" for t, w, kind in stats.get("detected", []) if kind == "became"),
+            "removed": ";".join(f"w{w}@{since(t)}" for t, what, w in membership if what == "remove"),
+            "readmitted": ";".join(f"w{w}@{since(t)}" for t, what, w in membership if what == "restore"),
+            "bsp_phase_s": bsp_phase_s(s)}
+
+
+def bsp_phase_s(summary: dict) -> float | None:
+    """Seconds from the start of BSP to the switch to ASP for good: the second timeline
+    entry for the plain plan; a straggler policy is one entry that switches itself (its
+    stats' states, "final" from the switch point on)."""
+    timeline = summary["timeline"]
+    if len(timeline) > 1:
+        return round(timeline[1]["time"] - timeline[0]["time"], 2)
+    states = timeline[0].get("stats", {}).get("states", [])
+    final = next((t for t, state in states if state == "final"), None)
+    return round(final - states[0][0], 2) if final is not None else None
 
 
 def main(argv=None) -> int:
@@ -104,14 +126,15 @@ def main(argv=None) -> int:
     p.add_argument("--readmit-s", type=float, default=15.0)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed_stragglers"))
+    p.add_argument("--keep", default=None, metavar="DIR", help="keep each run's directory in DIR")
     args = p.parse_args(argv)
     rows = []
-    bed = Testbed.up("benchst", nodes=5, latency_ms=args.latency, log=print)
+    bed = testbed_bench.up("benchst", nodes=5, latency_ms=args.latency, log=print)
     try:
-        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+        with testbed_bench.work_dir(args.keep) as work:
             for repeat in range(args.repeats):
                 for policy in POLICIES:
-                    row = {"repeat": repeat, **run_one(bed, policy, args, work)}
+                    row = {"repeat": repeat, **run_one(bed, policy, args, work, repeat)}
                     rows.append(row)
                     print(row, flush=True)
     finally:

@@ -4,14 +4,36 @@ node, and writing their rows as CSV."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def up(*args, **kwargs):
+    """``Testbed.up``, with SIGTERM (a bench stopped by kill or timeout) raising SystemExit
+    as Ctrl-C raises KeyboardInterrupt, so the bench's ``finally: bed.down()`` runs and no
+    namespace or process is left behind."""
+    from tfsync.testbed.bed import Testbed
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return Testbed.up(*args, **kwargs)
+
+
+def work_dir(keep: str | None):
+    """Where the runs' directories go: ``keep`` (made if missing, left in place), else a
+    temporary directory in /tmp (no node sees it) removed at the end."""
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        return contextlib.nullcontext(keep)
+    return tempfile.TemporaryDirectory(dir="/tmp")
 
 
 def wide_mlp_job(name: str, run_dir: str, hidden: int, epochs: float, eval_every: int = 0) -> str:
