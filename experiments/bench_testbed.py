@@ -109,7 +109,11 @@ def main(argv=None) -> int:
                    help="find the switch point with `tfsync search --runs R --settings M` first (at the first latency)")
     p.add_argument("--repeats", type=int, default=1, help="0 with --search: the search alone")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
+    p.add_argument("--replot", action="store_true", help="only draw OUT.png again from OUT.csv")
     args = p.parse_args(argv)
+    if args.replot:
+        plot(testbed_bench.read_csv(args.out + ".csv"), args.out + ".png", args)
+        return 0
     rows = []
     bed = testbed_bench.up("bench", nodes=args.nodes, rate=args.rate, log=print)
     try:
@@ -148,15 +152,20 @@ def plot(rows, path, args) -> None:
     width = 0.25
     for k, name in enumerate(PROTOCOLS):
         for ax, key in zip(axes, ("samples_per_s", "time_to_target_s")):
-            values = []
-            for lat in latencies:
-                got = [r[key] for r in rows if r["latency_ms"] == lat and r["protocol"] == name and r[key] is not None]
-                values.append(sum(got) / len(got) if got else 0)
-            ax.bar([i + (k - 1) * width for i in range(len(latencies))], values, width, label=name)
-    for ax, title in zip(axes, ("samples/s (higher is better)", "seconds to BSP's accuracy (lower is better)")):
+            xs, values = [i + (k - 1) * width for i in range(len(latencies))], []
+            for x, lat in zip(xs, latencies):
+                got = [r[key] for r in rows if r["latency_ms"] == lat and r["protocol"] == name]
+                reached = [v for v in got if v is not None]
+                values.append(sum(reached) / len(reached) if reached else 0)
+                if len(reached) < len(got):   # a run that never reached the target: no bar hides it
+                    ax.text(x, values[-1], f"{len(got) - len(reached)}/{len(got)}\nnever", ha="center",
+                            va="bottom", fontsize=7)
+            ax.bar(xs, values, width, label=name)
+    for ax, title in zip(axes, ("samples/s (higher is better)",
+                                "seconds to BSP's accuracy - 0.5 pt (lower is better)")):
         ax.set_xticks(range(len(latencies)), [f"{lat:g} ms" for lat in latencies])
         ax.set_xlabel("one-way latency per node")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.legend()
     fig.suptitle(f"{args.workers} workers + 1 PS on {args.nodes} testbed nodes (2 CPU cores shared), MNIST MLP "
                  f"{args.hidden} wide")

@@ -79,3 +79,16 @@ def write_csv(path: str, rows: list[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows ``write_csv`` wrote: numbers as numbers, empty cells as None."""
+    def value(v: str):
+        if v == "":
+            return None
+        try:
+            return int(v) if v.lstrip("-").isdigit() else float(v)
+        except ValueError:
+            return v
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
