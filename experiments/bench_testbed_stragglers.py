@@ -7,8 +7,8 @@ latency ``--latency``. The job (MNIST, the wide MLP of bench_testbed.py) runs BS
 first ``--switch-at`` of its workload, then ASP. ``--episode-s`` seconds after training
 starts, n3's link (worker 1) turns slow (``--slow-latency`` one-way) for ``--slow-s``
 seconds, then recovers. Each run uses one straggler policy before the switch: none (the
-plain plan), greedy (that worker goes to ASP while the others stay in BSP) or elastic
-(it leaves the cluster and is readmitted later). Reported per run: training time, test
+plain plan), greedy (the whole cluster runs ASP while a straggler is seen, then BSP
+again) or elastic (the straggler leaves BSP's membership and is readmitted later). Reported per run: training time, test
 accuracy, and what the detector saw (from the BSP phase's stats). Configurations
 alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
 
