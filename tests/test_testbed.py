@@ -346,3 +346,24 @@ def test_a_partitioned_node_rejoins_when_its_link_is_back_and_the_job_outlives_t
     assert _pids(bed, "n3") == before   # no task left behind on n3 (the partitioned generation's was stopped)
     assert summary["samples"] >= summary["workload_samples"]
     assert summary["test_accuracy"] > 0.8
+
+
+def test_a_node_hides_its_private_directory_but_what_tfsync_runs_from(tmp_path):
+    """A checkout or virtual environment inside a node's private directory (a clone in
+    /tmp) stays visible on the node, nothing else there does (seen failing: every testbed
+    test of a suite run from a clone in /tmp, the hook's import of grpc failing)."""
+    private = tmp_path / "private"
+    (private / "venv" / "lib").mkdir(parents=True)
+    (private / "venv" / "lib" / "module.py").write_text("x = 1\n")
+    (private / "run").mkdir()
+    (private / "run" / "secret").write_text("coordinator's\n")
+    look = (f"from tfsync.testbed.node import hide\n"
+            f"hide({str(private)!r}, [{str(private / 'venv')!r}, {str(private / 'venv' / 'lib')!r}, '/usr'])\n"
+            f"import os\n"
+            f"print(sorted(os.listdir({str(private)!r})), os.listdir({str(private / 'venv' / 'lib')!r}))\n")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", look],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == "['venv'] ['module.py']"
+    assert (private / "run" / "secret").exists()   # only hidden in the node's own mount namespace
+    assert not [d for d in os.listdir("/run") if d.startswith("tfsync-node-")]

@@ -3,7 +3,9 @@
 Run by ``tfsync testbed up`` inside the node's network namespace and a mount namespace
 of its own (``unshare --mount --propagation private``): it reads the hooks' token, puts
 an empty tmpfs over each ``--private`` directory (what another machine would not see:
-by default /tmp, where a coordinator's run directory or a test's files live), keeps the
+by default /tmp, where a coordinator's run directory or a test's files live), except for
+the Python installation and tfsync's own directory where they lie inside one (every
+machine of a cluster has tfsync installed), keeps the
 hook's work directory (task logs, staged data) and a copy of the token in the first of
 them, and then runs the hook.
 """
@@ -14,9 +16,40 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 
 from tfsync.api import auth
 from tfsync.hooks import node as hook
+
+
+def needed() -> list[str]:
+    """What this program runs from: the Python installation and the directory tfsync is
+    imported from (an editable install's checkout). A node must still see them when they
+    lie in a private directory (a checkout or virtual environment in /tmp)."""
+    import tfsync
+
+    return [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(tfsync.__file__)))]
+
+
+def hide(d: str, keep: list[str]) -> None:
+    """An empty tmpfs over ``d``, with the paths of ``keep`` that lie inside it bound back
+    in from the original (reached through a bind of ``d`` made before the tmpfs covers it)."""
+    d = os.path.realpath(d)
+    inside = sorted({os.path.realpath(p) for p in keep if os.path.realpath(p).startswith(d.rstrip("/") + "/")})
+    inside = [p for p in inside if not any(p.startswith(q + "/") for q in inside)]   # the outermost only
+    os.makedirs(d, exist_ok=True)
+    original = tempfile.mkdtemp(prefix="tfsync-node-", dir="/run") if inside else None
+    try:
+        if original:
+            subprocess.run(["mount", "--bind", d, original], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tfsync-node", d], check=True)
+        for p in inside:
+            os.makedirs(p, exist_ok=True)
+            subprocess.run(["mount", "--bind", os.path.join(original, os.path.relpath(p, d)), p], check=True)
+    finally:
+        if original:
+            subprocess.run(["umount", "-l", original], check=False)
+            os.rmdir(original)
 
 
 def main(argv=None) -> int:
@@ -30,8 +63,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     token = auth.read_token(args.token_file)
     for d in args.private:
-        os.makedirs(d, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tfsync-node", d], check=True)
+        hide(d, needed())
     work = os.path.join(args.private[0] if args.private else os.getcwd(), "tfsync-hook")
     os.makedirs(work, mode=0o700, exist_ok=True)
     token_file = os.path.join(work, "token")
