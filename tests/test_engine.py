@@ -309,7 +309,10 @@ def test_pssp_then_elastic_bsp_on_real_tasks(tiny_problem, tmp_path):
     assert stats[0]["delayed_pulls"] > 0 and stats[1]["barriers"] >= 3
     recs = _records(tmp_path)
     el = [r for r in recs if r["protocol"] == "elastic_bsp"]
-    assert {r["mode"] for r in el} == {"apply", "aggregate"}
+    # each superstep ends in an aggregated push; applied ones before it only where ElasticBSP
+    # gave a worker more than one step, which depends on the measured speeds (a loaded CI
+    # run gave every worker one step a superstep: only "aggregate")
+    assert "aggregate" in {r["mode"] for r in el} <= {"apply", "aggregate"}
     rounds = sorted({r["round"] for r in el})
     assert len(rounds) >= 3
     for rnd in rounds[:-1]:  # a superstep: each worker ends its steps with one aggregated push
