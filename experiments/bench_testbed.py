@@ -32,7 +32,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
     rows = []
     bed = testbed_bench.up("bench", nodes=args.nodes, rate=args.rate, log=print)
     try:
-        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+        with testbed_bench.work_dir(None) as work:
             for k, latency in enumerate(float(x) for x in args.latencies.split(",")):
                 for node in bed.nodes:
                     bed.set(node, latency_ms=latency)

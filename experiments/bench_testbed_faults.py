@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -154,7 +153,7 @@ def main(argv=None) -> int:
     rows = []
     bed = testbed_bench.up("faults", nodes=3, log=print)
     try:
-        with tempfile.TemporaryDirectory(dir="/tmp") as work:   # /tmp: no node sees it
+        with testbed_bench.work_dir(None) as work:
             for latency in [float(x) for x in args.latencies.split(",")]:
                 for node in bed.nodes:
                     bed.set(node, latency_ms=latency)

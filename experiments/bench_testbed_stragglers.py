@@ -8,9 +8,9 @@ first ``--switch-at`` of its workload, then ASP. ``--episode-s`` seconds after t
 starts, n3's link (worker 1) turns slow (``--slow-latency`` one-way) for ``--slow-s``
 seconds, then recovers. Each run uses one straggler policy before the switch: none (the
 plain plan), greedy (the whole cluster runs ASP while a straggler is seen, then BSP
-again) or elastic (the straggler leaves BSP's membership and is readmitted later). Reported per run: training time, test
-accuracy, and what the detector saw (from the BSP phase's stats). Configurations
-alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
+again) or elastic (the straggler leaves BSP's membership and is readmitted later).
+Reported per run: training time, test accuracy, and what the detector saw (from the BSP
+phase's stats). Configurations alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
 
     sudo python experiments/bench_testbed_stragglers.py --repeats 2
 """
