@@ -34,22 +34,18 @@ import ipaddress
 import logging
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 
+from tfsync import nft
 from tfsync.netns import pid_alive
+from tfsync.nft import NftError as FirewallError  # noqa: F401 (callers catch it by this name)
+from tfsync.nft import run as _nft
 
 logger = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.0/8", "::1")
 _TABLE = re.compile(r"tfsync_hook_(\d+)_(\d+)")
 _LABEL = re.compile(r"[A-Za-z0-9._-]{1,64}")
-NFT_TIMEOUT_S = 30
-
-
-class FirewallError(RuntimeError):
-    """An nft command failed (the message is one line: the command and nft's first line)."""
 
 
 @dataclass(frozen=True)
@@ -94,34 +90,18 @@ def ruleset(table: str, guards: list[Guard]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _nft(*args: str, text: str | None = None) -> str:
-    cmd = ["nft", *args] if text is None else ["nft", "-f", "-"]
-    try:
-        r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=NFT_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise FirewallError(f"`{' '.join(cmd)}` could not run: {e}") from None
-    if r.returncode != 0:
-        first = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[0]
-        raise FirewallError(f"`{' '.join(cmd)}` failed: {first}")
-    return r.stdout
-
-
 def unavailable_reason() -> str | None:
     """Why this process cannot install a firewall (None: it may try)."""
     if os.environ.get("TFSYNC_NO_FIREWALL"):
         return "TFSYNC_NO_FIREWALL is set"
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "not running as root (an nftables table needs CAP_NET_ADMIN)"
-    if shutil.which("nft") is None:
-        return "`nft` is not installed (apt-get install nftables)"
-    return None
+    return nft.unavailable_reason()
 
 
 def remove_stale(hook_port: int) -> list[str]:
     """Delete the tables of hooks that no longer run here (or held ``hook_port`` before
     this hook: a port is one live hook's); returns their names."""
     removed = []
-    for name in re.findall(r"table inet (\S+)", _nft("list", "tables")):
+    for name in nft.tables():
         m = _TABLE.fullmatch(name)
         if not m or int(m.group(2)) == os.getpid():
             continue

@@ -54,7 +54,7 @@ def test_without_root_or_nft_no_firewall_is_claimed(monkeypatch):
     monkeypatch.setenv("TFSYNC_NO_FIREWALL", "1")
     assert firewall.open_firewall(7070) == (None, "TFSYNC_NO_FIREWALL is set")
     monkeypatch.delenv("TFSYNC_NO_FIREWALL")
-    monkeypatch.setattr(firewall.shutil, "which", lambda name: None)
+    monkeypatch.setattr(firewall.nft.shutil, "which", lambda name: None)
     if os.geteuid() == 0:
         assert firewall.open_firewall(7070) == (None, "`nft` is not installed (apt-get install nftables)")
     from tfsync.hooks.tasks import TaskSupervisor

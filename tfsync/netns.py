@@ -17,7 +17,13 @@ One namespace serves a whole process (:func:`shared`): every cluster generation 
 every engine of the process places its tasks there on ports free inside it. It is
 removed at exit; namespaces left by a process that died are removed by the next one.
 
-Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's ``ip``. Where either is
+Other users of this machine are kept out too: the link's host end has an nftables guard
+that lets only root and the tasks' user connect (``tfsync.netguard``). Root is needed
+only to make the namespace, so when ``sudo`` started this process the tasks run as the
+user who ran it (:func:`task_user`), with that user's rights, not root's.
+
+Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's ``ip``; the guard also needs
+``nft`` (without it a warning says that every local user reaches the task ports). Where either is
 missing :func:`shared` returns None and :func:`unavailable_reason` says why: the task
 ports then listen on every interface, and the caller says so.
 """
@@ -30,12 +36,13 @@ import ctypes
 import ipaddress
 import logging
 import os
+import pwd
 import re
 import shutil
 import subprocess
 import threading
 
-from . import ports
+from . import netguard, nft, ports
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +98,47 @@ def check_name(name: str) -> str:
     return name
 
 
+def task_user() -> tuple[int, int] | None:
+    """``(uid, gid)`` the tasks of a private network run as: the user who ran ``sudo``
+    (``SUDO_UID``, ``SUDO_GID``) when this process is root through it. None: they run as
+    this process (it is not root, or root started it without sudo)."""
+    uid = os.environ.get("SUDO_UID", "")
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not uid.isdigit() or int(uid) == 0:
+        return None
+    gid = os.environ.get("SUDO_GID", "")
+    if gid.isdigit():
+        return int(uid), int(gid)
+    try:
+        return int(uid), pwd.getpwuid(int(uid)).pw_gid
+    except KeyError:
+        return int(uid), int(uid)
+
+
 def command_in(name: str, argv: list[str]) -> list[str]:
-    """``argv`` run inside namespace ``name`` (``ip netns exec`` execs it: same pid)."""
-    return ["ip", "netns", "exec", name, *argv]
+    """``argv`` run inside namespace ``name`` (``ip netns exec`` execs it: same pid), as
+    :func:`task_user` where there is one (``setpriv``: no supplementary groups)."""
+    user = task_user()
+    drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"] if user else []
+    return ["ip", "netns", "exec", name, *drop, *argv]
+
+
+def hand_over(directory: str, files=(), program: tuple = ()) -> None:
+    """Give :func:`task_user` (where there is one) ``directory`` and ``files`` in it
+    (relative paths): what its tasks read there. Raises NetnsError naming the first of
+    them, or of ``program``'s files, that the user still cannot read (a parent directory
+    closed to it)."""
+    user = task_user()
+    if user is None:
+        return
+    paths = [directory, *(os.path.join(directory, f) for f in files)]
+    for path in sorted({*paths, *(os.path.dirname(p) for p in paths[1:])}):
+        os.chown(path, *user, follow_symlinks=False)
+    check = 'for p; do [ -r "$p" ] || { echo "$p"; exit 1; }; done'
+    r = subprocess.run(["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--",
+                        "sh", "-c", check, "sh", *program, *paths], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise NetnsError(f"the tasks run as uid {user[0]} (who ran sudo) and cannot read "
+                         f"{r.stdout.strip() or r.stderr.strip()}: run from a directory that user can read")
 
 
 def remove_stale() -> list[str]:
@@ -105,6 +150,9 @@ def remove_stale() -> list[str]:
             with contextlib.suppress(NetnsError):
                 _ip("netns", "del", name)
                 removed.append(name)
+    if nft.unavailable_reason() is None:
+        with contextlib.suppress(nft.NftError):
+            removed += netguard.remove_stale(lambda pid: pid == os.getpid() or pid_alive(pid))
     return removed
 
 
@@ -112,7 +160,9 @@ class PrivateNetwork:
     """A network namespace linked to this one by a veth pair with a /30 of ``SUBNETS``.
 
     ``address``: the namespace's end of the link (task addresses); ``peer``: this
-    namespace's end (what the tasks see connections come from).
+    namespace's end (what the tasks see connections come from). ``users``: the uids
+    whose connections reach the tasks; ``unguarded``: why every local user does (None:
+    the guard is in place).
     """
 
     def __init__(self, name: str, index: int):
@@ -120,6 +170,9 @@ class PrivateNetwork:
         net = list(SUBNETS.subnets(new_prefix=30))[index]
         self.peer, self.address = str(net[1]), str(net[2])
         self.path = os.path.join(NETNS_DIR, name)
+        self.guard = netguard.table_name(os.getpid(), index)
+        self.users = sorted({os.geteuid(), *(u[0] for u in [task_user()] if u)})
+        self.unguarded: str | None = "not made yet"
         self.closed = False
 
     @classmethod
@@ -152,6 +205,12 @@ class PrivateNetwork:
         _ip("-n", self.name, "addr", "add", f"{self.address}/30", "dev", ns_end)
         _ip("-n", self.name, "link", "set", ns_end, "up")
         _ip("-n", self.name, "link", "set", "lo", "up")
+        self.unguarded = nft.unavailable_reason()
+        if self.unguarded is None:
+            try:
+                netguard.install(self.guard, host_end, self.users)
+            except nft.NftError as e:
+                self.unguarded = str(e)
 
     @contextlib.contextmanager
     def entered(self):
@@ -185,6 +244,9 @@ class PrivateNetwork:
         with contextlib.suppress(NetnsError, OSError):
             if os.path.exists(self.path):
                 _ip("netns", "del", self.name)
+        if self.unguarded is None:
+            with contextlib.suppress(nft.NftError):
+                netguard.remove(self.guard)
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
 
@@ -228,6 +290,9 @@ def shared() -> PrivateNetwork | None:
             try:
                 _shared = PrivateNetwork.open()
                 logger.debug("task ports in network namespace %s (%s)", _shared.name, _shared.address)
+                if _shared.unguarded:
+                    logger.warning("TF task ports will be reachable by every user of this machine: %s",
+                                   _shared.unguarded)
                 return _shared
             except (NetnsError, OSError, subprocess.SubprocessError) as e:
                 reason = _reason = str(e)
@@ -238,6 +303,9 @@ def shared() -> PrivateNetwork | None:
 def describe(net: PrivateNetwork | None) -> str:
     """What protects a cluster's task ports (for summaries): ``net`` is its private network."""
     if net is not None:
-        return f"private network namespace {net.name} ({net.address}): reachable from this machine only"
+        where = f"private network namespace {net.name} ({net.address}): reachable from this machine only"
+        if net.unguarded:
+            return f"{where}, by every user of it: {net.unguarded}"
+        return f"{where}, by uid {' and '.join(map(str, net.users))} only (nftables table inet {net.guard})"
     why = unavailable_reason() or "tasks on other nodes or on a host address that is not loopback"
     return f"every interface, unprotected: {why}"

@@ -15,7 +15,7 @@ import sys
 SERVER = (sys.executable, "-m", "tfsync.engine.server")
 # The directory that holds the tfsync package: put first on a task's PYTHONPATH, so the
 # task imports the same tfsync as its launcher.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def task_command(spec_json: str, job: str, index: int, program=SERVER) -> list[str]:
@@ -32,5 +32,5 @@ def task_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
     env.update(extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     return env

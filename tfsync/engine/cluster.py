@@ -23,7 +23,7 @@ from typing import Protocol
 from .. import netns
 from ..ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from .. import safefile
-from ..taskcmd import task_command, task_env
+from ..taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +191,11 @@ class LocalCluster:
     # -- lifecycle ----------------------------------------------------------------------
     def launch(self) -> "LocalCluster":
         """Start every task process; ``wait_ready`` waits for their ports."""
+        if self.network is not None and self.work_dir:   # tasks run as the user who ran sudo
+            try:
+                netns.hand_over(self.work_dir, self.files, (SERVER[0], PACKAGE_ROOT))
+            except (netns.NetnsError, OSError) as e:
+                raise ClusterError(str(e)) from None
         atexit.register(self.stop)
         for job in ("ps", "worker"):
             for i in range(len(self.spec[job])):

@@ -13,8 +13,8 @@ their own hook while it answers: a node that died or lost its link gets none of 
 generation's tasks; ``returned`` says when such a node answers again, and the engine
 then restarts on every node) and listen on their hook's host. When
 every hook is on this machine the tasks (and the coordinator's TF server) run in this
-process's private network namespace instead, reachable from this machine only
-(``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
+process's private network namespace instead, reachable from this machine only, by root
+and the tasks' user (``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
 in turn, a fresh block for every generation, so a new task never has to wait for the
 port of the one it replaces.
 """
