@@ -141,13 +141,54 @@ def test_a_damaged_manager_json_is_one_line(run_dir, text):
 # -- the run directory and the job's name (item 4) ------------------------------------------
 def test_an_unusable_run_dir_is_one_line_fast_and_leaves_no_running_job(tmp_path):
     home = tmp_path / "home"
+    (tmp_path / "file").write_text("")
     t0 = time.monotonic()
-    r = tfsync("run", JOB, "--run-dir", "/dev/null/run", env={"TFSYNC_HOME": str(home)}, timeout=90)
-    one_line(r, "/dev/null/run", "Not a directory", code=1)
+    r = tfsync("run", JOB, "--run-dir", str(tmp_path / "file" / "run"), env={"TFSYNC_HOME": str(home)}, timeout=90)
+    one_line(r, str(tmp_path / "file"), "Not a directory", code=1)
     assert time.monotonic() - t0 < 60  # no hang at exit
     if (home / "jobs.db").exists():
         with Store(home / "jobs.db") as store:
             assert not store.jobs("running")
+
+
+def test_a_run_dir_through_a_link_or_in_a_system_directory_is_refused_writing_nothing(tmp_path):
+    """Issue 31 case 3: a run directory that is a link (to /etc), passes through one, or
+    lies in a system directory ("../../etc" from the working directory) is one line
+    naming job.run_dir, exit 2, and nothing is written there."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    (tmp_path / "etc").symlink_to("/etc")
+    from tfsync.rundir import RunDirError, resolve
+    before = sorted(os.listdir("/etc"))
+    r = tfsync("run", JOB, "--set", f"job.run_dir={tmp_path / 'etc'}", timeout=90)
+    one_line(r, "job.run_dir", f"{tmp_path / 'etc'} is a symbolic link (to /etc)", code=2)
+    for run_dir, words in ((tmp_path / "link", f"{tmp_path / 'link'} is a symbolic link (to {target})"),
+                           (tmp_path / "link" / "run", f"{tmp_path / 'link'} is a symbolic link"),
+                           ("../../../../../../etc", "/etc is a system directory"),
+                           ("/usr/local/runs", "/usr/local/runs is a system directory or inside one"),
+                           ("/", "/ is a system directory")):
+        with pytest.raises(RunDirError, match=re.escape(words)):
+            resolve(str(run_dir))
+    assert resolve(str(target / "a" / ".." / "run")) == str(target / "run")
+    assert os.listdir(target) == [] and sorted(os.listdir("/etc")) == before
+
+
+def test_a_second_run_on_a_run_dir_in_use_is_refused_naming_the_first(tmp_path):
+    """Issue 31 case 4: while a run holds its directory, a second `tfsync run`, `resume`
+    or `search` on it is refused in one line naming the first (pid, start time), exit 1,
+    and moves nothing of the first run aside."""
+    from tfsync import rundir
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    with rundir.RunLock(str(run_dir), "tfsync run"):
+        for cmd in (["run", JOB], ["resume", JOB], ["search", JOB, "--runs", "1", "--settings", "1"]):
+            r = tfsync(*cmd, "--set", f"job.run_dir={run_dir}", env={"TFSYNC_HOME": str(tmp_path / "home")})
+            one_line(r, f"{run_dir} is in use by tfsync run (pid {os.getpid()}, started ", code=1)
+        assert (run_dir / "metrics.jsonl").exists() and not (run_dir / "previous").exists()
+    with rundir.RunLock(str(run_dir), "again"):   # released with the holder
+        pass
 
 
 def test_a_long_or_unsafe_job_name_is_refused_naming_the_field():

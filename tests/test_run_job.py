@@ -31,9 +31,14 @@ def _tasks_of(pid):
 def test_run_trains_bsp_then_asp_and_writes_its_records(tmp_path):
     job, run_dir = _job(tmp_path, 0.5)
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.umask(0o022))
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
+    # issue 31 case 2: under umask 022 too, nothing the run wrote is open to other users
+    written = [os.path.join(top, n) for top, dirs, files in os.walk(run_dir) for n in [""] + dirs + files]
+    assert len(written) > 10 and any("checkpoints" in p for p in written) and any("data" in p for p in written)
+    assert [p for p in written if os.lstat(p).st_mode & 0o077] == []
+    assert [p for p in written if os.path.isdir(p) and os.lstat(p).st_mode & 0o700 != 0o700] == []
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
     assert summary["switches"][0]["method"] == "hot"
     assert summary["test_accuracy"] > 0.7  # a linear model, half an epoch of 6000 real digits

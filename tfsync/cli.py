@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from . import rundir
 from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, codes_help, fail, interrupt
 from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
@@ -40,17 +41,29 @@ def format_summary(s: dict) -> str:
 
 def cmd_run(args) -> int:
     from .config import ConfigError, load_job
-    from .data import DataError
 
     try:
         cfg = load_job(args.job, overrides=args.set)
         if args.run_dir:
-            import dataclasses
-            cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=args.run_dir))
+            cfg = with_run_dir(cfg, args.run_dir)
         from .switch.cli import stored_switch_point
         cfg, found = stored_switch_point(cfg)
+        cfg = with_run_dir(cfg, rundir.resolve(cfg.job.run_dir))
     except ConfigError as e:
         return fail(str(e), EXIT_BAD_INPUT)
+    rundir.private(cfg.job.run_dir)
+    with rundir.RunLock(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run"):
+        return _run(args, cfg, found)
+
+
+def with_run_dir(cfg, run_dir: str):
+    import dataclasses
+    return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=run_dir))
+
+
+def _run(args, cfg, found) -> int:
+    from .config import ConfigError
+    from .data import DataError
     if found is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
@@ -279,6 +292,8 @@ def known_error(e: BaseException) -> int | None:
     from .manager.cli import ControlError
     from .manager.store import StoreError
 
+    if isinstance(e, rundir.RunDirError):
+        return e.exit_code
     if isinstance(e, (ConfigError, TokenFileError, ControlError)):
         return EXIT_BAD_INPUT
     if isinstance(e, (StoreError, TransportError)):

@@ -60,15 +60,25 @@ def create_new(path: str | os.PathLike, mode: int = 0o644) -> str:
     return path
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, for a moment,
+    for every thread)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, mode: int = 0o644, binary: bool = False, **kw):
     """A file object whose content replaces ``path`` (a link there is replaced, never
-    followed) when the block ends without an error; an error leaves ``path`` as it was."""
+    followed) when the block ends without an error; an error leaves ``path`` as it was.
+    ``mode`` less the umask, as ``open`` would."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        os.fchmod(fd, mode)
+        os.fchmod(fd, mode & ~umask())
         with os.fdopen(fd, "wb" if binary else "w", **kw) as f:
             yield f
         os.replace(tmp, path)

@@ -11,6 +11,7 @@ and ``tfsync run`` then switches at the stored point (``switch.point = "auto"``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from .. import rundir
 from ..exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
 
 EVALS_PER_RUN = 20  # when the job file sets no train.eval_every: the curve's resolution
@@ -208,7 +210,7 @@ def cmd_search(args) -> int:
     except (ConfigError, ValueError) as e:
         return fail(str(e), EXIT_BAD_INPUT)
     signature = config_signature(cfg.to_dict())
-    with open_store(args.store) as store:
+    with open_store(args.store) as store, contextlib.ExitStack() as held:
         if args.show:
             found = store.switch_point(signature)
             if found is None:
@@ -222,7 +224,10 @@ def cmd_search(args) -> int:
                 print(format_result(detail, signature))
                 print(f"stored {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}")
             return 0
-        job = store.create_job(cfg.job.name, signature, cfg.to_dict(), run_dir=os.path.abspath(cfg.job.run_dir))
+        run_dir = rundir.resolve(cfg.job.run_dir)   # the trials' directories are inside it: one search at a time
+        rundir.private(run_dir)
+        held.enter_context(rundir.RunLock(run_dir, "tfsync search"))
+        job = store.create_job(cfg.job.name, signature, cfg.to_dict(), run_dir=run_dir)
         store.set_job_state(job.id, "running")
         trials = JobStoreTrials(store, job.id)
         total = settings.runs * (settings.settings + (settings.target is None))
