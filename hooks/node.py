@@ -29,7 +29,7 @@ import psutil
 from tfsync import safefile
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.exits import EXIT_BAD_INPUT, interrupt
+from tfsync.exits import EXIT_BAD_INPUT, fail, interrupt
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
@@ -233,11 +233,7 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
     says so, once. ``adopt_rows``: the tasks of this hook before it re-executed itself.
     """
     log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
-    for a in task_allow:
-        try:
-            ipaddress.ip_network(a, strict=False)
-        except ValueError:
-            raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
+    check_task_allow(task_allow)
     server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
                                          max_workers=max_workers)
     fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
@@ -252,6 +248,27 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
     server.start()
     logger.info("node hook serving on port %d (task logs in %s)", port, log_dir)
     return HookServer(server, supervisor, stopping), port
+
+
+def check_task_allow(task_allow) -> None:
+    """Each --task-allow must be an address or network: the firewall is built from them."""
+    for a in task_allow:
+        try:
+            ipaddress.ip_network(a, strict=False)
+        except ValueError:
+            raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
+
+
+def check_arguments(args, tls: transport.TlsConfig | None) -> None:
+    """What `serve` would refuse in the arguments, refused first: --init-token must not
+    leave a token behind for a hook that never starts."""
+    try:
+        transport.check_listen(args.listen, args.allow_remote, tls, warn=False)
+    except ValueError as e:
+        raise ValueError(f"--listen: {e}") from None
+    check_task_allow(args.task_allow)
+    if tls is not None:
+        transport.server_credentials(tls)
 
 
 def main(argv=None) -> int:
@@ -274,18 +291,18 @@ def main(argv=None) -> int:
     hook_args = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(hook_args)
     try:
+        tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
+        check_arguments(args, tls)
         if args.init_token and not os.path.lexists(args.token_file):
             auth.write_token(args.token_file)
             print(f"tfsync hook: wrote a new token to {args.token_file} (mode 0600); the job's "
                   "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
-        tls = transport.TlsConfig(args.tls_cert, args.tls_key) if args.tls_cert or args.tls_key else None
         rows = adopt.load(os.environ.pop(adopt.ENV)) if os.environ.get(adopt.ENV) else []
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
                              node=args.node, task_allow=args.task_allow, adopt_rows=rows)
     except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
-        print(f"tfsync hook: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(str(e), EXIT_BAD_INPUT)
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C

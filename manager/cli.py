@@ -15,6 +15,7 @@ from tfsync.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
 
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1  # the API's integer fields (batch sizes, steps)
 
 
 class ControlError(RuntimeError):
@@ -188,8 +189,18 @@ def cmd_checkpoint(args):
         request_id=uuid.uuid4().hex, job_id=j), timeout=10))
 
 
+def out_of_range(name: str, values, lo: int, hi: int) -> str | None:
+    """Why an integer argument is refused before any call (the message request fields
+    would otherwise raise past their 32 or 64 bits), or None."""
+    bad = next((v for v in values if not lo <= v <= hi), None)
+    return None if bad is None else f"{name} {bad}: expected an integer from {lo} to {hi}"
+
+
 def cmd_batch_sizes(args):
     from tfsync.api.v1 import manager_pb2
+    problem = out_of_range("batch size", args.sizes, 1, INT32_MAX)
+    if problem:
+        return fail(f"{problem} (one per worker)", EXIT_BAD_INPUT)
     return _call(args, lambda s, j: s.SetBatchSizes(manager_pb2.SetBatchSizesRequest(
         request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=10))
 
@@ -200,6 +211,9 @@ def cmd_metrics(args):
 
     from tfsync.api.v1 import manager_pb2
 
+    problem = out_of_range("--from-step", [args.from_step], 0, INT64_MAX)
+    if problem:
+        return fail(problem, EXIT_BAD_INPUT)
     try:
         stub, info, grpc = _stub(args)
         for rec in stub.StreamMetrics(manager_pb2.StreamMetricsRequest(job_id=info["job_id"],

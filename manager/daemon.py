@@ -105,7 +105,7 @@ class StandaloneService(ManagerService):
 
     def __init__(self, store: Store):
         super().__init__(store)
-        self.submitted: dict[str, str] = {}  # request id -> job id (a retried SubmitJob)
+        self.submitted: dict[str, tuple] = {}  # request id -> (request, job id), for a retried SubmitJob
         self.coordinators: Coordinators | None = None
 
     def SubmitJob(self, request, context):
@@ -127,11 +127,15 @@ class StandaloneService(ManagerService):
         config = cfg.to_dict()
         with self._lock:
             if request.request_id in self.submitted:  # a retried call: the job it submitted
-                return self._status(self.submitted[request.request_id], context)
+                first, job_id = self.submitted[request.request_id]
+                if first != request:  # another job under a used id would be lost without a word
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id {shown(request.request_id)} was used "
+                                  f"for another submission (job {job_id}); a new job needs a new request_id")
+                return self._status(job_id, context)
             job = self.store.create_job(request.name or cfg.job.name, request.signature or config_signature(config),
                                         config, run_dir=cfg.job.run_dir)
             if request.request_id:
-                self.submitted[request.request_id] = job.id
+                self.submitted[request.request_id] = (request, job.id)
         self._launch(job, resume=False, context=context)
         return self._status(job.id, context)
 

@@ -5,8 +5,9 @@ commands address a job by id; every command gets an id, is queued for the job's
 coordinator, and is carried out at a step boundary (Sync-Switch Fig. 9); the call
 answers with the outcome (FAILED_PRECONDITION and the engine's reason when it refused),
 or "queued" after ``command_wait_s``. A retried request (same ``request_id``) returns
-the first answer and issues nothing new. Bad input gets INVALID_ARGUMENT with a message;
-an unknown job NOT_FOUND.
+the first answer and issues nothing new; another command under a used ``request_id`` is
+refused, not dropped. Bad input gets INVALID_ARGUMENT with a message; an unknown job
+NOT_FOUND. A `tfsync run` job's manager takes no SubmitJob or Resume (StandaloneService).
 
 Step records are summarised into the job store in batches (``flush_every`` records or
 ``flush_s`` seconds), never one transaction per step.
@@ -106,7 +107,7 @@ class JobRuntime:
     batch_sizes: dict = field(default_factory=dict)
     commands: queue.Queue = field(default_factory=queue.Queue)
     results: dict = field(default_factory=dict)  # command id -> CommandResult
-    answered: dict = field(default_factory=dict)  # request id -> CommandAck
+    answered: dict = field(default_factory=dict)  # request id -> ((kind, request), CommandAck)
     attached: bool = False
     pending: list = field(default_factory=list)  # step summaries not yet in the store
     flushed: float = 0.0
@@ -189,7 +190,11 @@ class ManagerService(ResourceReports):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: expected at most {MAX_ID} characters, "
                           f"got {len(request.request_id)}")
         if request.request_id and request.request_id in job.answered:
-            first = job.answered[request.request_id]
+            command, first = job.answered[request.request_id]
+            if command != (kind, request):  # a client reusing ids would lose this command without a word
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id {shown(request.request_id)} was used "
+                              f"for another command ({command[0]}); a retry repeats its command unchanged, "
+                              "a new command needs a new request_id")
             return manager_pb2.CommandAck(job_id=job.job_id, command_id=first.command_id, duplicate=True,
                                           message=first.message)
         cmd = manager_pb2.Command(command_id=uuid.uuid4().hex[:12], job_id=job.job_id, **{kind: request})
@@ -207,7 +212,7 @@ class ManagerService(ResourceReports):
             "boundary; see `tfsync status`)")
         ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id, message=message)
         if request.request_id:
-            job.answered[request.request_id] = ack
+            job.answered[request.request_id] = ((kind, request), ack)
         return ack
 
     def Switch(self, request, context):
@@ -252,6 +257,15 @@ class ManagerService(ResourceReports):
 
     def Stop(self, request, context):
         return self._issue(request, context, "stop")
+
+    # -- what only a standalone manager does (StandaloneService) -------------------------------
+    def SubmitJob(self, request, context):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "this manager serves one job (`tfsync run`) and takes no "
+                      "submissions; submit jobs to a standalone manager (`tfsync manager`, `tfsync submit`)")
+
+    def Resume(self, request, context):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this manager serves one running job (`tfsync run`); "
+                      "resume an ended job with `tfsync resume JOB`, or through a standalone manager")
 
     # -- the coordinator's stream ------------------------------------------------------------
     def Attach(self, request_iterator, context):

@@ -190,3 +190,39 @@ def task_children(hook):
     """``{pid: command line}`` of the TF task processes a hook process runs."""
     return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children()
             if "tfsync.engine.server" in " ".join(p.cmdline())}
+
+
+# -- managers -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def job_manager(folder, workers: int = 2):
+    """A job manager as `tfsync run` embeds one, on loopback, with no coordinator: it serves
+    the running job "live" (``workers`` workers) and the ended job "done"; commands are
+    answered "queued" at once. Yields (service, stub, {job id: its run directory}); each run
+    directory holds the control files `tfsync status | batch-sizes | metrics ...` read."""
+    from tfsync.api import auth, transport
+    from tfsync.api.v1 import manager_pb2_grpc
+    from tfsync.manager.service import ManagerService
+    from tfsync.manager.store import Store
+
+    store = Store(str(folder / "jobs.db"))
+    service = ManagerService(store, command_wait_s=0.01)
+    token = auth.new_token()
+    server, port = transport.make_server("127.0.0.1:0", token=token)
+    manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
+    server.start()
+    runs = {}
+    for job_id in ("live", "done"):
+        service.register(job_id, job_id).workers = workers
+        runs[job_id] = folder / job_id
+        (runs[job_id] / "control").mkdir(parents=True)
+        auth.write_token(runs[job_id] / "control" / "token", token)
+        (runs[job_id] / "control" / "manager.json").write_text(
+            json.dumps({"address": f"127.0.0.1:{port}", "job_id": job_id}))
+    service.end("done")
+    channel = transport.make_channel(f"127.0.0.1:{port}", token=token)
+    try:
+        yield service, manager_pb2_grpc.ManagerStub(channel), runs
+    finally:
+        channel.close()
+        server.stop(None).wait(5)
+        store.close()

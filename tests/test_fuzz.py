@@ -917,3 +917,86 @@ def test_submit_job_refuses_json_it_cannot_read(manager, config_json):
     e = _rpc_error(stub.SubmitJob, manager_pb2.SubmitJobRequest(config_json=config_json), timeout=10)
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details().startswith("config_json: "), e.details()
     assert not service.coordinators.started
+
+
+# ---- token files and command-line numbers (issue 31, item 9) ---------------------------------
+
+def token_contents(rng: random.Random) -> list[bytes]:
+    """Token-file contents: empty, blank, non-ASCII, binary, control characters, huge, and good ones."""
+    fixed = [b"", b"\n", b" \t\n", "tök€n\n".encode(), b"\xff\xfe\x00", b"a\x00b", b"two words\n", b"a\nb\n",
+             b"\x1b[31mred", b"x" * 4096, b"x" * 4097, b"x" * (10 << 20),
+             auth.new_token().encode() + b"\n"]
+    rand = [rng.randbytes(rng.randrange(1, 300)) for _ in range(40)]
+    printable = [rand_string(rng).encode("utf-8", "surrogatepass") for _ in range(40)]
+    return fixed + rand + printable
+
+
+def test_fuzzed_token_files_are_read_or_refused_in_one_line(tmp_path):
+    path = tmp_path / "token"
+    for i, content in enumerate(token_contents(random.Random(5))):
+        path.write_bytes(content)
+        path.chmod(0o600)
+        try:
+            token = auth.read_token(path)
+        except auth.TokenFileError as e:
+            text = str(e)
+            assert "\n" not in text and len(text) <= MAX_STATUS_LEN and str(path) in text, f"#{i}: {text[:300]!r}"
+            continue
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"#{i} {content[:40]!r}: {type(e).__name__} instead of TokenFileError: {str(e)[:200]}")
+        assert token == content.strip().decode("ascii") and len(token) <= 4096, f"#{i}: {content[:40]!r}"
+        assert all(0x21 <= b <= 0x7E for b in token.encode()), f"#{i}: {content[:40]!r} is no token"
+
+
+def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_path, capsys):
+    """Batch sizes are int32 and steps int64 in the API: a number past them, or below the
+    least, is refused in one line by the command line, before any call."""
+    from helpers import job_manager
+    from tfsync.cli import build_parser
+
+    rng = random.Random(11)
+    numbers = [0, 1, -1, 16, 2**31 - 1, 2**31, -2**31, 2**63 - 1, 2**63, -2**63 - 1, 2**64, 10**30, -10**30,
+               99999999999] + [rng.randint(-2**70, 2**70) for _ in range(6)]
+    problems = []
+    with job_manager(tmp_path) as (_, _, runs):
+        for n in numbers:
+            for argv, lo, hi, name in ((["batch-sizes", str(runs["live"]), str(n), "16"], 1, 2**31 - 1, "batch size"),
+                                       (["metrics", str(runs["done"]), "--from-step", str(n)], 0, 2**63 - 1,
+                                        "--from-step")):
+                args = build_parser().parse_args(argv)
+                try:
+                    code = args.func(args)
+                except Exception as e:  # noqa: BLE001
+                    code = f"{type(e).__name__}: {str(e)[:100]}"
+                err = capsys.readouterr().err
+                lines = err.splitlines()
+                if lo <= n <= hi and (code != 0 or err):
+                    problems.append(f"{argv[0]} {n}: {code}, {err[:200]!r}")
+                elif not lo <= n <= hi and not (code == 2 and len(lines) == 1 and
+                                                 lines[0].startswith(f"tfsync: error: {name} {n}: ")):
+                    problems.append(f"{argv[0]} {n}: {code}, {err[:200]!r}")
+    assert not problems, f"{len(problems)} numbers: " + "; ".join(problems[:4])
+
+
+def test_a_request_id_reused_for_another_command_is_refused_and_a_retry_is_not(manager):
+    """A reused request_id used to return the first command's answer and drop the second."""
+    service, stub, _, live_id, root = manager
+    m = manager_pb2
+    first = stub.Stop(m.StopRequest(request_id="r1", job_id=live_id, checkpoint=True), timeout=5)
+    again = stub.Stop(m.StopRequest(request_id="r1", job_id=live_id, checkpoint=True), timeout=5)
+    assert again.duplicate and again.command_id == first.command_id
+    for other in (lambda: stub.Checkpoint(m.CheckpointRequest(request_id="r1", job_id=live_id), timeout=5),
+                  lambda: stub.Stop(m.StopRequest(request_id="r1", job_id=live_id, checkpoint=False), timeout=5)):
+        e = _rpc_error(other)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "request_id 'r1' was used for another command" \
+            in e.details(), e.details()
+    assert service.jobs[live_id].commands.qsize() == 1   # the one Stop, issued once
+    plain = base_jobs(str(root))[0]
+    plain["job"]["run_dir"] = str(root / "runs" / "a")
+    submit = m.SubmitJobRequest(request_id="s1", config_json=json.dumps(plain))
+    job_id = stub.SubmitJob(submit, timeout=10).job_id
+    assert stub.SubmitJob(submit, timeout=10).job_id == job_id
+    plain["train"]["epochs"] = 2.0
+    e = _rpc_error(stub.SubmitJob, m.SubmitJobRequest(request_id="s1", config_json=json.dumps(plain)), timeout=10)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and f"another submission (job {job_id})" in e.details()
+    assert len(service.coordinators.started) == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import job_manager
 from tfsync.api import auth
 from tfsync.config import ConfigError, JobConfig
 from tfsync.limits import check_job
@@ -221,3 +222,73 @@ def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_
                env={"TFSYNC_HOME": str(tmp_path / "home")}, timeout=120)
     one_line(r, "train.batch_size", "GiB", code=2)
     assert not list((tmp_path / "run").glob("logs/*/*.log"))  # no task was started
+
+
+# -- special files (issue 31, item 8) -------------------------------------------------------
+def test_a_job_file_that_is_a_fifo_a_device_a_directory_or_huge_is_refused_before_it_is_read(tmp_path):
+    """A FIFO job file used to block `tfsync run` forever, /dev/zero to fill the memory."""
+    fifo = tmp_path / "job.toml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.toml"
+    huge.write_text("# " + "x" * 2**20 + "\n")
+    for path, words in ((fifo, "is a FIFO"), ("/dev/zero", "is a character device"), (tmp_path, "is a directory"),
+                        (huge, "larger than 1 MiB, the limit for a job file")):
+        t0 = time.monotonic()
+        one_line(tfsync("run", str(path), timeout=60), str(path), words, code=2)
+        assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.timeout(60)  # the signal timeout interrupts a read that blocks
+def test_a_data_path_or_code_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    from tfsync import data, usercode
+    fifo = tmp_path / "mnist.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(data.DataError, match=rf"{re.escape(str(fifo))} is a FIFO \(named pipe\), not a regular file"):
+        data.load("mnist", fifo)
+    os.mkfifo(tmp_path / "model.py")
+    with pytest.raises(usercode.UserCodeError, match=r"model\.fn: .*model\.py is a FIFO"):
+        usercode.resolve(f"{tmp_path / 'model.py'}:build", "model.fn")
+
+
+# -- one line, not a traceback (issue 31, item 9) -------------------------------------------
+def test_a_token_file_of_non_ascii_bytes_is_one_line(run_dir):
+    token = run_dir / "control" / "token"
+    token.write_bytes("tök€n\n".encode())
+    one_line(tfsync("status", str(run_dir)), str(token), "non-ASCII", code=2)
+
+
+def test_batch_sizes_beyond_the_api_range_are_one_line_naming_them(tmp_path):
+    with job_manager(tmp_path) as (service, stub, runs):
+        for size in ("99999999999", "0", "2147483648", "-1"):
+            one_line(tfsync("batch-sizes", str(runs["live"]), size, "16"), f"batch size {size}", code=2)
+        r = tfsync("batch-sizes", str(runs["live"]), "2147483647", "16")   # the largest the API carries
+        assert r.returncode == 0 and "queued" in r.stdout, r.stderr
+
+
+def test_the_manager_of_a_run_answers_submit_and_resume_with_a_status_not_a_traceback(tmp_path, caplog, capfd):
+    """`tfsync run`'s manager trains one job: SubmitJob and Resume are refused in one line,
+    and nothing is printed into the running job's output."""
+    import grpc
+
+    from tfsync.api.v1 import manager_pb2
+    answers = []
+    with job_manager(tmp_path) as (service, stub, runs):
+        for call in (lambda: stub.SubmitJob(manager_pb2.SubmitJobRequest(config_json="{}"), timeout=5),
+                     lambda: stub.Resume(manager_pb2.ResumeRequest(job_id="live"), timeout=5)):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            answers.append((e.value.code(), e.value.details()))
+    printed = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not printed and "Traceback" not in capfd.readouterr().err, printed
+    assert [code for code, _ in answers] == [grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION]
+    assert all("\n" not in text and "`tfsync run`" in text for _, text in answers), answers
+
+
+def test_hook_init_token_writes_nothing_for_a_bad_argument(tmp_path):
+    token = tmp_path / "hook.token"
+    for args, words in ((["--listen", "nonsense"], "--listen"), (["--listen", "0.0.0.0:7000"], "not a loopback"),
+                        (["--task-allow", "nowhere"], "--task-allow"), (["--tls-cert", str(tmp_path / "no.pem")],
+                                                                        "TLS")):
+        r = tfsync("hook", "--token-file", str(token), "--init-token", *args)
+        assert not token.exists(), f"{args}: a token was written before the arguments were checked"
+        one_line(r, words, code=2)

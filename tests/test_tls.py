@@ -55,15 +55,19 @@ def error_line(result) -> str:
     ("cert not PEM", r"cert_file .*junk\.pem.* holds no PEM certificate"),
     ("key not PEM", r"key_file .*junk\.pem.* is not an unencrypted PEM private key"),
     ("key of another cert", r"key_file .*other\.key.* does not match cert_file .*server\.pem"),
+    ("key others can read", r"key_file .*server\.key.* has mode 0644: group or others can read it.*chmod 600"),
 ])
 def test_server_tls_mistakes_are_named_not_a_port_in_use(tmp_path, case, match):
     cert, key = make_cert(tmp_path)
     _, other_key = make_cert(tmp_path, "other")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a PEM file\n")
+    junk.chmod(0o600)  # read as a key too: a key others can read is refused before it is parsed
     files = {"no key": (cert, None), "no cert": (None, key), "missing cert": (str(tmp_path / "missing.pem"), key),
              "unreadable key": (cert, key), "cert not PEM": (str(junk), key), "key not PEM": (cert, str(junk)),
-             "key of another cert": (cert, other_key)}[case]
+             "key of another cert": (cert, other_key), "key others can read": (cert, key)}[case]
+    if case == "key others can read":   # as a token file others can read is; the certificate stays 0644
+        os.chmod(key, 0o644)
     if case == "unreadable key":
         if os.geteuid() == 0:
             os.unlink(key)  # root reads any file: a missing one stands for it

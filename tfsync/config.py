@@ -16,7 +16,7 @@ import re
 import tomllib
 from typing import Any, Callable, Sequence
 
-from . import usercode
+from . import safefile, usercode
 from .policy import catalogue
 from .policy.options import OptionError
 
@@ -44,6 +44,9 @@ SWITCH_BATCH: tuple[str, ...] = ("local", "global")
 SWITCH_MOMENTUM: tuple[str, ...] = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
 SWITCH_POINT: tuple[str, ...] = ("auto", "job")
 STRAGGLER_POLICIES: tuple[str, ...] = ("none", "greedy", "elastic")  # tfsync.switch.online
+# A job file is a few KiB of TOML; a larger "job file" is a mistake (a data file, /dev/zero)
+# that must not be read into memory. FIFOs and devices are refused too (safefile.read_regular).
+MAX_JOB_FILE = 2**20
 
 
 class ConfigError(ValueError):
@@ -265,8 +268,10 @@ def load_job(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobConfi
     of the file to its directory. A malformed override is a ConfigError naming it.
     """
     try:
-        with open(path, "rb") as f:
-            d = json.load(f) if os.fspath(path).endswith(".json") else tomllib.load(f)
+        raw = safefile.read_regular(path, MAX_JOB_FILE, "job file")
+        d = json.loads(raw) if os.fspath(path).endswith(".json") else tomllib.loads(raw.decode())
+    except safefile.NotRegularFileError as e:
+        raise ConfigError(f"{e}; pass the path of a TOML job file (example: jobs/mnist.toml)") from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such job file; pass the path of a TOML job file "
                           f"(example: jobs/mnist.toml)") from None

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import safefile
+
 log = logging.getLogger(__name__)
 
 ENV_DATA_DIR = "TFSYNC_DATA_DIR"
@@ -160,6 +162,9 @@ def _read(name: str, path: Path) -> dict[str, np.ndarray]:
                         f"expected {_EXPECTED}; {_FIX}")
     if not path.exists():
         raise DataError(f"{path}: no such file or directory; expected {_EXPECTED}; {_FIX}")
+    problem = safefile.not_regular(path, path.stat())  # a FIFO would block np.load forever
+    if problem:
+        raise DataError(f"{problem}; expected {_EXPECTED}; {_FIX}")
     return _read_npz(path)
 
 

@@ -6,6 +6,10 @@ with ``O_NOFOLLOW`` (a link there is refused with :class:`UnsafePathError`), and
 file is written to a new temporary file (``O_EXCL``) in the same directory and renamed
 over the target, which replaces a link instead of following it; both with the mode the
 file needs. Directories tfsync makes inside those directories must not be links either.
+
+Files tfsync reads whole (job files, tokens, TLS files) are read with :func:`read_regular`: a FIFO
+would block the read forever and ``/dev/zero`` fill the memory, so anything but a regular
+file of bounded size is refused before a byte is read.
 """
 
 from __future__ import annotations
@@ -14,11 +18,55 @@ import contextlib
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 
 
 class UnsafePathError(OSError):
     """A path tfsync would write through is a symbolic link."""
+
+
+class NotRegularFileError(ValueError):
+    """A file to be read whole is not a regular file (a FIFO, device, socket or
+    directory), or is larger than its limit; the message names the path."""
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(path: str | os.PathLike, st: os.stat_result) -> NotRegularFileError | None:
+    """The error for ``path`` (whose ``stat`` is ``st``) if it is no regular file, else None."""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    what = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+    return NotRegularFileError(f"{os.fspath(path)} is {what}, not a regular file")
+
+
+def read_regular(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path`` (links followed), at most ``limit``; ``what``
+    names the kind of file in the message. Anything else, or a larger file, is a
+    NotRegularFileError before anything is read: stat first (a socket cannot even be
+    opened), open without blocking (a FIFO put there meanwhile) and check again, then read
+    at most ``limit`` + 1 bytes (a file that grows, a /proc file that says it is empty)."""
+    path = os.fspath(path)
+    problem = not_regular(path, os.stat(path))
+    if problem:
+        raise problem
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        problem = not_regular(path, st)
+        if problem:
+            raise problem
+        data = b"" if st.st_size > limit else f.read(limit + 1)
+    if max(st.st_size, len(data)) > limit:
+        raise NotRegularFileError(f"{path} is larger than {_size(limit)}, the limit for a {what}")
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 2**20 and not n % 2**20 else f"{n >> 10} KiB" if not n % 1024 else f"{n} bytes"
 
 
 def _refuse(path: str) -> UnsafePathError:

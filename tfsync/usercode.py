@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from . import safefile
+
 REF = re.compile(r"(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -50,8 +52,9 @@ def absolute(ref: str, base_dir: str) -> str:
 
 
 def _load_file(path: str, field: str):
-    if not os.path.isfile(path):
-        raise UserCodeError(field, f"file {path} does not exist")
+    if not os.path.isfile(path):  # a FIFO or device is never opened: importing it would block or never end
+        problem = os.path.exists(path) and safefile.not_regular(path, os.stat(path))
+        raise UserCodeError(field, str(problem) if problem else f"file {path} does not exist")
     name = "tfsync_user_" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
     if name in sys.modules:
         return sys.modules[name]

@@ -26,10 +26,12 @@ logger = logging.getLogger(__name__)
 
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "
+MAX_TOKEN_FILE = 4096  # bytes: a token is 43 characters; more is not a token file (nor read into memory)
 
 
 class TokenFileError(PermissionError):
-    """A token file is missing, empty, or readable by others than its owner."""
+    """A token file is missing, empty, not one token, not a regular file, or readable by
+    others than its owner."""
 
 
 def new_token() -> str:
@@ -45,8 +47,8 @@ def write_token(path: str | os.PathLike, token: str | None = None) -> str:
     parent directory is made 0700.
     """
     token = new_token() if token is None else token
-    if not token or any(c.isspace() for c in token):
-        raise ValueError("a token must be a non-empty string without whitespace; "
+    if not usable(token):
+        raise ValueError("a token must be a non-empty string of printable ASCII without whitespace; "
                          "use tfsync.api.auth.new_token()")
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
@@ -68,12 +70,25 @@ def read_token(path: str | os.PathLike) -> str:
         raise TokenFileError(f"token file {path!r} has mode {mode:04o}: group or others can access it; "
                              f"expected 0600; fix: chmod 600 {path!r}, or better, issue a new token "
                              "since this one may have been read")
-    with open(path, encoding="ascii") as f:
-        token = f.read().strip()
+    try:
+        token = safefile.read_regular(path, MAX_TOKEN_FILE, "token file").strip()
+    except safefile.NotRegularFileError as e:
+        raise TokenFileError(f"token file {e}; expected the file of one token line that "
+                             "tfsync.api.auth.write_token writes") from None
     if not token:
         raise TokenFileError(f"token file {path!r} is empty; expected one token line; "
                              "write one with tfsync.api.auth.write_token")
-    return token
+    if not usable(token):
+        raise TokenFileError(f"token file {path!r} does not hold one token: it has spaces, control characters "
+                             "or non-ASCII bytes (a token is one word of printable ASCII); "
+                             "write a new one with tfsync.api.auth.write_token")
+    return token.decode("ascii")
+
+
+def usable(token: str | bytes) -> bool:
+    """Whether ``token`` can be sent as gRPC metadata: printable ASCII without spaces."""
+    data = token.encode("utf-8", "surrogatepass") if isinstance(token, str) else token
+    return bool(data) and all(0x21 <= b <= 0x7E for b in data)
 
 
 def call_metadata(token: str) -> tuple[tuple[str, str], ...]:

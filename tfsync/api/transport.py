@@ -8,19 +8,23 @@ and without TLS that logs a warning: the token would cross the network in plaint
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
+import stat
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 
+from tfsync import safefile
 from tfsync.api import auth
 from tfsync.netns import is_loopback
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
+MAX_PEM_FILE = 2**20  # bytes of a certificate, key or CA bundle read whole
 
 
 class TransportError(RuntimeError):
@@ -47,10 +51,23 @@ def _read(path: str | None, what: str) -> bytes:
     if not path:
         raise TransportError(f"TLS needs {_OPTION[what]}, got none; pass a PEM file (TlsConfig({what}=PATH))")
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        if what == "key_file":
+            _check_key_mode(path)
+        return safefile.read_regular(path, MAX_PEM_FILE, f"TLS {what}")
+    except safefile.NotRegularFileError as e:
+        raise TransportError(f"TLS {what} {e}; expected a PEM file") from None
     except OSError as e:
         raise TransportError(f"cannot read TLS {what} {path!r}: {e.strerror}; expected a PEM file") from None
+
+
+def _check_key_mode(path: str) -> None:
+    """A private key others can read is refused, as a token file is (tfsync.api.auth):
+    whoever read it can pose as this server. Certificates are public."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077:
+        raise TransportError(f"TLS key_file {path!r} has mode {mode:04o}: group or others can read it; expected "
+                             f"0600; fix: chmod 600 {path!r}, or better, make a new key since this one may have "
+                             "been read")
 
 
 def _check_ca(path: str, what: str = "ca_file") -> None:
@@ -89,14 +106,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None) -> None:
-    """Refuse a non-loopback address unless ``allow_remote``; warn when it has no TLS."""
+def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None, warn: bool = True) -> None:
+    """Refuse a non-loopback address unless ``allow_remote``; warn (``warn``) when it has no TLS."""
     host, _ = split_address(listen)
     if not is_loopback(host):
         if not allow_remote:
             raise TransportError(f"refusing to listen on {listen!r}: not a loopback address; expected "
                                  f"{DEFAULT_HOST}:PORT, or pass allow_remote=True (and TLS) to serve other machines")
-        if tls is None:
+        if tls is None and warn:
             logger.warning("listening on %s without TLS: tokens and commands cross the network in "
                            "plaintext; pass a TlsConfig with cert_file and key_file", listen)
 
