@@ -66,11 +66,14 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
     assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
 
 
-def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across_a_restart(tiny_problem, tmp_path):
+@pytest.mark.parametrize("ps_rounds", [True, False])
+def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across_a_restart(tiny_problem, tmp_path,
+                                                                                         ps_rounds):
     """Stateful optimizer + schedule: BSP with Adam, ExponentialDecay and batch sizes
     (5, 11) gives the weights of single-process Adam on the 16 examples (its moments and
     step count restored through a restart switch), and each push records the rate of the
-    update it joined: the schedule at that update."""
+    update it joined: the schedule at that update. The same whether the PS closes the
+    rounds itself (every round of both phases) or the coordinator does."""
     import tf_keras as keras
 
     def schedule():
@@ -78,10 +81,10 @@ def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across
 
     problem = (*tiny_problem[:3], lambda: keras.optimizers.Adam(schedule()), tiny_problem[4])
     ref = _reference(problem, [0, 1, 2, 0, 1, 2], (5, 11))
-    engine = _engine(problem, tmp_path)
+    engine = _engine(problem, tmp_path, ps_rounds=ps_rounds)
     phases = [Phase(BSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch="restart")]
     summary = engine.run(phases, total_samples=6 * 16)
-    assert summary["optimizer_iterations"] == 6
+    assert summary["optimizer_iterations"] == 6 and summary["ps_rounds"] == (6 if ps_rounds else 0)
     for got, want in zip(engine.final_weights(), ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     recs = _records(tmp_path)
@@ -360,3 +363,34 @@ def test_regularization_losses_are_trained_as_model_fit_trains_them(tiny_problem
     engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=4 * 16)
     for got, want in zip(engine.final_weights(), ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_ps_rounds_halt_for_a_command_and_go_on_with_its_batch_sizes(tiny_problem, tmp_path):
+    """While the PS closes and opens BSP rounds itself, a manager's batch-sizes command
+    stops it after the round in flight; the next rounds run the new sizes (PS-run again),
+    every round has one push of each worker with the sizes of its time, nothing is lost."""
+    from tfsync.engine.commands import Command, Controller
+
+    class AfterSixPushes(Controller):
+        results = []
+
+        def commands(self):
+            if engine.state.pushes >= 6 and not self.results:
+                return [Command("c1", "batch_sizes", batch_sizes=(3, 7))]
+            return []
+
+        def result(self, result):
+            self.results.append(result)
+
+    controller = AfterSixPushes()
+    engine = _engine(tiny_problem, tmp_path, controller=controller)
+    summary = engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=16 * 4 + 10 * 6)
+    assert [r.ok for r in controller.results] == [True]
+    rounds = {}
+    for r in _records(tmp_path):
+        rounds.setdefault(r["round"], []).append((r["worker"], r["batch_size"]))
+    assert all(sorted(pushes) in ([(0, 5), (1, 11)], [(0, 3), (1, 7)]) for pushes in rounds.values()), rounds
+    new = [k for k, pushes in rounds.items() if sorted(pushes) == [(0, 3), (1, 7)]]
+    assert len(new) >= 4 and new == list(range(min(new), max(rounds) + 1))   # from one round on, to the end
+    assert summary["samples"] == sum(b for pushes in rounds.values() for _, b in pushes) >= 16 * 4 + 10 * 6 - 10
+    assert summary["updates"] == len(rounds) == summary["ps_rounds"]

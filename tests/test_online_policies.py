@@ -162,8 +162,11 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
         def call(self, fn):
             fn()
 
+    from tfsync.engine.pilot import Pilot
+
     engine = object.__new__(Engine)
     engine.state, engine._gen, engine._channel, engine.wake_at = Ledger(3), Gen(), Channel(), None
+    engine.pilot, engine.phase_end = Pilot(engine, enabled=False), None
     engine.state.lr_scale, engine.state.pending_workers = 3.0, [0, 1, 2]
     engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]

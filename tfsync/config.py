@@ -147,6 +147,7 @@ class TrainSection:
     eval_every: int = 0  # steps; 0 = off. Test accuracy in the background, for the curve
     eval_samples: int = 0  # test examples per evaluation (a fixed random subset); 0 = all
     timeout_s: float = 600.0  # a step taking longer fails the job
+    ps_rounds: bool = True  # steady BSP rounds closed and opened on the PS itself (tfsync.engine.pilot)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -664,6 +665,7 @@ _CHECKS: dict[str, Callable] = {
     "train.loss_args": _ARGS, "train.metrics": _metrics,
     "train.epochs": _number(0, 1_000_000), "train.checkpoint_every": _int(0),
     "train.eval_every": _int(0), "train.eval_samples": _int(0), "train.timeout_s": _number(0, _MAX_SECONDS),
+    "train.ps_rounds": _rule(lambda: "true or false", lambda v: type(v) is bool, lambda v: True),
     "switch.method": _choice("SWITCH_METHODS"), "switch.lr": _choice("SWITCH_LR"), "switch.batch": _choice("SWITCH_BATCH"),
     "switch.momentum": _choice("SWITCH_MOMENTUM"), "switch.point": _choice("SWITCH_POINT"),
     "switch.stragglers": _choice("STRAGGLER_POLICIES"), "switch.straggler_window_s": _number(0, _MAX_SECONDS),

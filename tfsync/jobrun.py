@@ -165,6 +165,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
+                    ps_rounds=cfg.train.ps_rounds,
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

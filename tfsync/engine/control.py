@@ -10,6 +10,11 @@ AGGREGATE pushes go to one ConditionalAccumulator holding ``[|B| * g (flattened)
 the accumulator averages its inputs, so ``sum(|B_i| g_i) / sum(|B_i|)`` (paper 002 eq. 8)
 is the ratio of the two parts whatever number of pushes it holds, and a push whose round
 (``local_step``) is older than the accumulator's is dropped atomically on the PS.
+
+Steady BSP rounds run on the PS alone (``rounds``, driven by ``tfsync.engine.pilot``): a
+ROUND push leaves its row on a queue of its own, where a loop on the PS takes each
+round's rows, applies the weighted mean, releases the next round's tokens at once, and
+only then passes the rows, and a marker row saying what it did, on to the coordinator.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from . import tfcompat
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
 ROW_LEN = 1 + TOKEN_LEN + 5   # a finished step: [worker, *token, start, end, loss, version, rate]
-MODE_APPLY, MODE_AGGREGATE = 0, 1
+MODE_APPLY, MODE_AGGREGATE, MODE_ROUND = 0, 1, 2   # ROUND: aggregate; the PS closes the round (rounds)
 
 
 def weighted_flat(grads, batch_size):
@@ -109,12 +114,17 @@ class PSControl:
                                            name="finished_steps")
             self.accumulator = tf.compat.v1.ConditionalAccumulator(
                 tf.float32, shape=[sum(self.sizes) + 1], name="bsp_accumulator")
+            self.round_rows = tf.queue.FIFOQueue(capacity * max(num_workers, 1), [tf.float64], shapes=[[ROW_LEN]],
+                                                 name="round_steps")
+            self.halted = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="rounds_halted")
         self.device = device
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
         self.release = tf.function(self._release, input_signature=[spec])
         self.barrier = tf.function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
         self.drain = tf.function(self._drain, input_signature=[])
         self.close_finished = tf.function(self._close_finished, input_signature=[])
+        self.rounds = tf.function(self._rounds, input_signature=[
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec])
 
     # -- worker side (called inside the step function) ---------------------------------
     def dequeue(self, worker_index):
@@ -131,11 +141,12 @@ class PSControl:
                                                                   local_step=round_)]):
             return tf.identity(self.rate())
 
-    def finished(self, row):
-        """Put a finished step's row on the PS's queue (after its push: the row depends on it)."""
+    def finished(self, row, mode):
+        """Put a finished step's row on the PS's queue (after its push: the row depends on
+        it); a ROUND step's on the round queue, which ``rounds`` passes on."""
         with tf.device(self.device):
-            with tf.control_dependencies([self.done.enqueue(row)]):
-                return tf.constant(True)
+            return tf.cond(mode == MODE_ROUND, lambda: _enqueued(self.round_rows, row),
+                           lambda: _enqueued(self.done, row))
 
     # -- coordinator side -----------------------------------------------------------------
     def _release(self, tokens):
@@ -152,7 +163,8 @@ class PSControl:
         with tf.device(self.device):
             flat = self.accumulator.take_grad(num_required)
             mean = weighted_mean(flat, self.variables, self.sizes)
-        apply_update(self.optimizer, mean, self.variables, self.rate)
+        with tf.control_dependencies([flat]):   # the update's reads and iterations after the take
+            apply_update(self.optimizer, mean, self.variables, self.rate)
         with tf.control_dependencies(read_back(self.optimizer, self.variables)):
             self._release(tokens)
         return flat[-1]
@@ -164,22 +176,75 @@ class PSControl:
             return self.done.dequeue_many(tf.maximum(self.done.size(), 1))
 
     def _close_finished(self):
-        """End a ``drain`` that waits (it fails with OutOfRangeError)."""
+        """End a ``drain`` and ``rounds`` that wait (they fail with OutOfRangeError)."""
         with tf.device(self.device):
             self.done.close(cancel_pending_enqueues=True)
+            self.round_rows.close(cancel_pending_enqueues=True)
             return tf.constant(True)
+
+    def _rounds(self, k, epoch, tokens):
+        """Close up to ``k`` BSP rounds on the PS, one after another, without the
+        coordinator: take the round's rows (one per member, each put there after its
+        push), apply the weighted mean, release ``tokens`` (the next round's, one row per
+        member as for ``release``; round and step numbers advance by one per round) unless
+        this is the k-th round or ``halt(epoch)`` came, then pass the rows on to the
+        coordinator's queue followed by a marker row ``[-1, members, ROUND, round, released,
+        start, end, 0, updates, rate]``. Returns the rounds closed."""
+        n = tf.shape(tokens)[0]
+        step = tf.constant([0, 0, 0, 1, 1], tf.int64)
+        with tf.device(self.device):
+            def body(i, _):
+                rows = self.round_rows.dequeue_many(n)
+                with tf.control_dependencies([rows]):   # each push reads its rate after its apply_grad
+                    start = tf.timestamp()
+                    flat = self.accumulator.take_grad(n)
+                # every op of the update after the take: the loop's next iteration starts at once,
+                # and its reads and iterations.assign_add would otherwise run while the round computes
+                with tf.control_dependencies([flat]):
+                    used = apply_update(self.optimizer, weighted_mean(flat, self.variables, self.sizes),
+                                        self.variables, self.rate)
+                with tf.control_dependencies(read_back(self.optimizer, self.variables)):
+                    more = tf.logical_and(i + 1 < k, self.halted.read_value() < epoch)
+                    released = tf.cond(more, lambda: self._release(tokens + tf.cast(i, tf.int64) * step),
+                                       lambda: tf.constant(False))
+                with tf.control_dependencies([released]):
+                    end = tf.timestamp()
+                closed = tf.cast(tokens[0, 1 + ROUND] - 1 + tf.cast(i, tf.int64), tf.float64)
+                marker = tf.stack([tf.constant(-1.0, tf.float64), tf.cast(n, tf.float64),
+                                   tf.constant(float(MODE_ROUND), tf.float64), closed,
+                                   tf.cast(released, tf.float64), start, end,
+                                   tf.constant(0.0, tf.float64), tf.cast(self.optimizer.iterations, tf.float64),
+                                   tf.cast(used, tf.float64)])
+                with tf.control_dependencies([released]):
+                    passed = self.done.enqueue_many(tf.concat([rows, marker[None]], 0))
+                with tf.control_dependencies([passed]):
+                    return i + 1, tf.identity(more)
+
+            closed, _ = tf.while_loop(lambda i, more: more, body, (tf.constant(0), tf.constant(True)))
+            return closed
+
+    def halt(self, epoch: int) -> None:
+        """Stop ``rounds`` call ``epoch`` after the round in flight (it releases no more)."""
+        with tf.device(self.device):
+            self.halted.assign(epoch)
 
     def set_round(self, round_: int) -> None:
         with tf.device(self.device):
             self.accumulator.set_global_step(round_)
 
 
-def token_rows(grants, round_: int, seqs) -> np.ndarray:
-    """Rows ``[worker, batch, mode, round, seq]`` for ``release``/``barrier``."""
+def _enqueued(queue, row):
+    with tf.control_dependencies([queue.enqueue(row)]):
+        return tf.constant(True)
+
+
+def token_rows(grants, round_: int, seqs, mode: int | None = None) -> np.ndarray:
+    """Rows ``[worker, batch, mode, round, seq]`` for ``release``/``barrier`` (``mode``:
+    every row's, else each grant's own)."""
     rows = np.zeros((len(grants), TOKEN_LEN + 1), np.int64)
     for r, (g, seq) in enumerate(zip(grants, seqs)):
-        mode = MODE_AGGREGATE if g.mode.value == "aggregate" else MODE_APPLY
-        rows[r] = (g.worker, g.batch_size, mode, round_, seq)
+        own = MODE_AGGREGATE if g.mode.value == "aggregate" else MODE_APPLY
+        rows[r] = (g.worker, g.batch_size, own if mode is None else mode, round_, seq)
     return rows
 
 

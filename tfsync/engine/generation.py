@@ -197,6 +197,7 @@ class Generation:
         """Trace the step, control and checkpoint functions now, not on the first step."""
         self.step_fn.get_concrete_function(self.worker_ids, self.iterator)
         self.control.drain.get_concrete_function()
+        self.control.rounds.get_concrete_function()
         self._save_fn.get_concrete_function(tf.TensorSpec([], tf.string))
 
     def save(self, prefix: str) -> str:

@@ -75,6 +75,7 @@ def recover_lost_workers(engine, policy, dead: list) -> bool:
 
 def _restart_without(engine, policy, dead, lost_workers) -> bool:
     t0, s = time.time(), engine.state
+    engine.pilot.abandon()   # rounds the PS ran: what it applied is what was counted
     for _, w, code in dead:
         logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
                        w, code, s.clocks[w])

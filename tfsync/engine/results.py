@@ -15,6 +15,7 @@ from ..policy.base import Push, PushMode
 from ..pushlog import push_record
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ
 from .phase import EngineError
+from .pilot import ROUND_CLOSED, is_marker
 from .recovery import recover_lost_workers
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 def next_result(engine):
     """The next finished step of the current generation; None when a timer is due, or
     when a lost worker's recovery left nothing in flight (while draining, nothing more is
-    granted)."""
+    granted); ROUND_CLOSED after a round the PS closed itself (tfsync.engine.pilot)."""
     waited = 0.0
     while True:
         if time.monotonic() - engine.dead_checked > 0.5:  # results may keep coming from others
@@ -58,6 +59,9 @@ def next_result(engine):
                     return None
                 continue
             raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
+        if is_marker(value):   # the PS closed a round itself
+            engine.pilot.observe(value)
+            return ROUND_CLOSED
         return value
 
 
@@ -95,7 +99,7 @@ def record(engine, result, policy) -> tuple[Push, dict]:
     s, w = engine.state, int(wid)
     if int(token[SEQ]) != s.clocks[w] + 1:
         logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
-    mode = PushMode.AGGREGATE if int(token[MODE]) == MODE_AGGREGATE else PushMode.APPLY
+    mode = PushMode.AGGREGATE if int(token[MODE]) >= MODE_AGGREGATE else PushMode.APPLY   # AGGREGATE, ROUND
     now = time.time()
     push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),
                   end=float(end), arrival=now, loss=float(loss))

@@ -14,7 +14,9 @@ step of a few milliseconds costs more than the step: issue 16). Each step:
    timestamps, the learning rate of the update the push makes or joins) on the PS's
    queue of finished steps, which the coordinator drains (``PSControl.drain``): it sees
    each push as it lands, not when the closure ends (a BSP round needs every push of
-   the round before it grants the next step of the same closure).
+   the round before it grants the next step of the same closure). A ROUND step's row
+   goes to the PS's round queue instead, where the PS closes the round itself
+   (``PSControl.rounds``) and passes the row on.
 
 The closure returns how many steps it ran.
 """
@@ -45,7 +47,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
                 if model.losses:  # kernel_regularizer, add_loss: as model.fit adds them
                     loss += tf.add_n(model.losses)
         grads = tape.gradient(loss, variables)
-        rate = tf.cond(token[MODE] == MODE_AGGREGATE,
+        rate = tf.cond(token[MODE] >= MODE_AGGREGATE,   # AGGREGATE or ROUND
                        lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
                        lambda: control.apply(grads))
         with tf.control_dependencies([rate]):
@@ -53,7 +55,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
         row = tf.concat([tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
                          tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64),
                                    tf.cast(rate, tf.float64)])], 0)
-        return control.finished(row)
+        return control.finished(row, token[MODE])
 
     @tf.function
     def run(worker_index, iterator):

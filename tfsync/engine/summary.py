@@ -43,6 +43,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(engine.started_at, 3),
         "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
         "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+        "ps_rounds": engine.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
         # rates over training time: the cluster's start (init_s) left out
         "train_s": round(train, 3), "workload_samples": total, "pushes_per_s": round(s.pushes / train, 3),
         "samples_per_s": round(s.samples / train, 3), "test_accuracy": acc, "test_loss": final["loss"],

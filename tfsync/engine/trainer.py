@@ -25,10 +25,10 @@ from .callbacks import CallbackList, ControllerLink, Evaluations, ProgressDispla
 from .channel import ChannelError
 from .checkpoints import CheckpointDir
 from .commands import Controller, StopRequested, obey
-from .control import token_rows
 from .evaluator import Evaluation, Evaluator
 from .generation import Generation, TrainSetup
 from .generations import Generations
+from .pilot import ROUND_CLOSED, Pilot
 from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .records import RunRecorder
 from .recovery import recover_lost_ps, rejoin_nodes
@@ -48,11 +48,12 @@ class Engine:
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
-                 callbacks=()):
+                 callbacks=(), ps_rounds: bool = True):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
-        (e.g. a straggler injector); ``cluster_factory``: makes each generation's tasks."""
+        (e.g. a straggler injector); ``cluster_factory``: makes each generation's tasks;
+        ``ps_rounds``: steady BSP rounds run on the PS alone (tfsync.engine.pilot)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.quiet)
         self.setup = setup
@@ -67,6 +68,8 @@ class Engine:
         self.max_recoveries, self.recovery_log = 3, []  # per task; one entry per restart
         self.recovering: set | None = None  # the lost workers while recovering from their loss
         self.policy: Policy | None = None  # the policy running now
+        self.phase_end: int | None = None  # the samples at which the phase running now ends
+        self.pilot = Pilot(self, enabled=ps_rounds)
         self.total_samples = 0
         self.draining = False
         self.epoch_samples = epoch_samples or setup.train_examples
@@ -114,6 +117,7 @@ class Engine:
         return timings
 
     def close_generation(self, kill: bool = True) -> None:
+        self.pilot.abandon()
         self._gen = None
         self.gens.close(kill)
 
@@ -162,7 +166,7 @@ class Engine:
         if applied.lr_changed:
             scale = s.lr_scale
             rescale = lambda: gen.set_hyper(lr_scale=scale)  # noqa: E731
-        rows = token_rows(decision.grants, s.round, applied.seqs)
+        rows, rounds = self.pilot.rows(decision, applied.seqs, self.phase_end)
         if applied.closed and applied.lr_changed:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
@@ -177,6 +181,8 @@ class Engine:
                 self._channel.call(rescale)  # before the grants: their steps use the new rate
             if decision.grants:
                 self._channel.release(rows)  # merged there with every release still waiting
+        if rounds:   # the PS closes this round and opens the next ones itself
+            self.pilot.launch(rounds, rows, decision)
         if decision.grants:
             logger.debug("grant %s", [(g.worker, g.batch_size, g.mode.value) for g in decision.grants])
         self.wake_at = decision.wake_at if decision.wake_at is not None else self.wake_at
@@ -187,6 +193,15 @@ class Engine:
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int) -> None:
         policy = self.policy = phase.policy
+        self.phase_end = end_samples
+        try:
+            self._run_until(phase, end_samples)
+        finally:
+            self.phase_end = None
+        self.drain(self.policy)
+
+    def _run_until(self, phase: Phase, end_samples: int) -> None:
+        policy = self.policy
         self.apply(policy.start(self.view()))
         self._check_live(policy)
         start_samples, epoch, t_push = self.state.samples, 0, None
@@ -204,6 +219,8 @@ class Engine:
                 if not recover_lost_ps(self, phase, wait_s=5.0 if isinstance(e, ChannelError) else 0.0):
                     raise
                 continue
+            if result is ROUND_CLOSED:  # the PS ran a round's end (tfsync.engine.pilot)
+                continue
             if result is None:  # a timer, or a recovery that left nothing in flight
                 self.wake_at = None
                 self.apply(policy.on_timer(self.view()))
@@ -212,12 +229,15 @@ class Engine:
             if self.state.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.callbacks.call("on_push", self, push, line)
                 continue
-            self.apply(policy.on_push(push, self.view()))
-            self._check_live(policy)
+            if not self.pilot.active:   # (while the PS runs the rounds, the policy only watches)
+                self.apply(policy.on_push(push, self.view()))
+                self._check_live(policy)
             self.callbacks.call("on_push", self, push, line)  # observers after the grants went out
             t_commands = time.perf_counter()
             commands = self.controller.commands()
             self._commands_s += time.perf_counter() - t_commands
+            if commands:
+                self.pilot.halt()   # the policy decides again from the next round's end
             for cmd in commands:
                 obey(self, phase, cmd)
                 policy = self.policy = phase.policy
@@ -240,7 +260,6 @@ class Engine:
             back = self.gens.returned()
             if back and self.state.samples < end_samples:
                 rejoin_nodes(self, policy, back)
-        self.drain(policy)
 
     def event(self, kind: str, **fields) -> None:
         """Record something that happened to the run (metrics.jsonl; observers, such as
@@ -275,10 +294,11 @@ class Engine:
     def drain(self, policy: Policy) -> None:
         """Wait for every granted step, then apply what the round aggregated."""
         self.policy, self.draining = policy, True
+        self.pilot.halt()
         try:
-            while self.in_flight() > 0:
+            while self.in_flight() > 0 or self.pilot.active:
                 result = next_result(self)
-                if result is None:
+                if result is None or result is ROUND_CLOSED:
                     self.wake_at = None
                     continue
                 push, line = record(self, result, policy)

@@ -269,6 +269,13 @@ class Policy:
         """Training ends: apply whatever is still aggregated."""
         return Decision(barrier=view.pending > 0)
 
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        """The decision this policy makes at the end of every round from now on, if it is
+        always the same (a barrier and the same grants: BSP with fixed sizes), so the
+        server may close and open rounds without asking (the engine's PS-run rounds).
+        None (the default): it decides at each push."""
+        return None
+
     # -- helpers ------------------------------------------------------------------------
     mode = PushMode.APPLY
 

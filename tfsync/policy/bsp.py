@@ -7,7 +7,8 @@ In the unified framework (paper 004, §3.1): A = {} while |I| < k, A = I once |I
 from __future__ import annotations
 
 from .actions import ALL, NONE
-from .base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
+from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
+from .sizing import FixedSizer
 
 
 def bsp_teacher(push: Push, view: ClusterView) -> int:
@@ -28,6 +29,12 @@ class BSP(Policy):
     def on_push(self, push: Push, view: ClusterView) -> Decision:
         if view.in_flight:
             return NOTHING
+        return Decision(self.grants_for(sorted(view.members), view), barrier=True)
+
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        """Every member again, with the same sizes (LB-BSP, a subclass, sizes per round)."""
+        if type(self) is not BSP or type(self.sizer) not in (BatchSizer, FixedSizer):
+            return None
         return Decision(self.grants_for(sorted(view.members), view), barrier=True)
 
     def start(self, view: ClusterView) -> Decision:

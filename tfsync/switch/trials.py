@@ -72,7 +72,7 @@ def job_signature(model: str, data: str, cluster_size: int, hyper: dict | None =
 # reacts to (the switch point, the straggler policy, injected stragglers).
 NOT_IN_SIGNATURE = {"job": "*", "model": "*", "data": ("path",), "protocol": "*", "inject": "*",
                     "cluster": ("ps", "host"),
-                    "train": ("checkpoint_every", "eval_every", "eval_samples", "timeout_s", "metrics"),
+                    "train": ("checkpoint_every", "eval_every", "eval_samples", "timeout_s", "metrics", "ps_rounds"),
                     "switch": ("method", "point", "stragglers", "straggler_window_s", "straggler_k",
                                "readmit_after_s")}
 

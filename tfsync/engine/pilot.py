@@ -1,0 +1,126 @@
+"""Steady BSP rounds the PS closes and opens by itself: the coordinator off their
+critical path.
+
+A BSP round driven by the coordinator waits for it twice: the last push's record has to
+reach the coordinator (a drain call), and the barrier and the next round's tokens have
+to come back (a barrier call); at 10 ms a node that is most of a round. Yet a policy
+whose decision at the end of every round is the same (BSP with fixed batch sizes:
+``Policy.steady_round``) needs no decision at all. So the engine grants such a round as
+usual but with ROUND tokens, and asks the PS once to run the following rounds itself
+(``PSControl.rounds``, in the spirit of SyncReplicasOptimizer's chief queue runner, here
+on the PS): each round's rows are taken on the PS, the weighted mean applied and the next
+round released there, then the rows and a marker row go to the coordinator, which counts
+every push as before and mirrors each marker in its ledger (the barrier and the grants
+the PS made). Its loop observes; it never gates a step.
+
+Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drain (a
+switch, a checkpoint, a stop, a rejoin, the end of the phase) or a command. The PS
+finishes the round in flight and releases nothing more; the marker saying so ends the
+pilot, and outside a drain the policy grants again (which may start a new pilot). The
+number of rounds asked for ends exactly at the phase's workload, as the coordinator's
+own loop would. A lost worker leaves the round in flight unfinished: what the PS applied
+is what the coordinator counted (rows reach it only after their round was applied).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from ..policy.base import Decision
+from .control import BATCH, MODE_ROUND, ROUND, SEQ, token_rows
+
+logger = logging.getLogger(__name__)
+
+ROUND_CLOSED = object()   # what the engine's wait returns after a marker row
+
+
+def _same(grants) -> set:
+    return {(g.worker, g.batch_size, g.mode) for g in grants}
+
+
+def is_marker(row) -> bool:
+    return row[0] < 0
+
+
+class Pilot:
+    """The engine's PS-run rounds: at most one ``rounds`` call at a time."""
+
+    def __init__(self, engine, enabled: bool = True):
+        self.engine, self.enabled = engine, enabled
+        self.active = False      # a rounds call runs, or its last marker is still to come
+        self.epoch = 0           # the current (or last) call's number, for halt
+        self.grants = ()         # the grants the PS makes at each round's end
+        self.rounds = 0          # rounds the PS closed, over the run
+        self.halting = False
+
+    def take(self, decision: Decision, end_samples: int | None) -> int:
+        """How many rounds the PS should run from this decision on (0: it should not):
+        the decision grants a steady round, every member one step, nothing else pending."""
+        e, s = self.engine, self.engine.state
+        if not self.enabled or self.active or e.draining or end_samples is None or not decision.grants:
+            return 0
+        steady = e.policy.steady_round(e.view())
+        if steady is None or _same(steady.grants) != _same(decision.grants) \
+                or s.pending_workers or decision.remove or decision.restore or e.wake_at is not None:
+            return 0
+        per_round = sum(g.batch_size for g in decision.grants)
+        return max(0, math.ceil((end_samples - s.samples) / per_round))
+
+    def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
+        """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
+        gen = self.engine.generation
+        self.epoch += 1
+        self.active, self.halting, self.grants = True, False, tuple(decision.grants)
+        following = first_rows.copy()
+        following[:, 1 + ROUND] += 1
+        following[:, 1 + SEQ] += 1
+        threading.Thread(target=self._run, args=(gen, k, self.epoch, following), daemon=True,
+                         name=f"tfsync-rounds-{self.epoch}").start()
+
+    def _run(self, gen, k, epoch, tokens) -> None:
+        try:
+            gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens))
+        except Exception as e:   # the PS died, or the generation closed
+            if gen is self.engine.gens.current:
+                self.engine.gens.results.put((gen, None, e))
+
+    def halt(self) -> None:
+        """The PS releases no round after the one in flight (asked in order with the
+        engine's other PS calls)."""
+        if self.active and not self.halting:
+            self.halting = True
+            gen, epoch = self.engine.generation, self.epoch
+            self.engine.gens.channel.call(lambda: gen.control.halt(epoch))
+
+    def observe(self, marker) -> None:
+        """A marker row: mirror what the PS did at a round's end in the ledger."""
+        e = self.engine
+        released = bool(marker[1 + SEQ])
+        applied = e.state.apply(Decision(self.grants if released else (), barrier=True), time.time())
+        self.rounds += 1
+        if applied.closed != int(marker[1 + BATCH]):
+            logger.warning("the PS closed a round of %d pushes, the ledger %d", int(marker[1 + BATCH]), applied.closed)
+        if released:
+            return
+        self.active = False
+        if not e.draining and e.phase_end is not None and e.state.samples < e.phase_end:
+            e.apply(e.policy.start(e.view()))   # halted for a command: the policy grants again
+
+    def abandon(self) -> None:
+        """The generation is going (a lost worker or PS): a round the PS applied but whose
+        marker was not seen yet is closed in the ledger too; nothing more is expected."""
+        if self.active and self.engine.state.pending_workers:
+            self.engine.state.apply(Decision(barrier=True), time.time())
+        self.active = False
+
+    def rows(self, decision: Decision, seqs, end_samples) -> tuple[np.ndarray, int]:
+        """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""
+        k = self.take(decision, end_samples)
+        return token_rows(decision.grants, self.engine.state.round, seqs, MODE_ROUND if k > 1 else None), \
+            (k if k > 1 else 0)
