@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -125,34 +124,15 @@ def run_config(bed, config: str, args, work: str) -> float:
 def fit_chief(job: str, steps: int, spe: int) -> int:
     """On node c, as the chief of TF_CONFIG: plain model.fit, prints worker steps/s of epoch 2."""
     import tensorflow as tf
-    import tf_keras as keras
 
+    from bench_user_models import fit_rate
     from tfsync.config import load_job
     from tfsync.workload import Workload
 
     cfg = load_job(job)
-    work = Workload.from_config(cfg)
-    batch = cfg.train.batch_size
-    x, y = work.x_train, work.y_train
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-
-    def dataset_fn(_):
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
-        return ds.batch(batch, drop_remainder=True).prefetch(2)
-
-    with strategy.scope():
-        model = work.model_fn()
-        model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=spe)
-    times = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.time())
-
-    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
-              callbacks=[Clock()], verbose=0)
-    print(steps / (times[1] - times[0]), flush=True)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    print(fit_rate(strategy, Workload.from_config(cfg), cfg.train.batch_size, steps, spe), flush=True)
     return 0
 
 

@@ -56,31 +56,36 @@ def workload(job: str, overrides: list[str]):
 def native_fit(work, batch: int, steps: int, workers: int, per_execution: int = 1) -> float:
     """Plain model.fit under ParameterServerStrategy: steps/s of its 2nd epoch
     (``per_execution``: fit's ``steps_per_execution``, 1 by default)."""
+    from tfsync.engine.cluster import LocalCluster, connect_strategy
+
+    with LocalCluster(workers=workers, ps=1) as cluster:
+        return fit_rate(connect_strategy(cluster), work, batch, steps, per_execution)
+
+
+def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1) -> float:
+    """Steps/s of the 2nd epoch of ``model.fit`` with ``work``'s model, data, loss and
+    optimizer on ``strategy`` (a ParameterServerStrategy)."""
     import tensorflow as tf
     import tf_keras as keras
 
-    from tfsync.engine.cluster import LocalCluster, connect_strategy
-
     x, y = work.x_train, work.y_train
-    with LocalCluster(workers=workers, ps=1) as cluster:
-        strategy = connect_strategy(cluster)
 
-        def dataset_fn(_):
-            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
-            return ds.batch(batch, drop_remainder=True).prefetch(2)
+    def dataset_fn(_):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
+        return ds.batch(batch, drop_remainder=True).prefetch(2)
 
-        with strategy.scope():
-            model = work.model_fn()
-            model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=per_execution)
-        times = []
+    with strategy.scope():
+        model = work.model_fn()
+        model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=per_execution)
+    times = []
 
-        class Clock(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                times.append(time.time())
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.time())
 
-        model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
-                  callbacks=[Clock()], verbose=0)
-        return steps / (times[1] - times[0])
+    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
+              callbacks=[Clock()], verbose=0)
+    return steps / (times[1] - times[0])
 
 
 def tfsync_rate(work, protocol: str, batch: int, steps: int, workers: int, out_dir: str) -> float:

@@ -63,11 +63,6 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
     the cluster's ports listens in this machine's namespace, none answers from another
     host (by this machine's address or the tasks' own), the cluster reaches them, and the
     summary says what protected them."""
-    from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
-    from tfsync.policy import BSP
-
-    x, y, model_fn, optimizer_fn, loss_fn = tiny_problem
     seen = {}
 
     def probe():
@@ -80,17 +75,28 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
         seen["from this machine"] = [a for a in addresses if _connects(*_split(a))]
         seen["addresses"] = addresses
 
-    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=16, shuffle=False)
-    engine = Engine(setup, run_dir=str(tmp_path), tensorboard=False, timeout_s=120, on_start=probe)
-    try:
-        summary = engine.run([Phase(BSP())], total_samples=16 * 8)
-    finally:
-        engine.close()
+    engine, summary = train_probing(tiny_problem, str(tmp_path), probe)
     assert seen["here"] == [], f"task ports listen in this machine's namespace: {seen['here']}"
     assert seen["by machine address"] == [], f"reachable from another host: {seen['by machine address']}"
     assert seen["by task address"] == []
     assert seen["from this machine"] == seen["addresses"]  # the cluster itself reaches every task
     assert summary["task_ports"].startswith("private network namespace tfsync-")
+
+
+def train_probing(problem, run_dir: str, probe):
+    """BSP on a real engine (2 workers + 1 PS) with ``probe()`` called once training
+    starts; returns the engine (closed) and its summary."""
+    from tfsync.engine.generation import TrainSetup
+    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.policy import BSP
+
+    x, y, model_fn, optimizer_fn, loss_fn = problem
+    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=16, shuffle=False)
+    engine = Engine(setup, run_dir=run_dir, tensorboard=False, timeout_s=120, on_start=probe)
+    try:
+        return engine, engine.run([Phase(BSP())], total_samples=16 * 8)
+    finally:
+        engine.close()
 
 
 def _split(address):
@@ -183,11 +189,6 @@ def test_another_local_user_cannot_reach_the_tasks(tiny_problem, tmp_path):
     reason = _guard_reason()
     if reason:
         pytest.skip(reason)
-    from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
-    from tfsync.policy import BSP
-
-    x, y, model_fn, optimizer_fn, loss_fn = tiny_problem
     connect = ("import socket, sys\nfor a in sys.argv[1:]:\n"
                "    h, p = a.rsplit(':', 1)\n"
                "    family, kind, proto, _, where = socket.getaddrinfo(h.strip('[]'), int(p), type=socket.SOCK_STREAM)[0]\n"
@@ -210,12 +211,7 @@ def test_another_local_user_cannot_reach_the_tasks(tiny_problem, tmp_path):
             r = as_user(INTRUDER, [sys.executable, "-c", tf_op, spec["ps"][0]], timeout=120)
             seen["tf"] = (r.returncode, r.stdout)
 
-    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=16, shuffle=False)
-    engine = Engine(setup, run_dir=str(tmp_path), tensorboard=False, timeout_s=120, on_start=probe)
-    try:
-        summary = engine.run([Phase(BSP())], total_samples=16 * 8)
-    finally:
-        engine.close()
+    engine, summary = train_probing(tiny_problem, str(tmp_path), probe)
     lines = [line for line in seen["intruder"] if line]
     assert len(lines) == len(seen["addresses"]) * (2 if seen["link6"] else 1)
     assert all(line.rsplit(" ", 1)[1] == str(errno.ECONNREFUSED) for line in lines), f"not refused: {lines}"

@@ -61,3 +61,30 @@ def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job)], capture_output=True,
                        text=True, timeout=60, env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")))
     assert r.returncode == 2 and "no checkpoint to resume from" in r.stderr
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
+    """Issue 31 case 6: the newest checkpoint's data damaged on disk, `tfsync resume` says in
+    one line that it skipped it and why, and goes on from the newest intact one."""
+    from helpers import linear_job
+
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(linear_job("dmg", "bsp", epochs=0.2, checkpoint_every=5).format(run_dir=run_dir))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    saved = [x for x in records(run_dir) if x.get("event") == "checkpoint"]
+    newest, older = saved[-1]["path"], saved[-2]
+    data = next(p for p in os.listdir(run_dir / "checkpoints") if p.startswith(os.path.basename(newest) + ".data"))
+    with open(run_dir / "checkpoints" / data, "r+b") as f:   # the same size, other bytes
+        size = f.seek(0, 2)
+        f.seek(size // 3)
+        f.write(os.urandom(max(1, size // 3)))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [line for line in r.stderr.splitlines() if line.startswith("skipped checkpoint")]
+    assert len(said) == 1 and newest in said[0] and "does not read back" in said[0], r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["resumed_from"]["path"] == older["path"] and summary["samples"] >= summary["workload_samples"]

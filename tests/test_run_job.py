@@ -89,3 +89,36 @@ def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path):
         pushes = [x for x in map(json.loads, open(path / "metrics.jsonl")) if "worker" in x]
         assert len(pushes) == summary["pushes"]  # each run's records, not both appended
     assert (previous / "checkpoints").is_dir() and (run_dir / "checkpoints").is_dir()
+
+
+def _inline(table: dict) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss_keeping_only_finite_checkpoints(tmp_path):
+    """Issue 31 case 5: a learning rate that grows 1e8-fold per update makes the loss
+    non-finite within a few updates; the run ends at once with one line naming the worker,
+    the step and the last good checkpoint, exit 1, and every checkpoint it kept holds
+    finite weights (resume starts from a good one)."""
+    import numpy as np
+    import tensorflow as tf
+
+    job = tmp_path / "job.toml"
+    run_dir = tmp_path / "run"
+    growing = {"schedule": "ExponentialDecay", "initial_learning_rate": 0.05, "decay_steps": 1, "decay_rate": 1e8}
+    job.write_text(linear_job("nan", "bsp", epochs=1, checkpoint_every=1).format(run_dir=run_dir)
+                   .replace("learning_rate = 0.05", "learning_rate = " + _inline(growing)))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA],
+                       capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("tfsync: error:")]
+    assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "training diverged" in errors[0] and ("worker" in errors[0] or "update" in errors[0]), errors[0]
+    kept = [p[:-len(".index")] for p in os.listdir(run_dir / "checkpoints") if p.endswith(".index")] \
+        if (run_dir / "checkpoints").exists() else []
+    assert kept and f"the last good checkpoint is {run_dir / 'checkpoints'}" in errors[0], (errors[0], kept)
+    for prefix in kept:
+        reader = tf.train.load_checkpoint(str(run_dir / "checkpoints" / prefix))
+        assert all(np.isfinite(reader.get_tensor(k)).all() for k, dtype in
+                   reader.get_variable_to_dtype_map().items() if dtype.is_floating), prefix
+    summary_lines = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert not any("worker" in x and not np.isfinite(x["loss"]) for x in summary_lines)

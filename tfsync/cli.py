@@ -79,8 +79,13 @@ def _run(args, cfg, found) -> int:
 
     resume = None
     if getattr(args, "resume", False):
-        from .engine.records import last_checkpoint
-        resume = last_checkpoint(cfg.job.run_dir)
+        from .engine.records import last_intact_checkpoint
+        resume, skipped = last_intact_checkpoint(cfg.job.run_dir)
+        for path, why in skipped:
+            print(f"skipped checkpoint {path}: it does not read back ({why})", file=sys.stderr)
+        if resume is None and skipped:
+            return fail(f"{cfg.job.run_dir}: no checkpoint reads back whole (newest: {skipped[0][0]}: "
+                        f"{skipped[0][1]}); start the job again with `tfsync run {args.job}`", EXIT_FAILED)
         if resume is None:
             return fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
                         f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)

@@ -22,6 +22,35 @@ from .. import safefile
 STATE = ".tfsync.json"
 
 
+def damage(prefix: str) -> str | None:
+    """Why checkpoint ``prefix`` cannot be restored (None: it is intact): its index or
+    data files are missing or unreadable, a tensor fails its checksum when read, or the
+    state beside it is not JSON. Reads the whole checkpoint once."""
+    if not os.path.exists(prefix + ".index") or not glob.glob(glob.escape(prefix) + ".data-*"):
+        return "its .index or .data files are missing"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+        load_state(prefix)
+    except (tf.errors.OpError, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"{type(e).__name__}: {first[:200]}"
+    return None
+
+
+def newest_intact(candidates: list, path=lambda c: c) -> tuple:
+    """The newest of ``candidates`` (oldest first) that is intact, and ``[(prefix, why)]``
+    for the newer ones skipped; ``(None, skipped)`` when none is."""
+    skipped = []
+    for c in reversed(candidates):
+        why = damage(path(c))
+        if why is None:
+            return c, skipped
+        skipped.append((path(c), why))
+    return None, skipped
+
+
 def load_state(prefix: str) -> dict | None:
     """The state saved beside checkpoint ``prefix`` (None: none there, as from an older tfsync)."""
     try:

@@ -233,6 +233,15 @@ class Generation:
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]
 
+    def non_finite(self) -> list[str]:
+        """The model's weights that hold a NaN or an infinity (each checked where it lives:
+        one boolean comes back per variable, not the weights)."""
+        flags = []
+        for v in self.model.weights:
+            with tf.device(v.device):
+                flags.append(tf.reduce_all(tf.math.is_finite(v)))
+        return [v.name for v, ok in zip(self.model.weights, flags) if not bool(ok.numpy())]
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True

@@ -31,6 +31,7 @@ from tensorflow.core.framework import summary_pb2
 from tensorflow.core.util import event_pb2
 
 from .. import safefile
+from .checkpoints import newest_intact
 
 
 class EventWriter:
@@ -183,13 +184,13 @@ def run_header(path: str) -> dict | None:
     return None
 
 
-def last_checkpoint(run_dir: str) -> dict | None:
-    """The newest checkpoint event in ``run_dir/metrics.jsonl`` whose files still exist
-    (path, updates, samples, pushes, round), or None: where `tfsync resume` restarts."""
+def checkpoint_events(run_dir: str) -> list[dict]:
+    """The checkpoint events in ``run_dir/metrics.jsonl`` whose files still exist (path,
+    updates, samples, pushes, round), oldest first."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
-        return None
-    found = None
+        return []
+    found = []
     with open(path) as f:
         for line in f:
             if '"checkpoint"' not in line:
@@ -199,8 +200,21 @@ def last_checkpoint(run_dir: str) -> dict | None:
             except ValueError:  # a line cut short by a crash
                 continue
             if rec.get("event") == "checkpoint" and os.path.exists(rec["path"] + ".index"):
-                found = {k: rec[k] for k in ("path", "updates", "samples", "pushes", "round") if k in rec}
+                found = [e for e in found if e["path"] != rec["path"]]   # written again after a rewind
+                found.append({k: rec[k] for k in ("path", "updates", "samples", "pushes", "round") if k in rec})
     return found
+
+
+def last_checkpoint(run_dir: str) -> dict | None:
+    """The newest checkpoint event of ``run_dir`` whose files exist (None: none)."""
+    found = checkpoint_events(run_dir)
+    return found[-1] if found else None
+
+
+def last_intact_checkpoint(run_dir: str) -> tuple[dict | None, list]:
+    """Where `tfsync resume` restarts: the newest checkpoint of ``run_dir`` that reads
+    back whole, and ``[(path, why)]`` of the newer ones it skipped (a damaged file)."""
+    return newest_intact(checkpoint_events(run_dir), path=lambda e: e["path"])
 
 
 PREVIOUS_OUTPUTS = ("metrics.jsonl", "metrics.discarded.jsonl", "summary.json", "tb", "checkpoints", "logs",

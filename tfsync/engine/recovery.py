@@ -27,6 +27,7 @@ import logging
 import time
 
 from ..policy.base import Decision
+from .checkpoints import newest_intact
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,13 @@ def recover_lost_ps(engine, phase, wait_s: float = 0.0) -> bool:
     if not any(job == "ps" for job, _, _ in dead) or not engine.checkpoints \
             or len(engine.recovery_log) >= engine.max_recoveries:
         return False
-    t0, last = time.time(), engine.checkpoints[-1]
+    t0 = time.time()
+    last, skipped = newest_intact(engine.checkpoints, path=lambda c: c["path"])
+    for path, why in skipped:
+        logger.warning("checkpoint %s does not read back (%s); restoring an older one", path, why)
+        engine.event("checkpoint_skipped", path=path, reason=why)
+    if last is None:
+        return False
     logger.warning("task %s:%d died; restarting the cluster from %s", dead[0][0], dead[0][1], last["path"])
     engine.restart_generation(restore=last["path"])
     lost = engine.state.samples - last["samples"]

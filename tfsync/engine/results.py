@@ -6,6 +6,7 @@ observers)."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import time
 
@@ -99,6 +100,10 @@ def record(engine, result, policy) -> tuple[Push, dict]:
     s, w = engine.state, int(wid)
     if int(token[SEQ]) != s.clocks[w] + 1:
         logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
+    if not math.isfinite(loss):   # as TerminateOnNaN: nothing after it is counted or saved
+        raise EngineError(f"worker {w}'s step {int(token[SEQ])} had a loss of {loss} after {s.updates} updates: "
+                          "training diverged (lower the learning rate, check the data for NaN); the last good "
+                          f"checkpoint is {engine.checkpoints[-1]['path'] if engine.checkpoints else 'none'}")
     mode = PushMode.AGGREGATE if int(token[MODE]) >= MODE_AGGREGATE else PushMode.APPLY   # AGGREGATE, ROUND
     now = time.time()
     push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),

@@ -192,7 +192,7 @@ class Engine:
 
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int) -> None:
-        policy = self.policy = phase.policy
+        self.policy = phase.policy
         self.phase_end = end_samples
         try:
             self._run_until(phase, end_samples)
@@ -311,7 +311,14 @@ class Engine:
         self._channel.sync()
 
     def checkpoint(self, why: str) -> str:
+        """Save the weights and the books (never weights that went non-finite: the run
+        ends instead, and the last checkpoint stays the last good one)."""
         t = time.time()
+        bad = self._gen.non_finite()
+        if bad:
+            raise EngineError(f"the weights are no longer finite after update {self.state.updates} ({bad[0]} has "
+                              f"NaN or inf; training diverged: lower the learning rate); the last good checkpoint "
+                              f"is {self.checkpoints[-1]['path'] if self.checkpoints else 'none'}")
         path = self._ckpt_dir.save(self._gen, self.state.updates, self.save_state())
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
