@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from tfsync.api.v1 import manager_pb2
+from tfsync.engine.commands import MAX_LR_SCALE
 from tfsync.manager.link import policy_options
 from tfsync.manager.resources import ResourceBoard, ResourceReports
 from tfsync.manager.store import StepSummary, Store, StoreError
@@ -41,7 +42,6 @@ MAX_NAME = 256  # characters of a protocol name in a step record or hello
 MAX_WORKERS = 100_000  # a sanity bound on a coordinator's worker count (job files have their own)
 MAX_DETAIL = 64 * 1024  # characters of a run event's detail_json
 MAX_OPTION = 2.0**53  # a switch option's magnitude: larger ones are not whole numbers any more
-MAX_LR_SCALE = 1e6  # a switch's learning-rate factor
 
 
 def shown(value, limit: int = 60) -> str:

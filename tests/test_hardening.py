@@ -292,3 +292,12 @@ def test_hook_init_token_writes_nothing_for_a_bad_argument(tmp_path):
         r = tfsync("hook", "--token-file", str(token), "--init-token", *args)
         assert not token.exists(), f"{args}: a token was written before the arguments were checked"
         one_line(r, words, code=2)
+
+
+def test_a_learning_rate_factor_that_can_only_diverge_is_refused_where_the_command_is_checked():
+    """Issue 31 case 5: `lr_scale` 1e6 by a switch turned the loss to NaN; a factor above
+    MAX_LR_SCALE (BSP's n x eta for a thousand workers) is refused, naming the bound."""
+    from tfsync.engine.commands import MAX_LR_SCALE, Command, check
+    with pytest.raises(ValueError, match=r"lr_scale 1000000.0; expected a finite number > 0 \(and at most 1000\)"):
+        check(Command("c1", "switch", protocol="asp", lr_scale=1e6), 2)
+    check(Command("c2", "switch", protocol="asp", lr_scale=MAX_LR_SCALE), 2)

@@ -65,7 +65,7 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
     summary says what protected them."""
     seen = {}
 
-    def probe():
+    def probe(engine):
         spec = engine.generation.cluster.spec
         addresses = [a for job in ("chief", "ps", "worker") for a in spec[job]]
         ports = [int(a.rsplit(":", 1)[1]) for a in addresses]
@@ -75,7 +75,7 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
         seen["from this machine"] = [a for a in addresses if _connects(*_split(a))]
         seen["addresses"] = addresses
 
-    engine, summary = train_probing(tiny_problem, str(tmp_path), probe)
+    summary = train_probing(tiny_problem, str(tmp_path), probe)
     assert seen["here"] == [], f"task ports listen in this machine's namespace: {seen['here']}"
     assert seen["by machine address"] == [], f"reachable from another host: {seen['by machine address']}"
     assert seen["by task address"] == []
@@ -84,17 +84,17 @@ def test_no_task_port_is_reachable_from_another_host(tiny_problem, tmp_path, att
 
 
 def train_probing(problem, run_dir: str, probe):
-    """BSP on a real engine (2 workers + 1 PS) with ``probe()`` called once training
-    starts; returns the engine (closed) and its summary."""
+    """BSP on a real engine (2 workers + 1 PS) with ``probe(engine)`` called once training
+    starts; returns the run's summary."""
     from tfsync.engine.generation import TrainSetup
     from tfsync.engine.trainer import Engine, Phase
     from tfsync.policy import BSP
 
     x, y, model_fn, optimizer_fn, loss_fn = problem
     setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=16, shuffle=False)
-    engine = Engine(setup, run_dir=run_dir, tensorboard=False, timeout_s=120, on_start=probe)
+    engine = Engine(setup, run_dir=run_dir, tensorboard=False, timeout_s=120, on_start=lambda: probe(engine))
     try:
-        return engine, engine.run([Phase(BSP())], total_samples=16 * 8)
+        return engine.run([Phase(BSP())], total_samples=16 * 8)
     finally:
         engine.close()
 
@@ -198,7 +198,7 @@ def test_another_local_user_cannot_reach_the_tasks(tiny_problem, tmp_path):
              "operation_timeout_in_ms=5000)) as s:\n    print(s.run(tf.constant(7)))\n")
     seen = {}
 
-    def probe():
+    def probe(engine):
         net = engine.generation.cluster.network
         spec = engine.generation.cluster.spec
         addresses = [a for job in ("chief", "ps", "worker") for a in spec[job]]
@@ -211,7 +211,7 @@ def test_another_local_user_cannot_reach_the_tasks(tiny_problem, tmp_path):
             r = as_user(INTRUDER, [sys.executable, "-c", tf_op, spec["ps"][0]], timeout=120)
             seen["tf"] = (r.returncode, r.stdout)
 
-    engine, summary = train_probing(tiny_problem, str(tmp_path), probe)
+    summary = train_probing(tiny_problem, str(tmp_path), probe)
     lines = [line for line in seen["intruder"] if line]
     assert len(lines) == len(seen["addresses"]) * (2 if seen["link6"] else 1)
     assert all(line.rsplit(" ", 1)[1] == str(errno.ECONNREFUSED) for line in lines), f"not refused: {lines}"

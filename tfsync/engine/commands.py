@@ -20,6 +20,9 @@ from ..policy.sizing import FixedSizer
 logger = logging.getLogger(__name__)
 
 KINDS = ("switch", "batch_sizes", "checkpoint", "stop")
+# a switch's learning-rate factor: BSP's n x eta up to a thousand workers; a larger one only
+# makes training diverge (a factor of 1e6 turned the loss to NaN)
+MAX_LR_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ def check(cmd: Command, workers: int) -> None:
         policies.get(cmd.protocol, **cmd.options)  # unknown names and options raise here
         if cmd.method not in ("hot", "restart"):
             raise ValueError(f"switch method {cmd.method!r}; expected hot or restart")
-        if cmd.lr_scale is not None and not (math.isfinite(cmd.lr_scale) and cmd.lr_scale > 0):
-            raise ValueError(f"lr_scale {cmd.lr_scale}; expected a finite number > 0")
+        if cmd.lr_scale is not None and not (math.isfinite(cmd.lr_scale) and 0 < cmd.lr_scale <= MAX_LR_SCALE):
+            raise ValueError(f"lr_scale {cmd.lr_scale}; expected a finite number > 0 (and at most {MAX_LR_SCALE:g})")
     if cmd.kind == "batch_sizes" and (len(cmd.batch_sizes) != workers or min(cmd.batch_sizes, default=0) < 1):
         raise ValueError(f"batch sizes {list(cmd.batch_sizes)}: expected {workers} integers >= 1, one per worker")
 
