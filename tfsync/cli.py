@@ -48,12 +48,10 @@ def cmd_run(args) -> int:
             cfg = with_run_dir(cfg, args.run_dir)
         from .switch.cli import stored_switch_point
         cfg, found = stored_switch_point(cfg)
-        cfg = with_run_dir(cfg, rundir.resolve(cfg.job.run_dir))
     except ConfigError as e:
         return fail(str(e), EXIT_BAD_INPUT)
-    rundir.private(cfg.job.run_dir)
-    with rundir.RunLock(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run"):
-        return _run(args, cfg, found)
+    with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:
+        return _run(args, with_run_dir(cfg, run_dir), found)
 
 
 def with_run_dir(cfg, run_dir: str):

@@ -20,6 +20,7 @@ Standard library only (the lowest layer).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -75,6 +76,16 @@ def private(run_dir: str) -> None:
             if st.st_uid == me and not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
                 keep = 0o700 if stat.S_ISDIR(st.st_mode) else stat.S_IMODE(st.st_mode) & 0o700
                 os.chmod(name, keep)
+
+
+@contextlib.contextmanager
+def claim(path: str, what: str):
+    """``path`` resolved (:func:`resolve`), made private (:func:`private`) and held by
+    ``what`` for the block (:class:`RunLock`); yields the absolute path."""
+    run_dir = resolve(path)
+    private(run_dir)
+    with RunLock(run_dir, what):
+        yield run_dir
 
 
 class RunLock:

@@ -59,18 +59,18 @@ class Pilot:
         self.rounds = 0          # rounds the PS closed, over the run
         self.halting = False
 
-    def take(self, decision: Decision, end_samples: int | None) -> int:
+    def take(self, decision: Decision) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
         the decision grants a steady round, every member one step, nothing else pending."""
         e, s = self.engine, self.engine.state
-        if not self.enabled or self.active or e.draining or end_samples is None or not decision.grants:
+        if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants:
             return 0
         steady = e.policy.steady_round(e.view())
         if steady is None or _same(steady.grants) != _same(decision.grants) \
                 or s.pending_workers or decision.remove or decision.restore or e.wake_at is not None:
             return 0
         per_round = sum(g.batch_size for g in decision.grants)
-        return max(0, math.ceil((end_samples - s.samples) / per_round))
+        return max(0, math.ceil((e.phase_end - s.samples) / per_round))
 
     def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
         """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
@@ -119,8 +119,8 @@ class Pilot:
             self.engine.state.apply(Decision(barrier=True), time.time())
         self.active = False
 
-    def rows(self, decision: Decision, seqs, end_samples) -> tuple[np.ndarray, int]:
+    def rows(self, decision: Decision, seqs) -> tuple[np.ndarray, int]:
         """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""
-        k = self.take(decision, end_samples)
+        k = self.take(decision)
         return token_rows(decision.grants, self.engine.state.round, seqs, MODE_ROUND if k > 1 else None), \
             (k if k > 1 else 0)

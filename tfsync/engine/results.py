@@ -103,7 +103,7 @@ def record(engine, result, policy) -> tuple[Push, dict]:
     if not math.isfinite(loss):   # as TerminateOnNaN: nothing after it is counted or saved
         raise EngineError(f"worker {w}'s step {int(token[SEQ])} had a loss of {loss} after {s.updates} updates: "
                           "training diverged (lower the learning rate, check the data for NaN); the last good "
-                          f"checkpoint is {engine.checkpoints[-1]['path'] if engine.checkpoints else 'none'}")
+                          f"checkpoint is {engine.last_good_checkpoint()}")
     mode = PushMode.AGGREGATE if int(token[MODE]) >= MODE_AGGREGATE else PushMode.APPLY   # AGGREGATE, ROUND
     now = time.time()
     push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),

@@ -166,7 +166,7 @@ class Engine:
         if applied.lr_changed:
             scale = s.lr_scale
             rescale = lambda: gen.set_hyper(lr_scale=scale)  # noqa: E731
-        rows, rounds = self.pilot.rows(decision, applied.seqs, self.phase_end)
+        rows, rounds = self.pilot.rows(decision, applied.seqs)
         if applied.closed and applied.lr_changed:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
@@ -310,6 +310,10 @@ class Engine:
             self.apply(Decision(barrier=True))
         self._channel.sync()
 
+    def last_good_checkpoint(self) -> str:
+        """The path of the newest checkpoint (only finite weights are saved), or "none"."""
+        return self.checkpoints[-1]["path"] if self.checkpoints else "none"
+
     def checkpoint(self, why: str) -> str:
         """Save the weights and the books (never weights that went non-finite: the run
         ends instead, and the last checkpoint stays the last good one)."""
@@ -318,7 +322,7 @@ class Engine:
         if bad:
             raise EngineError(f"the weights are no longer finite after update {self.state.updates} ({bad[0]} has "
                               f"NaN or inf; training diverged: lower the learning rate); the last good checkpoint "
-                              f"is {self.checkpoints[-1]['path'] if self.checkpoints else 'none'}")
+                              f"is {self.last_good_checkpoint()}")
         path = self._ckpt_dir.save(self._gen, self.state.updates, self.save_state())
         self._last_ckpt_updates = self.state.updates
         self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,

@@ -224,9 +224,8 @@ def cmd_search(args) -> int:
                 print(format_result(detail, signature))
                 print(f"stored {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}")
             return 0
-        run_dir = rundir.resolve(cfg.job.run_dir)   # the trials' directories are inside it: one search at a time
-        rundir.private(run_dir)
-        held.enter_context(rundir.RunLock(run_dir, "tfsync search"))
+        # the trials' directories are inside it: one search at a time
+        run_dir = held.enter_context(rundir.claim(cfg.job.run_dir, "tfsync search"))
         job = store.create_job(cfg.job.name, signature, cfg.to_dict(), run_dir=run_dir)
         store.set_job_state(job.id, "running")
         trials = JobStoreTrials(store, job.id)
