@@ -246,7 +246,7 @@ def cmd_manager(args):
 
     from tfsync.api import auth, transport
     from tfsync.manager import daemon
-    from tfsync.manager.embedded import default_store, home
+    from tfsync.manager.home import default_store, home
 
     token_file = Path(args.token_file or home() / "manager.token").expanduser()
     try:
@@ -265,11 +265,11 @@ def cmd_manager(args):
                                              home=home(), tls=tls, allow_remote=args.allow_remote)
     except (auth.TokenFileError, transport.TransportError, ValueError) as e:
         return fail(str(e), EXIT_BAD_INPUT)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the banner: whoever read it may stop us at once
+        signal.signal(sig, lambda *_: done.set())
     print(f"tfsync manager listening on {args.listen.rsplit(':', 1)[0]}:{port} (token in {token_file}, "
           f"job store {store})", flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     service.coordinators.stop_all()  # each job stops at a step boundary with its tasks, resumable
     server.stop(grace=2.0)
@@ -295,7 +295,7 @@ def cmd_submit(args):
         data = dataclasses.replace(cfg.data, path=os.path.abspath(args.data or cfg.data.path)) \
             if (args.data or cfg.data.path) else cfg.data
         cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, **paths), data=data)
-        from tfsync.manager.embedded import home
+        from tfsync.manager.home import home
         token = auth.read_token(os.path.expanduser(args.token_file or home() / "manager.token"))
         tls = client_tls(args)
         channel = transport.make_channel(args.manager, token=token, tls=tls)  # a bad --ca: bad input

@@ -22,25 +22,13 @@ from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2_grpc
 from tfsync.hooks.node import serve as serve_hook
 from tfsync.engine.hook_cluster import HookNodes
+from tfsync.manager.home import default_store
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
 
 logger = logging.getLogger(__name__)
-
-ENV_HOME = "TFSYNC_HOME"
-
-
-def home() -> Path:
-    """``$TFSYNC_HOME``, or ``~/.tfsync``."""
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".tfsync").expanduser()
-
-
-def default_store() -> str:
-    """The job store every command uses unless told otherwise: ``$TFSYNC_HOME/jobs.db``."""
-    return str(home() / "jobs.db")
-
 
 @dataclass
 class EmbeddedManager:

@@ -129,7 +129,7 @@ def run_records(store, job) -> list[dict]:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_jobs(args) -> int:
-    from tfsync.manager.embedded import default_store
+    from tfsync.manager.home import default_store
     path = args.store or default_store()
     with existing_store(path) as store:
         jobs = store.jobs(args.state)[::-1] if store else []
@@ -158,7 +158,7 @@ def cmd_jobs(args) -> int:
 def cmd_runs(args) -> int:
     from tfsync.manager.cli import run_dir_of
 
-    from tfsync.manager.embedded import default_store
+    from tfsync.manager.home import default_store
     path = args.store or default_store()
     with existing_store(path) as store:
         run_dir = str(run_dir_of(args.job)) if os.path.exists(args.job) else None
@@ -189,7 +189,7 @@ def show_ended(args, e) -> int:
     state and results from the job store, or one line saying it is found nowhere."""
     from tfsync.manager.cli import run_dir_of
 
-    from tfsync.manager.embedded import default_store
+    from tfsync.manager.home import default_store
     path = args.store or e.info.get("store") or default_store()
     with existing_store(path) as store:
         job = find_job(store, job_id=e.info.get("job_id"), run_dir=str(run_dir_of(args.target)),

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from tfsync.api.v1 import manager_pb2
-from tfsync.engine.commands import MAX_LR_SCALE
-from tfsync.manager.link import policy_options
+from tfsync.policy.base import MAX_LR_SCALE
+from tfsync.policy.catalogue import from_numbers
 from tfsync.manager.resources import ResourceBoard, ResourceReports
 from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
@@ -232,7 +232,7 @@ class ManagerService(ResourceReports):
             if key != "lr_scale" and not (math.isfinite(value) and abs(value) <= MAX_OPTION):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"option {shown(key)} = {value}: expected a finite "
                               f"number of magnitude at most {MAX_OPTION:.0f}")
-        options = policy_options(request)
+        options = from_numbers(request.protocol, request.options)
         lr_scale = options.pop("lr_scale", None)  # the engine's, not the policy's
         if lr_scale is not None and not (math.isfinite(lr_scale) and 0 < lr_scale <= MAX_LR_SCALE):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"lr_scale {lr_scale}: expected a finite number > 0 "

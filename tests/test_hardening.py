@@ -90,6 +90,17 @@ def test_a_read_only_store_is_one_line():
         shutil.rmtree(folder)
 
 
+def test_the_manager_and_the_store_commands_start_without_tensorflow():
+    """A standalone manager, `tfsync jobs|runs|status` and the CLI's parser never import
+    TensorFlow (seconds of start-up and hundreds of MB for a process that trains nothing;
+    a manager that took 7 s to start and over a second to exit)."""
+    code = ("import sys, tfsync.cli, tfsync.manager.cli, tfsync.manager.daemon, tfsync.manager.jobs_cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_a_second_manager_on_one_store_is_refused_naming_the_first(tmp_path):
     store = tmp_path / "jobs.db"
     env = {"TFSYNC_HOME": str(tmp_path)}
@@ -297,7 +308,8 @@ def test_hook_init_token_writes_nothing_for_a_bad_argument(tmp_path):
 def test_a_learning_rate_factor_that_can_only_diverge_is_refused_where_the_command_is_checked():
     """Issue 31 case 5: `lr_scale` 1e6 by a switch turned the loss to NaN; a factor above
     MAX_LR_SCALE (BSP's n x eta for a thousand workers) is refused, naming the bound."""
-    from tfsync.engine.commands import MAX_LR_SCALE, Command, check
+    from tfsync.engine.commands import Command, check
+    from tfsync.policy.base import MAX_LR_SCALE
     with pytest.raises(ValueError, match=r"lr_scale 1000000.0; expected a finite number > 0 \(and at most 1000\)"):
         check(Command("c1", "switch", protocol="asp", lr_scale=1e6), 2)
     check(Command("c2", "switch", protocol="asp", lr_scale=MAX_LR_SCALE), 2)

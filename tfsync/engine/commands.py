@@ -14,15 +14,12 @@ import math
 from dataclasses import dataclass, field
 
 from .. import policy as policies
-from ..policy.base import BatchSizer, PolicyError
+from ..policy.base import MAX_LR_SCALE, BatchSizer, PolicyError
 from ..policy.sizing import FixedSizer
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("switch", "batch_sizes", "checkpoint", "stop")
-# a switch's learning-rate factor: BSP's n x eta up to a thousand workers; a larger one only
-# makes training diverge (a factor of 1e6 turned the loss to NaN)
-MAX_LR_SCALE = 1000.0
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,11 @@ class Grant:
     mode: PushMode = PushMode.APPLY
 
 
+# a learning-rate factor from a switch command: BSP's n x eta up to a thousand workers; a
+# larger one only makes training diverge (a factor of 1e6 turned the loss to NaN)
+MAX_LR_SCALE = 1000.0
+
+
 @dataclass(frozen=True)
 class Decision:
     """A policy's answer after a push (or at start).

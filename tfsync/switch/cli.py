@@ -65,7 +65,7 @@ def _job_words(args) -> str:
 
 
 def open_store(path: str | None = None):
-    from ..manager.embedded import default_store
+    from ..manager.home import default_store
     from ..manager.store import Store
     return Store(path or default_store())
 
@@ -78,7 +78,7 @@ def stored_switch_point(cfg, store_path: str | None = None):
     from .trials import config_signature
     if cfg.switch.point != "auto" or [p.name for p in cfg.protocol] != ["bsp", "asp"]:
         return cfg, None
-    from ..manager.embedded import default_store
+    from ..manager.home import default_store
     path = store_path or default_store()
     if not os.path.exists(path):
         return cfg, None

@@ -100,7 +100,7 @@ def unavailable_reason() -> str | None:
 
 
 def state_root() -> str:
-    from tfsync.manager.embedded import home
+    from tfsync.manager.home import home
     return str(home() / "testbed")
 
 
