@@ -223,24 +223,26 @@ class HookServer:
 def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig | None = None,
           log_dir: str | None = None, node: str | None = None, allow_remote: bool = False,
           max_workers: int = 16, task_command=TASK_COMMAND, task_allow=(),
-          adopt_rows: list[dict] | None = None) -> tuple[HookServer, int]:
+          adopt_rows: list[dict] | None = None, warn_now: bool = True) -> tuple[HookServer, int]:
     """Start a NodeHook server; returns it (``.stop()`` kills its tasks too) and its port.
 
     ``max_workers`` bounds concurrent calls; each open StreamResources holds one.
     ``task_command``: the program of a task (``tfsync.hooks.tasks.TASK_COMMAND``).
     ``task_allow``: addresses (or networks) the firewall lets reach the task ports besides
     the cluster's hosts and loopback. Without a firewall (no root, no ``nft``) a warning
-    says so, once. ``adopt_rows``: the tasks of this hook before it re-executed itself.
+    says so, once: at the start with ``warn_now``, else when the first task starts outside
+    a private namespace. ``adopt_rows``: the tasks of this hook before it re-executed itself.
     """
     log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
     check_task_allow(task_allow)
     server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
                                          max_workers=max_workers)
     fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
-    if fw is None:
+    if fw is None and warn_now:
         logger.warning("tfsync hook: TF task ports of this node will listen on every interface, unprotected "
                        "(no firewall): %s", why)
-    supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why)
+    supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why,
+                                warn_open=not warn_now)
     supervisor.adopt(adopt_rows or [])
     stopping = threading.Event()
     node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),

@@ -228,12 +228,15 @@ class TaskSupervisor:
     stand-in). It is fixed when the hook starts and never comes from a request.
     ``firewall``: the hook's (``tfsync.hooks.firewall``), kept holding the ports of the
     live tasks that run in the hook's own namespace; None: those ports are open, and
-    ``open_reason`` says why.
+    ``open_reason`` says why (with ``warn_open``, in a warning when the first such task
+    starts: tasks in a private namespace need no firewall, and get no alarm).
     """
 
     def __init__(self, log_dir: str, kill_timeout: float = 10.0, task_command=TASK_COMMAND,
-                 firewall: fw.Firewall | None = None, open_reason: str = "no firewall was asked for"):
+                 firewall: fw.Firewall | None = None, open_reason: str = "no firewall was asked for",
+                 warn_open: bool = False):
         self.firewall, self.open_reason = firewall, open_reason
+        self._warn_open = warn_open and firewall is None
         self.log_dir = log_dir
         self.task_command = tuple(task_command)
         self.kill_timeout = kill_timeout
@@ -280,6 +283,10 @@ class TaskSupervisor:
                     todo.append((old, address))
             if not netns:   # their ports guarded before they open
                 self._guard([(job_id, int(a.rsplit(":", 1)[1]), sources) for _, a in todo if a is not None])
+                if self._warn_open and any(a is not None for _, a in todo):
+                    self._warn_open = False
+                    logger.warning("tfsync hook: TF task ports of this node listen on every interface, "
+                                   "unprotected (no firewall): %s", self.open_reason)
             for (job, index), (old, address) in zip(refs, todo):
                 if address is None:
                     out.append(old)

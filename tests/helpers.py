@@ -4,6 +4,7 @@ modules import from here, never from one another."""
 
 import collections
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -226,3 +227,41 @@ def job_manager(folder, workers: int = 2):
         channel.close()
         server.stop(None).wait(5)
         store.close()
+
+
+# -- a disk that fills up -----------------------------------------------------------------
+@contextlib.contextmanager
+def small_disk(path, size: str):
+    """A tmpfs of ``size`` (e.g. "64m") mounted at ``path``, unmounted on the way out; the
+    test skips, saying why, where it cannot be mounted (not root, no mount permission)."""
+    if os.geteuid() != 0:
+        pytest.skip("a small disk is a tmpfs mount, which needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill_disk(folder, leave: int = 0):
+    """Fill the file system of ``folder`` with the file ``folder/filler`` until ``leave``
+    bytes (rounded to its pages) are left free; returns the filler's path."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = b"\0" * 2**20
+    try:
+        while True:  # a write that does not fit writes what does; the next one fails
+            try:
+                os.write(fd, block)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+        os.ftruncate(fd, max(0, os.fstat(fd).st_size - leave))
+    finally:
+        os.close(fd)
+    return filler

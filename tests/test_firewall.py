@@ -4,6 +4,7 @@ drops every other, and that its table goes with its tasks and with a dead hook.
 The real half needs root, iproute2 and nftables: skipped, saying why, without them."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -60,6 +61,27 @@ def test_without_root_or_nft_no_firewall_is_claimed(monkeypatch):
     from tfsync.hooks.tasks import TaskSupervisor
     sup = TaskSupervisor("/nonexistent", open_reason="`nft` is not installed (apt-get install nftables)")
     assert sup.protection([]) == "every interface, unprotected: `nft` is not installed (apt-get install nftables)"
+
+
+def test_a_hook_without_a_firewall_warns_when_a_task_listens_unprotected_not_before(tmp_path, caplog):
+    """Issue 32 case 7: `tfsync run`'s own hook puts its tasks in a private namespace, so it
+    raises no alarm at the start; a task started outside one without a firewall does, once."""
+    from tfsync.hooks.tasks import TaskSupervisor
+    from tfsync.ports import free_ports
+
+    spec = json.dumps({"ps": [f"127.0.0.1:{p}" for p in free_ports(2)]})
+    with caplog.at_level(logging.WARNING):
+        sup = TaskSupervisor(str(tmp_path / "logs"), task_command=[sys.executable, "-c", "import time; time.sleep(30)"],
+                             open_reason="`nft` is not installed", warn_open=True)
+        assert not caplog.records
+        try:
+            for index in (0, 1):
+                sup.start("job", spec, [("ps", index)], {})
+        finally:
+            sup.stop("job", [("ps", 0), ("ps", 1)])
+    assert [r.getMessage() for r in caplog.records] == [
+        "tfsync hook: TF task ports of this node listen on every interface, unprotected (no firewall): "
+        "`nft` is not installed"]
 
 
 # Run inside the test's namespace: a task port on every interface, the hook's firewall

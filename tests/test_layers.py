@@ -26,7 +26,7 @@ LAYERS = [
     # data readers and the bundled data and models, the task command line, progress
     # displays, exit codes and the one-line error, CPU and memory readings (psutil), the
     # plain-data form of the state policies keep across restarts
-    ("base", ["tfsync", "tfsync.safefile", "tfsync.ports", "tfsync.tfconfig", "tfsync.netns", "tfsync.netguard", "tfsync.nft", "tfsync.rundir", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
+    ("base", ["tfsync", "tfsync.safefile", "tfsync.nospace", "tfsync.ports", "tfsync.tfconfig", "tfsync.netns", "tfsync.netguard", "tfsync.nft", "tfsync.rundir", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
               "tfsync.arrays", "tfsync.pipeline", "tfsync.usercode", "tfsync.data", "tfsync.datasets",
               "tfsync.examples", "tfsync.taskcmd", "tfsync.progress", "tfsync.exits", "tfsync.procstats",
               "tfsync.plainstate"]),

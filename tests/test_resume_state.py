@@ -69,8 +69,33 @@ def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
             return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
 
     engine, events = object.__new__(Engine), []
-    engine.state, engine.policy = Ledger(2), Diverged()
+    engine.state, engine.policy, engine.phase = Ledger(2), Diverged(), None
     engine.event = lambda kind, **f: events.append((kind, f))
     state = engine.save_state()
     assert state["policy"] == {} and json.dumps(state, allow_nan=False)
     assert events and events[0][1]["saved"] is False
+
+
+def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_asked_for(tmp_path, capsys):
+    """Issue 32 case 1: a switch to SSP (staleness 2, rate x1) and batch sizes set by hand
+    are saved with the checkpoint; resumed, the phase runs them; `--plan` drops them."""
+    from tfsync.cli import resumed_changes
+    from tfsync.engine.phase import Phase
+    from tfsync.engine.switching import carry_changes
+    from tfsync.policy import SSP
+
+    changed = {"until": 1.0, "protocol": "ssp", "options": {"staleness": 2}, "lr_scale": 1.0,
+               "batch_sizes": [12, 8]}
+    prefix = tmp_path / "ckpt-40"
+    (tmp_path / "ckpt-40.tfsync.json").write_text(json.dumps({**_saved(2), "changed": changed}))
+    assert resumed_changes(str(prefix), plan=True) == {}
+    assert "--plan: the job file's plan, not ssp (staleness 2) at learning rate x1 and batch sizes [12, 8]" \
+        in capsys.readouterr().err
+    assert resumed_changes(str(prefix), plan=False) == changed
+    assert "goes on with ssp (staleness 2)" in capsys.readouterr().err
+
+    phase = Phase(LBBSP(batch_size=8), until=1.0, lr_scale=2.0)
+    carry_changes(phase, changed)
+    assert isinstance(phase.policy, SSP) and phase.policy.staleness == 2 and phase.lr_scale == 1.0
+    assert phase.policy.sizer.per_worker == (12, 8)
+    assert phase.changed == {k: v for k, v in changed.items() if k != "until"}   # kept by later checkpoints

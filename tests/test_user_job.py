@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import tfsync, wait_for
+from helpers import records, tfsync, wait_for
 from tfsync.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
@@ -49,8 +49,12 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
 
         wait_for("steps of the user's job", status)
         r = tfsync("switch", str(job), "--to", "ssp", "--staleness", "2", env=env)
-        assert r.returncode == 0 and "switched bsp -> ssp" in r.stdout, r.stderr
+        # BSP ran at 2 x the rate (2 workers); SSP runs at the configuration policy's x1
+        assert r.returncode == 0 and "switched bsp -> ssp (hot), learning rate x1 (the configuration policy's for " \
+            "ssp)" in r.stdout, r.stdout + r.stderr
         assert status()["protocol"] == "ssp"
+        r = tfsync("batch-sizes", str(job), "12", "8", env=env)
+        assert r.returncode == 0, r.stderr
         wait_for("a checkpoint", lambda: list((run_dir / "checkpoints").glob("ckpt-*.index")))
         r = tfsync("stop", str(job), env=env)
         assert r.returncode == 0, r.stderr
@@ -65,8 +69,18 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json"], cwd="/", env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    # what the commands changed holds after the resume (issue 32 case 1): SSP, x1, 12 and 8
+    assert "goes on with ssp (staleness 2) at learning rate x1 and batch sizes [12, 8] as commands set it" in r.stderr
     summary = json.loads(r.stdout)
     assert summary["resumed_from"]["samples"] > 0
+    recs = records(run_dir)
+    resumed = max(i for i, x in enumerate(recs) if x.get("event") == "resume")
+    before = [x for x in recs[:resumed] if x.get("protocol") == "ssp"]
+    assert before and all(math.isclose(x["lr"], 0.01, rel_tol=1e-5) for x in before)
+    pushes = [x for x in recs[resumed:] if "worker" in x]
+    assert pushes and {x["protocol"] for x in pushes} == {"ssp"}
+    assert {(x["worker"], x["batch_size"]) for x in pushes} == {(0, 12), (1, 8)}
+    assert all(math.isclose(x["lr"], 0.01, rel_tol=1e-5) for x in pushes), {x["lr"] for x in pushes}
     assert summary["samples"] >= summary["workload_samples"] == 10 * 1280
     assert summary["test_accuracy"] > 0.8  # the blobs are separable: it learned
     with Store(tmp_path / "home" / "jobs.db") as store:

@@ -59,6 +59,28 @@ def with_run_dir(cfg, run_dir: str):
     return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=run_dir))
 
 
+def resumed_changes(checkpoint: str, plan: bool) -> dict:
+    """What commands had changed in the phase checkpoint ``checkpoint`` was taken in
+    (engine ``Phase.changed``), said on stderr; empty with ``plan`` (said too)."""
+    from .engine.checkpoints import load_state
+    changed = (load_state(checkpoint) or {}).get("changed", {})
+    if not changed:
+        return {}
+    what = []
+    if "protocol" in changed:
+        options = ", ".join(f"{k} {v}" for k, v in changed.get("options", {}).items())
+        what.append(f"{changed['protocol']}{f' ({options})' if options else ''} at learning rate "
+                    f"x{changed['lr_scale']:g}")
+    if "batch_sizes" in changed:
+        what.append(f"batch sizes {changed['batch_sizes']}")
+    if plan:
+        print(f"--plan: the job file's plan, not {' and '.join(what)} as commands had set it", file=sys.stderr)
+        return {}
+    print(f"goes on with {' and '.join(what)} as commands set it, until the plan's next phase "
+          "(`tfsync resume --plan`: the job file's plan)", file=sys.stderr)
+    return changed
+
+
 def _run(args, cfg, found) -> int:
     from .config import ConfigError
     from .data import DataError
@@ -72,6 +94,7 @@ def _run(args, cfg, found) -> int:
     from .engine.cluster import ClusterError
     from .engine.trainer import EngineError
     from .jobrun import run_job
+    from .nospace import NoSpaceError
     from .policy.base import PolicyError
     from .usercode import UserCodeError
 
@@ -88,6 +111,9 @@ def _run(args, cfg, found) -> int:
             return fail(f"{cfg.job.run_dir}: no checkpoint to resume from; start the job with "
                         f"`tfsync run {args.job}` (checkpoints need train.checkpoint_every > 0)", EXIT_BAD_INPUT)
         print(f"resuming {cfg.job.name} from {resume['path']} ({resume['samples']} samples done)", file=sys.stderr)
+        changed = resumed_changes(resume["path"], args.plan)
+        if changed:
+            resume = {**resume, "changed": changed}
     else:
         from .engine.records import set_aside_previous_run
         moved = set_aside_previous_run(cfg.job.run_dir)
@@ -117,7 +143,7 @@ def _run(args, cfg, found) -> int:
         return fail(str(e), EXIT_BAD_INPUT)
     except UserCodeError as e:
         return fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
-    except (EngineError, ClusterError, PolicyError, TransportError, ChannelError) as e:
+    except (EngineError, ClusterError, PolicyError, TransportError, ChannelError, NoSpaceError) as e:
         return fail(str(e), EXIT_FAILED)
     except KeyboardInterrupt:
         state = "stopped"
@@ -199,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("resume", help="continue a job from its last checkpoint (after a crash or a stop)",
                         description="Continue the job described by a TOML job file from the newest "
                                     "checkpoint in its run directory: weights, optimizer state and "
-                                    "progress continue; records are appended to metrics.jsonl.")
+                                    "progress continue; records are appended to metrics.jsonl. What "
+                                    "commands changed before the stop (a `tfsync switch`, "
+                                    "`tfsync batch-sizes`) holds until the plan's next phase.")
+    rs.add_argument("--plan", action="store_true",
+                    help="follow the job file's plan from the checkpoint, dropping what commands changed")
     for q in (r, rs):
         q.add_argument("job", help="path to the job file (TOML)")
         q.add_argument("--data", help="data path (overrides data.path): a Keras .npz or an MNIST IDX folder")
@@ -294,12 +324,13 @@ def known_error(e: BaseException) -> int | None:
     from .config import ConfigError
     from .manager.cli import ControlError
     from .manager.store import StoreError
+    from .nospace import NoSpaceError
 
     if isinstance(e, rundir.RunDirError):
         return e.exit_code
     if isinstance(e, (ConfigError, TokenFileError, ControlError)):
         return EXIT_BAD_INPUT
-    if isinstance(e, (StoreError, TransportError)):
+    if isinstance(e, (StoreError, TransportError, NoSpaceError)):
         return EXIT_FAILED
     if isinstance(e, OSError) and e.filename:  # the file system: a path not writable, full, too long
         return EXIT_FAILED

@@ -17,12 +17,24 @@ from .switch.configuration import ConfigPolicy
 logger = logging.getLogger(__name__)
 
 
+def config_policy(cfg: JobConfig) -> ConfigPolicy:
+    return ConfigPolicy(lr=cfg.switch.lr, batch=cfg.switch.batch, momentum=cfg.switch.momentum)
+
+
+def lr_rule(cfg: JobConfig):
+    """The learning-rate factor of a protocol a command switches to: the configuration
+    policy's, as the job file's phases get theirs."""
+    conf = config_policy(cfg)
+    return lambda protocol: conf.hyper(protocol, cfg.cluster.workers, cfg.train.batch_size,
+                                       cfg.train.base_momentum).lr_scale
+
+
 def build_phases(cfg: JobConfig, num_train: int):
     """Engine phases for the job's protocol list, with the configuration policy applied."""
     from .engine.trainer import Phase
 
     n, B = cfg.cluster.workers, cfg.train.batch_size
-    conf = ConfigPolicy(lr=cfg.switch.lr, batch=cfg.switch.batch, momentum=cfg.switch.momentum)
+    conf = config_policy(cfg)
     phases, prev = [], None
     for p in cfg.protocol:
         after_switch = catalogue.aggregating(prev) and not catalogue.aggregating(p.name)
@@ -165,7 +177,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
-                    ps_rounds=cfg.train.ps_rounds,
+                    ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg),
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 
 import tensorflow as tf
 
-from .. import safefile
+from .. import nospace, safefile
 
 
 STATE = ".tfsync.json"
@@ -60,24 +61,47 @@ def load_state(prefix: str) -> dict | None:
         return None
 
 
+def _files(prefix: str) -> list[str]:
+    """The files of checkpoint ``prefix``: its index, data shards and the state beside it."""
+    return glob.glob(glob.escape(prefix) + ".index") + glob.glob(glob.escape(prefix) + ".data-*") \
+        + glob.glob(glob.escape(prefix) + STATE)
+
+
 class CheckpointDir:
     def __init__(self, directory: str, keep: int = 3):
         self.directory, self.keep = directory, keep
         state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
         self.kept = list(state.all_model_checkpoint_paths) if state else []   # oldest first
 
+    def size_hint(self, generation) -> int:
+        """About what the next checkpoint takes: the newest one's files, or (none yet) the
+        model's weights."""
+        files = _files(self.kept[-1]) if self.kept else []
+        if files:
+            return sum(os.path.getsize(f) for f in files if os.path.exists(f))
+        return sum(v.shape.num_elements() * v.dtype.size for v in generation.model.variables)
+
     def save(self, generation, number: int, state: dict | None = None) -> str:
         """Checkpoint ``generation`` as ``ckpt-<number>`` and ``state`` beside it; returns its prefix."""
         text = None if state is None else json.dumps(state, allow_nan=False)   # before anything is written
         safefile.make_dir(self.directory)
-        prefix = generation.save(os.path.join(self.directory, f"ckpt-{number}"))
-        if text is not None:
-            safefile.write(prefix + STATE, text)
+        prefix = os.path.join(self.directory, f"ckpt-{number}")
+        with nospace.writing(f"checkpoint ckpt-{number}", self.directory, self.size_hint(generation)):
+            try:
+                generation.save(prefix)
+                if text is not None:
+                    safefile.write(prefix + STATE, text)
+            except Exception as e:
+                if nospace.is_no_space(e):   # what it wrote is useless: give the space back
+                    shutil.rmtree(prefix + "_temp", ignore_errors=True)
+                    for path in [] if prefix in self.kept else _files(prefix):
+                        os.unlink(path)
+                raise
         self.kept = [p for p in self.kept if p != prefix] + [prefix]
         for old in self.kept[:-self.keep]:
-            for path in glob.glob(glob.escape(old) + ".index") + glob.glob(glob.escape(old) + ".data-*") \
-                    + glob.glob(glob.escape(old) + STATE):
+            for path in _files(old):
                 os.unlink(path)
         self.kept = self.kept[-self.keep:]
-        tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=self.kept)
+        with nospace.writing("the checkpoint list", self.directory):
+            tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=self.kept)
         return prefix

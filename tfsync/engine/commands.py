@@ -98,6 +98,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
             raise ValueError(f"batch size {max(cmd.batch_sizes)} exceeds the input pipeline's "
                              f"{max_batch}; set a larger batch size in the job to allow it")
         old.sizer = FixedSizer(cmd.batch_sizes)
+        phase.changed["batch_sizes"] = list(cmd.batch_sizes)
         return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
     if cmd.kind == "checkpoint":
         engine.drain(old)
@@ -119,15 +120,19 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     if new.max_batch(engine.workers) > max_batch:
         raise ValueError(f"{new.name} could grant batches of {new.max_batch(engine.workers)}, more than the input "
                          f"pipeline's {max_batch}; set a larger batch size in the job to allow it")
-    target = type(phase)(new, until=phase.until, switch=cmd.method,
-                         lr_scale=phase.lr_scale if cmd.lr_scale is None else cmd.lr_scale,
-                         momentum=phase.momentum)
+    # the rate the new protocol runs at: as asked, else the configuration policy's for it
+    lr_scale = engine.lr_rule(new.name) if cmd.lr_scale is None else cmd.lr_scale
+    target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
     engine.switch_to(old, target, len(engine.timeline))
     old_stats = old.stats()
     phase.policy, phase.lr_scale, phase.switch = new, target.lr_scale, cmd.method
+    phase.changed.update(protocol=new.name, options=options, lr_scale=lr_scale)
+    if getattr(new, "self_sizing", False):
+        phase.changed.pop("batch_sizes", None)
     engine.begin_phase(phase, stats_of_previous=old_stats)
     engine.apply(new.start(engine.view()))
-    return f"switched {old.name} -> {new.name} ({cmd.method})", ""
+    rule = "as asked" if cmd.lr_scale is not None else f"the configuration policy's for {new.name}"
+    return f"switched {old.name} -> {new.name} ({cmd.method}), learning rate x{lr_scale:g} ({rule})", ""
 
 
 def obey(engine, phase, cmd: Command) -> None:

@@ -8,6 +8,7 @@ keeps the generation.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import arrays, safefile
+from .. import arrays, nospace, safefile
 from ..metrics import resolve as resolve_metrics
 from ..pipeline import DatasetFactory, worker_index
 from . import tfcompat
@@ -110,9 +111,23 @@ def write_records(setup: TrainSetup, work_dir: str) -> dict:
                            "scale": scale})
     safefile.make_dir(os.path.join(work_dir, "data"))
     for leaf in leaves:
-        with safefile.replacing(os.path.join(work_dir, leaf["path"]), binary=True) as f:
-            leaf.pop("array").tofile(f)
+        write_record_file(os.path.join(work_dir, leaf["path"]), leaf.pop("array"))
     return {"files": tuple(leaf["path"] for leaf in leaves), "leaves": leaves, "n": n}
+
+
+def write_record_file(path: str, a: np.ndarray) -> None:
+    """``a``'s bytes at ``path``, unless the file there holds them already (a resumed run
+    needs no space for its data again); a file that differs is removed first, so that the
+    new one needs its own size free, not twice it."""
+    if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == a.nbytes:
+        digest = hashlib.sha256(memoryview(a).cast("B")).hexdigest()
+        if safefile.sha256(path) == digest:
+            return
+    if os.path.lexists(path):
+        os.unlink(path)
+    with nospace.writing("the training records", path, a.nbytes):
+        with safefile.replacing(path, binary=True) as f:
+            f.write(memoryview(a).cast("B"))  # (numpy's tofile loses the errno of a full disk)
 
 
 def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..policy.base import Policy
@@ -20,6 +20,9 @@ class Phase:
     ``lr_scale`` multiplies the base learning rate; ``momentum`` replaces the base
     momentum (None: keep), or is a function of the epochs since the phase began (the
     ramps of paper 003 Fig. 8b); both from the configuration policy (§IV-C).
+    ``changed``: what commands changed while it ran (a switch's ``protocol``, ``options``
+    and ``lr_scale``; ``batch_sizes``), saved with checkpoints so that a resumed run
+    starts as the stop left it (``tfsync.engine.switching.carry_changes``).
     """
 
     policy: Policy
@@ -27,3 +30,4 @@ class Phase:
     switch: str = "hot"
     lr_scale: float = 1.0
     momentum: float | Callable[[float], float] | None = None
+    changed: dict = field(default_factory=dict)

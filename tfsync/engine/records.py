@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 from tensorflow.core.util import event_pb2
 
-from .. import safefile
+from .. import nospace, safefile
 from .checkpoints import newest_intact
 
 
@@ -41,12 +41,14 @@ class EventWriter:
         safefile.make_dir(log_dir)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
         # made here first (O_EXCL, no link followed); the writer then opens that file
-        path = safefile.create_new(os.path.join(log_dir, name))
-        self._writer = tf.io.TFRecordWriter(path)
+        self._path = safefile.create_new(os.path.join(log_dir, name))
+        self._writer = tf.io.TFRecordWriter(self._path)
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event) -> None:
-        self._writer.write(event.SerializeToString())
+        data = event.SerializeToString()
+        with nospace.writing("TensorBoard events", self._path, len(data)):
+            self._writer.write(data)
 
     def scalars(self, step: int, values: dict) -> None:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
@@ -62,12 +64,14 @@ class EventWriter:
         self._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def close(self) -> None:
-        self._writer.flush()
-        self._writer.close()
+        with nospace.writing("TensorBoard events", self._path):
+            self._writer.flush()
+            self._writer.close()
 
 
 SCHEMA = 2  # of metrics.jsonl; 2: one time base and a ``run`` line first
 LOSS_EMA = 0.1  # the weight of a push's loss in TensorBoard's train/loss
+BUFFERED = 1 << 16  # bytes of push lines held before they are written (events are written at once)
 
 
 class RunRecorder:
@@ -75,6 +79,7 @@ class RunRecorder:
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
         self._path = os.path.join(run_dir, "metrics.jsonl")
+        self._pending, self._pending_bytes = [], 0  # whole lines not yet written
         self._metrics = self._open()
         self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
         self.origin = time.time()  # the time base: the run's first start (``begin``)
@@ -96,7 +101,7 @@ class RunRecorder:
         """A push record (``pushlog.push_record``; ``time`` already on the run's base, the
         worker's ``start`` and ``end`` Unix times, put on it here)."""
         times = {k: round(record[k] - self.origin, 6) for k in ("start", "end") if k in record}
-        self._metrics.write(json.dumps({**record, **times}) + "\n")
+        self._append(json.dumps({**record, **times}) + "\n")
         if self._tb is not None:
             w, loss = record["worker"], record["loss"]
             values = {f"loss/worker{w}": loss, f"samples_per_s/worker{w}": record["samples_per_s"],
@@ -129,16 +134,38 @@ class RunRecorder:
         self._write({"event": kind, "time": round(self.since(), 4), **fields})
 
     def _write(self, record: dict) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        self._append(json.dumps(record) + "\n", flush=True)
+
+    def _append(self, line: str, flush: bool = False) -> None:
+        self._pending.append(line)
+        self._pending_bytes += len(line)
+        if flush or self._pending_bytes >= BUFFERED:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the lines held; the file only ever ends at a whole line: a write that fails
+        (a full disk) is cut back to where it began, and its lines are lost with the run."""
+        if not self._pending:
+            return
+        data = memoryview("".join(self._pending).encode())
+        self._pending, self._pending_bytes = [], 0
+        end = os.fstat(self._metrics.fileno()).st_size
+        with nospace.writing("the run's records (metrics.jsonl)", self._path, len(data)):
+            try:
+                while data:
+                    data = data[self._metrics.write(data):]
+            except BaseException:
+                os.ftruncate(self._metrics.fileno(), end)
+                raise
 
     def _open(self):
-        return safefile.open_append(self._path, buffering=1 << 16)
+        return safefile.open_append(self._path, binary=True, buffering=0)
 
     def rewind(self, pushes: int, why: str) -> int:
         """Training goes on from the checkpoint taken after push ``pushes``: move the push
         records after it (and lines a crash cut short) out to ``metrics.discarded.jsonl``;
         returns how many records went."""
+        self.flush()
         self._metrics.close()
         kept, gone = [], []
         with open(self._path) as f:
@@ -160,11 +187,17 @@ class RunRecorder:
         return len(gone)
 
     def summary(self, data: dict) -> str:
-        return safefile.write(os.path.join(self.run_dir, "summary.json"), json.dumps(data, indent=2))
+        text = json.dumps(data, indent=2)
+        path = os.path.join(self.run_dir, "summary.json")
+        with nospace.writing("the run's summary", path, len(text)):
+            return safefile.write(path, text)
 
     def close(self) -> None:
         if not self._metrics.closed:
-            self._metrics.close()
+            try:
+                self.flush()
+            finally:
+                self._metrics.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None

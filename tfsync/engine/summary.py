@@ -66,3 +66,18 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         **({"resumed_from": resume} if resume else {}),
         **({"stop_checkpoint": stopped.checkpoint_path} if stopped is not None else {}),
     }
+
+
+def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
+    """What a run that failed (a full disk) had done: its counters, phases and checkpoints,
+    without the test evaluation a finished run gets; ``failed`` says why it ended."""
+    s = engine.state
+    return {
+        "failed": str(error), "wall_s": round(wall, 3), "started_at": round(engine.started_at, 3),
+        "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
+        "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+        "workload_samples": total, "timeline": engine.timeline, "switches": engine.switches,
+        "checkpoints": engine.checkpoints, "recoveries": engine.recovery_log, "clocks": list(s.clocks),
+        "stopped": False, **({"resumed_from": resume} if resume else {}),
+    }
+

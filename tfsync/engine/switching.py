@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import time
 
+from .. import policy as policies
 from ..policy.base import Decision
+from ..policy.sizing import FixedSizer
 from .checkpoints import load_state
 
 logger = logging.getLogger(__name__)
@@ -112,3 +114,17 @@ def resume_policy(engine, saved: dict, policy) -> None:
         engine.generation.set_hyper(lr_scale=books.lr_scale)
     else:
         books.apply(Decision(restore=frozenset(range(books.num_workers)) - books.active), time.time())
+
+
+def carry_changes(phase, changed: dict) -> None:
+    """``phase`` as the commands of an earlier run left it (``Phase.changed``, saved with
+    its checkpoint): the protocol a switch chose, with its options and rate factor, and
+    batch sizes set by hand; the plan's later phases follow as planned."""
+    sizer = FixedSizer(changed["batch_sizes"]) if "batch_sizes" in changed else phase.policy.sizer
+    if "protocol" in changed:
+        phase.policy = policies.make(changed["protocol"], sizer, **changed.get("options", {}))
+        phase.lr_scale = float(changed["lr_scale"])
+    elif "batch_sizes" in changed:
+        phase.policy.sizer = sizer
+    phase.changed = {k: v for k, v in changed.items() if k != "until"}   # kept by the next checkpoints
+

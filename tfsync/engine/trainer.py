@@ -18,7 +18,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from .. import nospace
 from ..policy.base import ClusterView, Decision, Policy, PolicyError
+from ..policy.catalogue import aggregating
 from ..policy.ledger import Ledger
 from ..quiet import quiet_tf_loggers
 from .callbacks import CallbackList, ControllerLink, Evaluations, ProgressDisplay
@@ -33,8 +35,8 @@ from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .records import RunRecorder
 from .recovery import recover_lost_ps, rejoin_nodes
 from .resources import ResourceMonitor
-from .summary import summarize
-from .switching import begin_phase, resume_from, resume_policy, set_config, switch
+from .summary import failure_summary, summarize
+from .switching import begin_phase, carry_changes, resume_from, resume_policy, set_config, switch
 from .results import next_result, record
 from .tfcompat import quiet_resource_deleters
 
@@ -48,12 +50,15 @@ class Engine:
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
-                 callbacks=(), ps_rounds: bool = True):
+                 callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str], float] | None = None):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
         (e.g. a straggler injector); ``cluster_factory``: makes each generation's tasks;
-        ``ps_rounds``: steady BSP rounds run on the PS alone (tfsync.engine.pilot)."""
+        ``ps_rounds``: steady BSP rounds run on the PS alone (tfsync.engine.pilot);
+        ``lr_rule``: the learning-rate factor a protocol switched to by a command runs at
+        (the job's configuration policy; default its paper rule: n for a protocol that
+        averages the workers' gradients, 1 for the others)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.quiet)
         self.setup = setup
@@ -68,7 +73,9 @@ class Engine:
         self.max_recoveries, self.recovery_log = 3, []  # per task; one entry per restart
         self.recovering: set | None = None  # the lost workers while recovering from their loss
         self.policy: Policy | None = None  # the policy running now
-        self.phase_end: int | None = None  # the samples at which the phase running now ends
+        self.phase: Phase | None = None  # the phase running now
+        self.phase_end: int | None = None  # the samples at which it ends
+        self.lr_rule = lr_rule or (lambda protocol: float(workers) if aggregating(protocol) else 1.0)
         self.pilot = Pilot(self, enabled=ps_rounds)
         self.total_samples = 0
         self.draining = False
@@ -192,7 +199,7 @@ class Engine:
 
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int) -> None:
-        self.policy = phase.policy
+        self.policy, self.phase = phase.policy, phase
         self.phase_end = end_samples
         try:
             self._run_until(phase, end_samples)
@@ -285,7 +292,8 @@ class Engine:
             logger.warning("%s's state is not saved with the checkpoint: %s", self.policy.name, e)
             self.event("policy_state", protocol=self.policy.name, saved=False, reason=str(e))
             policy = {}
-        return {"ledger": self.state.save_state(), "policy": policy}
+        changed = {"until": self.phase.until, **self.phase.changed} if self.phase and self.phase.changed else {}
+        return {"ledger": self.state.save_state(), "policy": policy, **({"changed": changed} if changed else {})}
 
     def _check_live(self, policy: Policy) -> None:
         if self.in_flight() == 0 and self.wake_at is None:
@@ -354,10 +362,12 @@ class Engine:
             t_init = self.train_started - self._t0
             if self.on_start is not None:
                 self.on_start()
-            set_config(self, phases[0])
             # the phase the checkpoint was taken in gets its policy's saved state
             resumed = None if saved is None else \
                 next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
+            if resumed is not None and resume.get("changed", {}).get("until") == resumed.until:
+                carry_changes(resumed, resume["changed"])   # as the commands before the stop left it
+            set_config(self, phases[0])
             stopped = None
             for i, phase in enumerate(phases):
                 if i > 0:
@@ -383,6 +393,12 @@ class Engine:
             self.recorder.summary(summary)
             self.close()
             return summary
+        except nospace.NoSpaceError as e:   # what was done, if the disk still takes that much
+            try:
+                self.recorder.summary(failure_summary(self, time.time() - self._t0, total_samples, e, resume))
+            except nospace.NoSpaceError:
+                logger.warning("no summary.json: the disk is full")
+            raise
         finally:
             self.close(graceful=False)  # on failure or Ctrl-C: kill the tasks at once
 

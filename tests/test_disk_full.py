@@ -1,0 +1,107 @@
+"""Issue 31 case 7: a disk that fills up during a run. The run stops with one line (what,
+where, how much it needed and how much is free), exit 1; metrics.jsonl holds whole lines
+only; the summary is written if it still fits; `tfsync resume` goes on once space is
+freed, without writing the training records again. The disk is a small tmpfs (root)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import DATA, fill_disk, linear_job, small_disk, wait_for_checkpoints
+from tfsync.engine.generation import write_record_file
+from tfsync.engine.records import RunRecorder
+from tfsync.nospace import NoSpaceError
+
+
+def whole_lines(path):
+    """Every line of ``path`` ends with a newline and is JSON; returns them."""
+    text = path.read_text()
+    assert text.endswith("\n"), f"{path} ends in the middle of a line: {text[-80:]!r}"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.unit
+def test_records_on_a_full_disk_stop_at_a_whole_line_naming_what_and_where(tmp_path):
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        rec = RunRecorder(str(disk / "run"), tensorboard=False)
+        rec.begin(1000.0, workers=2)
+        rec.event("phase", protocol="asp")
+        before = (disk / "run" / "metrics.jsonl").stat().st_size
+        fill_disk(disk, leave=4096)   # one page: part of the next 64 KB of records fits
+        record = {"worker": 0, "loss": 0.5, "samples_per_s": 1.0, "batch_size": 32, "staleness": 0, "lr": 0.1,
+                  "samples": 32, "dropped": False, "pushes": 1, "pad": "x" * 200}
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(1000):
+                rec.push({**record, "pushes": i + 1})
+        line = str(e.value)
+        assert line.startswith("disk full: cannot write the run's records (metrics.jsonl) to ")
+        assert str(disk / "run" / "metrics.jsonl") in line and "it needs 6" in line and " free there" in line
+        assert "\n" not in line
+        assert (disk / "run" / "metrics.jsonl").stat().st_size == before   # cut back to the last whole line
+        assert [r.get("event") for r in whole_lines(disk / "run" / "metrics.jsonl")] == ["run", "phase"]
+        rec.close()
+
+
+@pytest.mark.unit
+def test_training_records_are_not_written_again_when_intact(tmp_path):
+    """A resumed run finds its data records whole: they are left as they are (no second
+    copy's space needed); records that differ are replaced needing their own size only."""
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        path = str(disk / "train_x.bin")
+        a = np.arange(150_000, dtype=np.float32)   # 600 KB of a 1 MB disk
+        write_record_file(path, a)
+        first = os.stat(path)
+        write_record_file(path, a)
+        again = os.stat(path)
+        assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+        write_record_file(path, a[::-1].copy())   # other data: replaced, though two copies would not fit
+        assert np.array_equal(np.fromfile(path, np.float32), a[::-1])
+        with pytest.raises(NoSpaceError, match=r"cannot write the training records to .* \(it needs 1.2 MB, "):
+            write_record_file(path, np.zeros(300_000, np.float32))
+        assert not os.path.exists(path) and os.listdir(disk) == []   # nothing half-written left behind
+
+
+@pytest.mark.cluster
+def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_freed(tmp_path):
+    """The MLP's checkpoint (~440 KB) no longer fits once the disk keeps 128 KB: the run
+    ends at that checkpoint (exit 1, one line, whole metrics lines, a failure summary);
+    freed, `tfsync resume` finishes the job and leaves the data records untouched."""
+    with small_disk(tmp_path / "disk", "96m") as disk:
+        run_dir, job = disk / "run", disk / "job.toml"
+        job.write_text(linear_job("full", "bsp", epochs=3, checkpoint_every=5).replace(
+            'name = "linear"', 'name = "mlp"').format(run_dir=run_dir))
+        env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+        run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            wait_for_checkpoints(run_dir, count=1, timeout=240)
+            filler = fill_disk(disk, leave=128 * 1024)
+            _, err = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert run.returncode == 1, err
+        assert "Traceback" not in err
+        assert lines[-1].startswith("tfsync: error: disk full: cannot write checkpoint ckpt-"), err
+        assert f"to {run_dir / 'checkpoints'} (it needs " in lines[-1] and "free there" in lines[-1]
+        assert "tfsync resume" in lines[-1]
+        recs = whole_lines(run_dir / "metrics.jsonl")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["failed"] == lines[-1].removeprefix("tfsync: error: ")
+        assert summary["samples"] < summary["workload_samples"]
+        assert not list((run_dir / "checkpoints").glob("*_temp"))   # the failed one's files are gone
+        data = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "data").iterdir()}
+
+        filler.unlink()
+        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr
+        done = json.loads((run_dir / "summary.json").read_text())
+        assert "failed" not in done and done["samples"] >= done["workload_samples"]
+        assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "data").iterdir()} == data
+        assert len(whole_lines(run_dir / "metrics.jsonl")) > len(recs)
