@@ -98,8 +98,36 @@ def test_smoothing_and_gaps():
 
 
 def fake_engine(pushes, samples, started):
-    state = types.SimpleNamespace(pushes=pushes, samples=samples)
-    return types.SimpleNamespace(state=state, history=[], train_started=started, ps=1, workers=2, run_dir="r")
+    state = types.SimpleNamespace(pushes=pushes, samples=samples, batch_sizes=[0, 0])
+    return types.SimpleNamespace(state=state, history=[], train_started=started, train_counts=(pushes, samples),
+                                 ps=1, workers=2, run_dir="r")
+
+
+def test_progress_of_a_resumed_run_shows_its_own_rate_the_sizes_in_force_and_ends_at_the_workload(monkeypatch):
+    """Issue 32 cases 2 and 6: a run resumed at 3,200 samples counts its own; after a
+    switch a worker's batch is the one granted now, not its last push's; the last round's
+    overshoot does not show as 11,520/11,504."""
+    now = [1000.0]
+    monkeypatch.setattr("tfsync.progress.time.time", lambda: now[0])
+    out = io.StringIO()
+    progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="asp")
+    engine = fake_engine(100, 3200, started=990.0)   # resumed: 100 pushes, 3,200 samples before
+    last = types.SimpleNamespace(worker=1, batch_size=1, samples_per_s=500.0, loss=0.5)   # LB-BSP's b=1
+    engine.history, engine.state.batch_sizes = [last], [32, 32]   # ASP grants 32 now
+    engine.state.pushes, engine.state.samples = 200, 6400
+    progress(engine, policy, 6300)
+    assert progress.rates(engine) == (10.0, 10.0, 320.0)
+    text = out.getvalue()
+    assert "100% 6,300/6,300 samples" in text and "w1 b=32 500/s" in text, text
+
+
+def test_a_stopped_run_says_stopped_not_done():
+    from tfsync.cli import format_summary
+    s = {"wall_s": 26.3, "init_s": 5.0, "pushes": 90, "updates": 45, "pushes_per_s": 4.0, "samples_per_s": 128.0,
+         "train_s": 21.3, "samples": 2880, "workload_samples": 6400, "timeline": [], "switches": []}
+    assert format_summary(s).startswith("done in 26.3 s")
+    first = format_summary({**s, "stopped": True}).splitlines()[0]
+    assert first.startswith("stopped (tfsync stop) at 2,880 of 6,400 samples after 26.3 s"), first
 
 
 def test_progress_rates_count_training_time_only(monkeypatch):

@@ -73,6 +73,9 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     assert "goes on with ssp (staleness 2) at learning rate x1 and batch sizes [12, 8] as commands set it" in r.stderr
     summary = json.loads(r.stdout)
     assert summary["resumed_from"]["samples"] > 0
+    # its rate: the samples it trained itself over its own training time (issue 32 case 2)
+    assert summary["samples_per_s"] * summary["train_s"] == pytest.approx(
+        summary["samples"] - summary["resumed_from"]["samples"], rel=0.01)
     recs = records(run_dir)
     resumed = max(i for i, x in enumerate(recs) if x.get("event") == "resume")
     before = [x for x in recs[:resumed] if x.get("protocol") == "ssp"]

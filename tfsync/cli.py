@@ -23,8 +23,10 @@ ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no repo
 
 def format_summary(s: dict) -> str:
     acc = s.get("test_accuracy")
+    ended = f"stopped (tfsync stop) at {s['samples']:,} of {s['workload_samples']:,} samples after" \
+        if s.get("stopped") else "done in"
     lines = [
-        f"done in {s['wall_s']:.1f} s (cluster start {s['init_s']:.1f} s): {s['pushes']} steps, "
+        f"{ended} {s['wall_s']:.1f} s (cluster start {s['init_s']:.1f} s): {s['pushes']} steps, "
         f"{s['updates']} updates, {s['pushes_per_s']:.1f} steps/s, {s['samples_per_s']:.0f} samples/s "
         f"over {s.get('train_s', s['wall_s']):.1f} s of training"
         + (f", test accuracy {acc:.2%}" if acc is not None else "")

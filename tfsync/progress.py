@@ -46,13 +46,14 @@ class Progress:
         now = time.time()
         self._engine = engine
         if self.started is None:
-            began = getattr(engine, "train_started", None) or now
-            self.started = (began, 0, 0) if began < now else (now, engine.state.pushes, engine.state.samples)
+            began = getattr(engine, "train_started", None) or now   # a resumed run: from its own start
+            self.started = (began, *engine.train_counts) if began < now else \
+                (now, engine.state.pushes, engine.state.samples)
             self._say(f"cluster up; training {total:,} samples")
         if now - self._last < self.interval:
             return
-        samples = engine.state.samples
-        frac = min(1.0, samples / max(total, 1))
+        samples = min(engine.state.samples, total)   # the last round may train past the workload
+        frac = samples / max(total, 1)
         if not self.live and int(frac * 10) == self._decile:
             return
         self._last, self._decile = now, int(frac * 10)
@@ -70,7 +71,9 @@ class Progress:
         workers = {}
         for p in reversed(engine.history):
             workers.setdefault(p.worker, p)
-        speed = "  ".join(f"w{w} b={p.batch_size} {p.samples_per_s:,.0f}/s" for w, p in sorted(workers.items()))
+        sizes = engine.state.batch_sizes   # in force: the latest grant's, not the last push's (a switch)
+        speed = "  ".join(f"w{w} b={sizes[w] or p.batch_size} {p.samples_per_s:,.0f}/s"
+                          for w, p in sorted(workers.items()))
         loss = engine.history[-1].loss if engine.history else float("nan")
         return f"{steps_s:.1f} steps/s  loss {loss:.3f}  {speed}"
 

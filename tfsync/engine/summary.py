@@ -45,8 +45,10 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
         "ps_rounds": engine.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
         # rates over training time: the cluster's start (init_s) left out
-        "train_s": round(train, 3), "workload_samples": total, "pushes_per_s": round(s.pushes / train, 3),
-        "samples_per_s": round(s.samples / train, 3), "test_accuracy": acc, "test_loss": final["loss"],
+        # a resumed run's rates: its own pushes and samples over its own training time
+        "train_s": round(train, 3), "workload_samples": total,
+        "pushes_per_s": round((s.pushes - engine.train_counts[0]) / train, 3),
+        "samples_per_s": round((s.samples - engine.train_counts[1]) / train, 3), "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
         "timeline": engine.timeline, "switches": engine.switches, "checkpoints": engine.checkpoints,
         # time the loop spent with the manager's link: its records and events, and taking commands

@@ -91,6 +91,7 @@ class Engine:
         self.wake_at: float | None = None
         self._t0 = time.time()
         self.train_started: float | None = None
+        self.train_counts = (0, 0)  # pushes and samples when this run's training began
         self.base_lr = base_lr
         self._ckpt_dir = CheckpointDir(os.path.join(run_dir, "checkpoints"), keep=3)
         self._last_ckpt_updates = 0
@@ -359,6 +360,7 @@ class Engine:
             self.callbacks.call("on_train_begin", self)
             self.open_generation(self.gens.launch(), restore=restore)
             self.train_started = time.time()  # rates over training time start here (tfsync.progress)
+            self.train_counts = (self.state.pushes, self.state.samples)   # a resumed run's: not zero
             t_init = self.train_started - self._t0
             if self.on_start is not None:
                 self.on_start()

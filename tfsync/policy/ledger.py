@@ -50,6 +50,7 @@ class Ledger:
         self.num_workers = num_workers
         self.clocks = [0] * num_workers
         self.granted = [0] * num_workers
+        self.batch_sizes = [0] * num_workers  # each worker's batch in its latest grant: the one in force
         self.round = self.pushes = self.updates = self.samples = self.dropped = 0
         self.pending_workers: list[int] = []
         self.pending_samples = 0
@@ -130,6 +131,7 @@ class Ledger:
         seqs = []
         for g in d.grants:
             self.granted[g.worker] += 1
+            self.batch_sizes[g.worker] = int(g.batch_size)
             seqs.append(self.granted[g.worker])
             self._grant_times[g.worker].append(now)
             if g.worker in self.active:
