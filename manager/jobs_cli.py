@@ -86,11 +86,30 @@ def table(header: tuple, rows: list[tuple]) -> str:
 
 
 # -- records (the --json output) ---------------------------------------------------------------
+def protocols_ran(store, job) -> list[str]:
+    """What the job trained with, in order, a protocol a command switched to marked "(by
+    command)"; the job file's plan while nothing has trained yet."""
+    ran = store.protocols_ran(job.id)
+    if not ran:
+        return protocols(job.config)
+    by_command = [(e.detail.get("from"), e.detail.get("to")) for run in store.runs(job.id)
+                  for e in store.events(run.id, "switch") if e.detail.get("by") == "command"]
+    out = ran[:1]
+    for before, now in zip(ran, ran[1:]):
+        manual = by_command[:1] == [(before, now)]
+        by_command = by_command[1:] if manual else by_command
+        out.append(f"{now} (by command)" if manual else now)
+    return out
+
+
 def job_record(store, job) -> dict:
     runs = store.runs(job.id)
+    walls = [w for run in runs if run.kind != "trial" and _number(w := store.results(run.id).get("wall_s"))]
     return {"id": job.id, "name": job.name, "state": job.state, "created": job.created,
-            "ended": job.updated if job.state in ENDED else None, "protocols": protocols(job.config),
+            "ended": job.updated if job.state in ENDED else None, "protocols": protocols_ran(store, job),
+            "plan": protocols(job.config),
             "runs": len(runs), "results": store.results(runs[-1].id) if runs else {},
+            "wall_s": sum(walls) if walls else None,   # every run's, a resumed job's too
             "run_dir": job.run_dir, "signature": job.signature}
 
 
@@ -146,7 +165,7 @@ def cmd_jobs(args) -> int:
     rows = [(r["id"], r["name"], r["state"], when(r["created"]), when(r["ended"]), " -> ".join(r["protocols"]) or "-",
              str(r["runs"]),
              f"{r['results']['test_accuracy']:.2%}" if _number(r["results"].get("test_accuracy")) else "-",
-             duration(r["results"]["wall_s"]) if _number(r["results"].get("wall_s")) else "-", r["run_dir"] or "-")
+             duration(r["wall_s"]) if r["wall_s"] is not None else "-", r["run_dir"] or "-")
             for r in records]
     print(table(("JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST ACC", "WALL", "RUN DIR"),
                 rows))

@@ -255,6 +255,14 @@ class Store:
         rows = self._rows("SELECT * FROM steps WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, from_step))
         return [StepSummary(r[0], r[1], r[2], r[3], r[4], r[5], tuple(json.loads(r[6]))) for r in rows]
 
+    def protocols_ran(self, job_id: str) -> list[str]:
+        """The protocols the job's runs (not search trials) trained with, in order: each
+        change of the steps' protocol, across its runs (a resume that carries on counts once)."""
+        rows = self._rows("SELECT protocol FROM (SELECT s.protocol, LAG(s.protocol) OVER (ORDER BY s.run_id, s.step) "
+                          "AS prev FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.job_id = ? AND r.kind != "
+                          "'trial') WHERE prev IS NULL OR prev != protocol", (job_id,))
+        return [r[0] for r in rows]
+
     def last_step(self, run_id: int) -> StepSummary | None:
         """The run's newest step summary (None before its first), without reading the others."""
         rows = self._rows("SELECT * FROM steps WHERE run_id = ? ORDER BY step DESC LIMIT 1", (run_id,))

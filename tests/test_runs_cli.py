@@ -88,6 +88,29 @@ def test_jobs_lists_newest_first_with_protocols_accuracy_and_wall_time(store, tm
     assert code == 0 and done.id not in out and "1 newest of 2 jobs" in out
 
 
+def test_the_store_shows_the_protocols_that_ran_not_the_plan(store, tmp_path, capsys):
+    """Issue 32 case 3: planned LB-BSP -> ASP; it ran LB-BSP, was switched to SSP by a
+    command, stopped, resumed in SSP, then ASP by the plan."""
+    job, first = record(store, "blobs", tmp_path / "run", ("lbbsp", "asp"), {"wall_s": 30.0}, state="running")
+    step = iter(range(100))
+    store.add_steps([StepSummary(first.id, next(step), time.time(), 64, 1.0, p, (32, 32))
+                     for p in ["lbbsp"] * 5 + ["ssp"] * 5])
+    store.add_event(first.id, "switch", {"from": "lbbsp", "to": "ssp", "method": "hot", "by": "command"})
+    second = store.start_run(job.id, kind="resume")
+    store.add_steps([StepSummary(second.id, next(step), time.time(), 64, 1.0, p, (32, 32))
+                     for p in ["ssp"] * 5 + ["asp"] * 5])
+    store.add_event(second.id, "switch", {"from": "ssp", "to": "asp", "method": "hot", "by": "plan"})
+    store.set_result(second.id, "wall_s", 12.0)
+    store.set_job_state(job.id, "done")
+    code, out, _ = tfsync(capsys, "jobs")
+    assert code == 0 and "lbbsp -> ssp (by command) -> asp" in out and "42.0 s" in out, out   # both runs' wall
+    code, out, _ = tfsync(capsys, "jobs", "--json")
+    (listed,) = json.loads(out)
+    assert listed["protocols"] == ["lbbsp", "ssp (by command)", "asp"] and listed["plan"] == ["lbbsp", "asp"]
+    code, out, _ = tfsync(capsys, "runs", "blobs")
+    assert code == 0 and "lbbsp -> ssp (by command) -> asp" in out, out
+
+
 def test_jobs_json_is_a_list_with_results(store, tmp_path, capsys):
     done, _ = record(store, "mnist", tmp_path / "run", ("bsp", "asp"), SUMMARY)
     running, _ = record(store, "cifar", tmp_path / "run2", state="running")

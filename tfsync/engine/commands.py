@@ -123,7 +123,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     # the rate the new protocol runs at: as asked, else the configuration policy's for it
     lr_scale = engine.lr_rule(new.name) if cmd.lr_scale is None else cmd.lr_scale
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
-    engine.switch_to(old, target, len(engine.timeline))
+    engine.switch_to(old, target, len(engine.timeline), by="command")
     old_stats = old.stats()
     phase.policy, phase.lr_scale, phase.switch = new, target.lr_scale, cmd.method
     phase.changed.update(protocol=new.name, options=options, lr_scale=lr_scale)

@@ -15,9 +15,10 @@ from .checkpoints import load_state
 logger = logging.getLogger(__name__)
 
 
-def switch(engine, old, phase, index: int, carry: bool = True) -> None:
+def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan") -> None:
     """Drain ``old``, switch to ``phase``; with ``carry``, a policy of the same protocol
-    takes over what ``old`` learned (``hand_over``). Records a switch event with timings."""
+    takes over what ``old`` learned (``hand_over``). Records a switch event with timings
+    and ``by`` whom: the job's "plan" or a "command"."""
     t0 = time.time()
     engine.drain(old)
     t_drained = time.time()
@@ -38,7 +39,7 @@ def switch(engine, old, phase, index: int, carry: bool = True) -> None:
         hand_over(engine, old.save_state(), phase.policy, "switch")
     set_config(engine, phase)
     t1 = time.time()
-    event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch,
+    event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch, "by": by,
              "samples": engine.state.samples, "updates": engine.state.updates,
              "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
              "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}

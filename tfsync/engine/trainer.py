@@ -275,9 +275,9 @@ class Engine:
         self.recorder.event(kind, **fields)
         self.callbacks.call("on_event", self, kind, fields)
 
-    def switch_to(self, old: Policy, phase: Phase, index: int, carry: bool = True) -> None:
+    def switch_to(self, old: Policy, phase: Phase, index: int, carry: bool = True, by: str = "plan") -> None:
         """Drain ``old`` and switch to ``phase`` (tfsync.engine.switching)."""
-        switch(self, old, phase, index, carry)
+        switch(self, old, phase, index, carry, by)
 
     def begin_phase(self, phase: Phase, stats_of_previous: dict | None = None) -> dict:
         return begin_phase(self, phase, stats_of_previous)
