@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import time
 
@@ -73,7 +74,13 @@ _SHOWN = {"test_accuracy": lambda v: f"test accuracy {v:.2%}",
 
 
 def results_text(results: dict) -> str:
-    """Results in words: known keys first, other numbers and words as ``key value`` ("" if none)."""
+    """Results in words: known keys first, other numbers and words as ``key value`` ("" if none).
+    A search trial scored on its loss (``extra.metric`` "neg_log_loss") shows that loss."""
+    extra = results.get("extra") if isinstance(results.get("extra"), dict) else {}
+    if extra.get("metric") == "neg_log_loss" and _number(results.get("converged_accuracy")):
+        loss = math.exp(-results["converged_accuracy"])   # the trial's score is -ln(converged test loss)
+        results = {"converged test loss": float(f"{loss:.4g}"),
+                   **{k: v for k, v in results.items() if k != "converged_accuracy"}}
     parts = [show(results[k]) for k, show in _SHOWN.items() if _number(results.get(k))]
     parts += [f"{k} {v}" for k, v in results.items()
               if k not in _SHOWN and k != "stopped" and (_number(v) or isinstance(v, str))]

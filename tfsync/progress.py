@@ -109,9 +109,10 @@ class Progress:
             self._bar = None
 
 
-def progress_bar(stream=sys.stderr):
+def progress_bar(stream=None):
     """``update(done, total, message)``: one line redrawn on a terminal, else a line per
-    update."""
+    update; on ``stream`` (default: the process's stderr at the call)."""
+    stream = stream or sys.stderr
     t0 = time.time()
 
     def update(done: int, total: int, message: str = "") -> None:

@@ -195,6 +195,34 @@ def format_result(d: dict, signature: str) -> str:
     return "\n".join(lines)
 
 
+def other_searches(store, cfg) -> str:
+    """Where a search of a job of the same name is stored under another signature: the
+    settings of the signature that differ, as the ``--set`` that would find it ("" if none)."""
+    from .trials import config_signature
+    mine = cfg.to_dict()
+    for job in reversed(store.jobs()):
+        if job.name != cfg.job.name or job.signature == config_signature(mine) or \
+                store.switch_point(job.signature) is None:
+            continue
+        theirs, ours = _signed(job.config), _signed(mine)
+        sets = " ".join(f"--set {k}={v}" for k, v in sorted(theirs.items()) if ours.get(k) != v and v != "null")
+        return (f"; a search of {cfg.job.name} is stored with other settings (signature {job.signature}): add "
+                f"{sets or 'the settings it had'} to see it (the settings are part of the signature)")
+    return ""
+
+
+def _signed(config: dict) -> dict[str, str]:
+    """The settings of a job config that its signature covers, as ``--set`` keys and values."""
+    from .trials import NOT_IN_SIGNATURE
+    out = {}
+    for section, values in config.items():
+        left_out = NOT_IN_SIGNATURE.get(section, ())
+        if isinstance(values, dict) and left_out != "*":
+            out.update({f"{section}.{k}": json.dumps(v) if not isinstance(v, str) else v
+                        for k, v in values.items() if k not in left_out and not isinstance(v, (dict, list))})
+    return out
+
+
 def cmd_search(args) -> int:
     from ..config import ConfigError, load_job
     from ..progress import progress_bar
@@ -216,7 +244,8 @@ def cmd_search(args) -> int:
             if found is None:
                 trials = [r for r, _ in store.runs_by_signature(signature) if r.kind == "trial"]
                 return fail(f"no switch point stored for {args.job} (signature {signature}; {len(trials)} "
-                            f"trial runs stored); run `tfsync search {_job_words(args)}`", EXIT_FAILED)
+                            f"trial runs stored){other_searches(store, cfg)}; run `tfsync search "
+                            f"{_job_words(args)}`", EXIT_FAILED)
             fraction, detail, when = found
             if args.json:
                 print(json.dumps({"signature": signature, "stored": when, **detail}, indent=2))
@@ -237,6 +266,8 @@ def cmd_search(args) -> int:
         def run_trial(fraction: float, seed: int) -> TrialResult:
             run = seed - settings.seed
             tcfg = trial_config(cfg, fraction, run)
+            what = "BSP only" if fraction >= 1.0 else f"BSP {fraction:.4g} then ASP"
+            bar(done["n"], total, f"training trial {done['n'] + 1} of {total}: {what}, run {run} ...")
             summary = run_trial_process(tcfg, args.data)
             try:
                 score, metric = trial_score(summary)
@@ -282,5 +313,6 @@ def cmd_search(args) -> int:
         print(json.dumps({"signature": signature, **detail}, indent=2))
     else:
         print(format_result(detail, signature))
-        print(f"stored; `tfsync run {_job_words(args)}` now switches at this point (switch.point = \"auto\")")
+        now = "runs BSP only" if detail["fraction"] >= 1.0 else "switches at this point"
+        print(f"stored; `tfsync run {_job_words(args)}` now {now} (switch.point = \"auto\")")
     return 0

@@ -1,0 +1,77 @@
+"""What `tfsync search` and `tfsync runs` say about a search (issue 32 case 4): progress as
+each trial starts, a last line that matches the answer, a loss search's trials as losses,
+and `--show` pointing at a search stored with other settings. The trials' training is
+replaced by a stand-in (``run_trial_process``) here: the searches on real tasks are in
+test_search_cli.py and test_user_job.py."""
+
+import json
+import math
+import signal
+
+import pytest
+
+from helpers import linear_job
+from tfsync.cli import main
+from tfsync.manager.store import Store
+
+pytestmark = pytest.mark.unit
+
+JOB = linear_job("recurring", {"name": "bsp", "until": 0.5}, "asp", epochs=3)
+
+
+def tfsync(capsys, *args):
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(list(args))
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(run_dir=tmp_path / "run"))
+    return path
+
+
+def stand_in(score_of):
+    """A trial that trains nothing: its summary's converged score from its BSP share."""
+    def run(cfg, data_path):
+        fraction = cfg.protocol[0].until if len(cfg.protocol) > 1 else 1.0
+        return {"wall_s": 1.0, **score_of(fraction), "evals": []}
+    return run
+
+
+def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monkeypatch, capsys):
+    # only BSP reaches the target: the answer is BSP only, and the last line must say so
+    monkeypatch.setattr("tfsync.switch.cli.run_trial_process",
+                        stand_in(lambda f: {"converged_accuracy": 0.9 if f >= 1.0 else 0.5}))
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "2")
+    assert code == 0, err
+    assert "training trial 1 of 3: BSP only, run 0 ..." in err and "training trial 2 of 3: BSP 0.5 then ASP" in err
+    assert "BSP only (no earlier switch was acceptable)" in out
+    assert out.strip().splitlines()[-1].startswith(f"stored; `tfsync run {job}` now runs BSP only"), out
+
+
+def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):
+    monkeypatch.setattr("tfsync.switch.cli.run_trial_process",
+                        stand_in(lambda f: {"converged_accuracy": None, "test_loss": 0.25 if f >= 0.5 else 2.0}))
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target-loss", "0.3")
+    assert code == 0, err
+    code, out, err = tfsync(capsys, "runs", "recurring")
+    assert code == 0 and "converged test loss 0.25" in out and "%" not in out.split("\n", 1)[1], out
+
+
+def test_show_without_the_searchs_settings_names_the_set_that_finds_it(job, monkeypatch, capsys):
+    monkeypatch.setattr("tfsync.switch.cli.run_trial_process", stand_in(lambda f: {"converged_accuracy": 0.9}))
+    code, _, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target", "0.8",
+                          "--set", "train.learning_rate=0.1")
+    assert code == 0, err
+    code, _, err = tfsync(capsys, "search", "--show", str(job))
+    assert code == 1 and err.count("\n") == 1
+    assert "a search of recurring is stored with other settings" in err and "--set train.learning_rate=0.1" in err
+    code, out, _ = tfsync(capsys, "search", "--show", str(job), "--set", "train.learning_rate=0.1")
+    assert code == 0 and "switch point for job signature" in out
