@@ -76,6 +76,11 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     # its rate: the samples it trained itself over its own training time (issue 32 case 2)
     assert summary["samples_per_s"] * summary["train_s"] == pytest.approx(
         summary["samples"] - summary["resumed_from"]["samples"], rel=0.01)
+    # the summary covers the whole job: both runs, their phases on one time base
+    assert [ph["protocol"] for ph in summary["timeline"]] == ["bsp", "ssp", "ssp"]
+    assert summary["timeline"][-1]["resumed"] and summary["timeline"][-1]["time"] > summary["timeline"][1]["time"]
+    assert [r["stopped"] for r in summary["runs"]] == [True, False]
+    assert summary["job_wall_s"] == pytest.approx(stopped["wall_s"] + summary["wall_s"], abs=0.01)
     recs = records(run_dir)
     resumed = max(i for i, x in enumerate(recs) if x.get("event") == "resume")
     before = [x for x in recs[:resumed] if x.get("protocol") == "ssp"]

@@ -35,7 +35,7 @@ def format_summary(s: dict) -> str:
     parts = []
     for i, ph in enumerate(s["timeline"]):
         sw = next((x for x in s["switches"] if x["index"] == i), None)
-        how = f", {sw['method']} switch {sw['overhead_s']:.2f} s" if sw else ""
+        how = f", {sw['method']} switch {sw['overhead_s']:.2f} s" if sw else ", resumed" if ph.get("resumed") else ""
         parts.append(f"{ph['protocol']} from {ph['samples']} samples at {ph['time']:.1f} s{how}")
     lines.append("protocols: " + " -> ".join(parts))
     return "\n".join(lines)

@@ -4,6 +4,8 @@ and what protects the task ports."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 from .. import arrays, netns
@@ -39,7 +41,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         engine.log_eval(Evaluation(s.updates, s.samples, engine.recorder.since(), last["accuracy"],
                                    time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
     curve = [e.accuracy for e in engine.evals if e.accuracy is not None]
-    return {
+    return whole_job(engine.run_dir, resume, {
         "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(engine.started_at, 3),
         "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
         "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
@@ -67,7 +69,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "stopped": stopped is not None,
         **({"resumed_from": resume} if resume else {}),
         **({"stop_checkpoint": stopped.checkpoint_path} if stopped is not None else {}),
-    }
+    })
 
 
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
@@ -82,4 +84,46 @@ def failure_summary(engine, wall: float, total: int, error: BaseException, resum
         "checkpoints": engine.checkpoints, "recoveries": engine.recovery_log, "clocks": list(s.clocks),
         "stopped": False, **({"resumed_from": resume} if resume else {}),
     }
+
+
+def whole_job(run_dir: str, resume: dict | None, summary: dict) -> dict:
+    """``summary`` of a run; of a resumed run, the whole job's: the earlier runs' phases
+    (those begun before the checkpoint it resumed from), switches, checkpoints and
+    recoveries before its own, all on the job's one time base (its first phase marked
+    ``resumed``), each run in ``runs`` with its own rates, and the job's totals."""
+    previous = _read_summary(run_dir) if resume else None
+    this = _run_brief(summary)
+    if previous is None:
+        return {**summary, "runs": [this]}
+    kept = [ph for ph in previous.get("timeline", []) if ph.get("samples", 0) <= resume.get("samples", 0)]
+    runs = previous.get("runs") or [_run_brief(previous)]
+    runs = runs + [this]
+    train = sum(r["train_s"] for r in runs)
+    return {**summary,
+            "timeline": kept + [{**ph, "resumed": True} if i == 0 else ph for i, ph in enumerate(summary["timeline"])],
+            "switches": [sw for sw in previous.get("switches", []) if sw.get("index", 0) < len(kept)]
+            + [{**sw, "index": sw["index"] + len(kept)} for sw in summary["switches"]],
+            "checkpoints": previous.get("checkpoints", []) + summary["checkpoints"],
+            "recoveries": previous.get("recoveries", []) + summary["recoveries"],
+            "runs": runs, "job_wall_s": round(sum(r["wall_s"] for r in runs), 3), "job_train_s": round(train, 3),
+            "job_samples_per_s": round(sum(r["samples"] for r in runs) / train, 3) if train > 0 else 0.0}
+
+
+def _run_brief(summary: dict) -> dict:
+    """One run of a job as the whole job's summary lists it: its own samples and rates."""
+    train = float(summary.get("train_s") or 0.0)
+    return {"started_at": summary.get("started_at"), "wall_s": float(summary.get("wall_s") or 0.0), "train_s": train,
+            "samples": round(float(summary.get("samples_per_s") or 0.0) * train),
+            "samples_per_s": summary.get("samples_per_s"), "pushes_per_s": summary.get("pushes_per_s"),
+            "stopped": bool(summary.get("stopped")), **({"failed": summary["failed"]} if "failed" in summary else {})}
+
+
+def _read_summary(run_dir: str) -> dict | None:
+    """The summary.json an earlier run of the job left (None: none, or not readable)."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
