@@ -4,8 +4,6 @@ and `--show` pointing at a search stored with other settings. The trials' traini
 replaced by a stand-in (``run_trial_process``) here: the searches on real tasks are in
 test_search_cli.py and test_user_job.py."""
 
-import json
-import math
 import signal
 
 import pytest

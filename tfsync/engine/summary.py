@@ -126,4 +126,3 @@ def _read_summary(run_dir: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None
-

@@ -128,4 +128,3 @@ def carry_changes(phase, changed: dict) -> None:
     elif "batch_sizes" in changed:
         phase.policy.sizer = sizer
     phase.changed = {k: v for k, v in changed.items() if k != "until"}   # kept by the next checkpoints
-
