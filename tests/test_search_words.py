@@ -10,7 +10,6 @@ import pytest
 
 from helpers import linear_job
 from tfsync.cli import main
-from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.unit
 
