@@ -31,6 +31,7 @@ from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.exits import EXIT_DONE, EXIT_INTERRUPTED
 from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, one_line, shown
 from tfsync.manager.store import ManagerLock, Store
+from tfsync.manager.store_types import run_results
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,8 @@ class Coordinators:
         if summary.get("stopped"):
             state = "stopped"
         store = self.service.store
-        for key in ("wall_s", "pushes", "samples", "test_accuracy", "stopped"):
-            if key in summary:
-                store.set_result(run.id, key, summary[key])
+        for key, value in run_results(summary).items():
+            store.set_result(run.id, key, value)
         if state == "failed":
             store.set_result(run.id, "exit_code", proc.returncode)
         store.set_job_state(job.id, state)

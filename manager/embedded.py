@@ -26,6 +26,7 @@ from tfsync.manager.home import default_store
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService
 from tfsync.manager.store import Store
+from tfsync.manager.store_types import run_results
 from tfsync.switch.trials import config_signature
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,8 @@ class EmbeddedManager:
             self.link.close()
             self.service.end(self.job_id)
             if summary is not None:
-                for key in ("wall_s", "pushes", "samples", "test_accuracy", "stopped"):
-                    if key in summary:
-                        self.store.set_result(self.run_id, key, summary[key])
+                for key, value in run_results(summary).items():
+                    self.store.set_result(self.run_id, key, value)
             self.store.set_job_state(self.job_id, state)
         finally:
             self.hook.stop()

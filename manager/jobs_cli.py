@@ -68,7 +68,9 @@ def _number(v) -> bool:
 
 _SHOWN = {"test_accuracy": lambda v: f"test accuracy {v:.2%}",
           "converged_accuracy": lambda v: f"converged accuracy {v:.2%}",
-          "wall_s": lambda v: f"wall {duration(v)}", "time": lambda v: f"time {duration(v)}",
+          "test_loss": lambda v: f"test loss {v:.4g}",
+          "wall_s": lambda v: f"wall {duration(v)}", "train_s": lambda v: f"training {duration(v)}",
+          "time": lambda v: f"time {duration(v)}",
           "pushes": lambda v: f"{v:,} steps", "samples": lambda v: f"{v:,} samples",
           "exit_code": lambda v: f"exit code {v}"}
 
@@ -145,8 +147,11 @@ def run_records(store, job) -> list[dict]:
             ended = job.updated if state in ENDED else None
         else:
             ended = last.time if last else None
+        switches = [f"{e.detail.get('from')} -> {e.detail.get('to')}"
+                    + (" (by command)" if e.detail.get("by") == "command" else "")
+                    for e in store.events(run.id, "switch")]
         out.append({"id": run.id, "kind": run.kind, "started": run.started, "ended": ended, "state": state,
-                    "results": results,
+                    "results": results, "switches": switches,
                     "last_step": None if last is None else {"step": last.step, "time": last.time, "loss": last.loss,
                                                             "protocol": last.protocol},
                     "search": run.config.get("search") if isinstance(run.config, dict) else None})
@@ -205,6 +210,8 @@ def cmd_runs(args) -> int:
             text = f"switch at {r['search'].get('fraction')} (trial {r['search'].get('run')}): {text}"
         elif not r["results"] and r["last_step"]:
             text = f"step {r['last_step']['step']} ({r['last_step']['protocol']})"
+        if r["switches"]:
+            text = f"switched {', '.join(r['switches'])}; {text}"
         rows.append((str(r["id"]), r["kind"], when(r["started"]), when(r["ended"]), r["state"], text))
     print(table(("RUN", "KIND", "STARTED", "ENDED", "STATE", "RESULTS"), rows) if rows else "no runs yet")
     return 0

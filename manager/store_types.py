@@ -8,6 +8,16 @@ from dataclasses import dataclass
 JOB_STATES = ("submitted", "running", "stopped", "failed", "done")
 RUN_KINDS = ("train", "resume", "trial")
 EVENT_KINDS = ("worker_lost", "worker_rejoined", "task_restarted", "switch", "checkpoint")
+# what a run's summary leaves in the store's results, besides every test number ("test_*")
+RESULT_KEYS = ("wall_s", "train_s", "pushes", "samples", "stopped")
+
+
+def run_results(summary: dict) -> dict:
+    """The results of a run the store keeps from its summary: the counters, wall and
+    training time, and every test number (accuracy, loss, each metric: a regression job
+    has no accuracy)."""
+    return {k: v for k, v in summary.items()
+            if k in RESULT_KEYS or (k.startswith("test_") and isinstance(v, (int, float)) and not isinstance(v, bool))}
 
 
 @dataclass(frozen=True)

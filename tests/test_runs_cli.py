@@ -109,6 +109,21 @@ def test_the_store_shows_the_protocols_that_ran_not_the_plan(store, tmp_path, ca
     assert listed["protocols"] == ["lbbsp", "ssp (by command)", "asp"] and listed["plan"] == ["lbbsp", "asp"]
     code, out, _ = tfsync(capsys, "runs", "blobs")
     assert code == 0 and "lbbsp -> ssp (by command) -> asp" in out, out
+    assert "switched lbbsp -> ssp (by command); wall 30.0 s" in out and "switched ssp -> asp; wall 12.0 s" in out, out
+
+
+def test_a_regression_jobs_runs_show_its_test_loss_and_metrics(store, tmp_path, capsys):
+    """Issue 32 case 3: a job without accuracy keeps its test loss and metrics in the store."""
+    from tfsync.manager.store_types import run_results
+    summary = {**SUMMARY, "test_accuracy": None, "test_loss": 0.0412, "test_mae": 0.151, "train_s": 30.5,
+               "timeline": [], "meta": {}}
+    job, run = record(store, "housing", tmp_path / "run", ("bsp",), state="running")
+    for key, value in run_results(summary).items():
+        store.set_result(run.id, key, value)
+    store.set_job_state(job.id, "done")
+    code, out, _ = tfsync(capsys, "runs", "housing")
+    assert code == 0 and "test loss 0.0412" in out and "test_mae 0.151" in out and "training 30.5 s" in out, out
+    assert "accuracy" not in out
 
 
 def test_jobs_json_is_a_list_with_results(store, tmp_path, capsys):
