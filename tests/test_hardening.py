@@ -117,7 +117,7 @@ def test_a_second_manager_on_one_store_is_refused_naming_the_first(tmp_path):
         assert first.poll() is None  # the first one is undisturbed
     finally:
         first.terminate()
-        first.wait(timeout=30)
+        first.wait(timeout=60)
     # once the first has gone, a new manager may serve the store
     again = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "manager", "--listen", "127.0.0.1:0",
                               "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -126,7 +126,7 @@ def test_a_second_manager_on_one_store_is_refused_naming_the_first(tmp_path):
         assert "listening on" in again.stdout.readline()
     finally:
         again.terminate()
-        again.wait(timeout=30)
+        again.wait(timeout=60)
 
 
 # -- control files (item 7) -----------------------------------------------------------------
