@@ -72,7 +72,8 @@ def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_free
     freed, `tfsync resume` finishes the job and leaves the data records untouched."""
     with small_disk(tmp_path / "disk", "96m") as disk:
         run_dir, job = disk / "run", disk / "job.toml"
-        job.write_text(linear_job("full", "bsp", epochs=3, checkpoint_every=5).replace(
+        # 30 epochs: the disk fills long before the run could end, however slow this machine is
+        job.write_text(linear_job("full", "bsp", epochs=30, checkpoint_every=5).replace(
             'name = "linear"', 'name = "mlp"').format(run_dir=run_dir))
         env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
         run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
@@ -98,7 +99,8 @@ def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_free
         data = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "data").iterdir()}
 
         filler.unlink()
-        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
+                            "--set", "train.epochs=2"],   # the rest of a shorter workload
                            capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr
         done = json.loads((run_dir / "summary.json").read_text())
