@@ -358,7 +358,8 @@ def add_commands(sub) -> None:
                     help="another numeric or true/false option of the protocol, as a job file's "
                          "[[protocol]] sets it (e.g. -o depth=3); repeat for more")
     sw.add_argument("--lr-scale", type=float, help="learning rate multiplier from the switch on (default: the "
-                    "configuration policy's for the new protocol: n x for BSP and LB-BSP, x1 for the others)")
+                    "configuration policy's for the new protocol, by switch.lr: n x for BSP and LB-BSP with the default "
+                    "'linear', x1 for the others)")
     st = job_command("stop", "stop a running job at its next step boundary (checkpoint first)", cmd_stop)
     st.add_argument("--no-checkpoint", action="store_true", help="stop without saving a checkpoint")
     job_command("checkpoint", "checkpoint a running job now", cmd_checkpoint)

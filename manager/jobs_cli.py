@@ -102,11 +102,13 @@ def protocols_ran(store, job) -> list[str]:
     if not ran:
         return protocols(job.config)
     by_command = [(e.detail.get("from"), e.detail.get("to")) for run in store.runs(job.id)
-                  for e in store.events(run.id, "switch") if e.detail.get("by") == "command"]
+                  for e in store.events(run.id, "switch")
+                  if e.detail.get("by") == "command" and e.detail.get("from") != e.detail.get("to")]
     out = ran[:1]
     for before, now in zip(ran, ran[1:]):
-        manual = by_command[:1] == [(before, now)]
-        by_command = by_command[1:] if manual else by_command
+        manual = (before, now) in by_command
+        if manual:   # each command's switch marks one change, the first that matches it
+            by_command.remove((before, now))
         out.append(f"{now} (by command)" if manual else now)
     return out
 

@@ -70,7 +70,8 @@ def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
 
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     run_dir, job = tmp_path / "run", tmp_path / "job.toml"
-    job.write_text(linear_job("dmg", "bsp", epochs=0.2, checkpoint_every=5).format(run_dir=run_dir))
+    job.write_text(linear_job("dmg", {"name": "bsp", "until": 0.3}, "asp", epochs=0.2,
+                              checkpoint_every=5).format(run_dir=run_dir))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -88,3 +89,9 @@ def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
     assert len(said) == 1 and newest in said[0] and "does not read back" in said[0], r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["resumed_from"]["path"] == older["path"] and summary["samples"] >= summary["workload_samples"]
+    # resumed in the ASP phase: the BSP phase before it is done, not started again for a round
+    recs = records(run_dir)
+    after = [x for x in recs[max(i for i, x in enumerate(recs) if x.get("event") == "resume"):] if "worker" in x]
+    assert after and {x["protocol"] for x in after} == {"asp"}
+    assert [ph["protocol"] for ph in summary["timeline"]] == ["bsp", "asp", "asp"]
+    assert summary["timeline"][-1]["resumed"] and [r["stopped"] for r in summary["runs"]] == [False, False]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tfsync.engine.switching import resume_from, resume_policy
-from tfsync.policy import BSP, LBBSP, Decision, Grant, PushMode
+from tfsync.policy import BSP, LBBSP, BatchSizer, Decision, Grant, PushMode
 from tfsync.policy.ledger import Ledger
 
 pytestmark = pytest.mark.unit
@@ -95,7 +95,14 @@ def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_a
     assert "goes on with ssp (staleness 2)" in capsys.readouterr().err
 
     phase = Phase(LBBSP(batch_size=8), until=1.0, lr_scale=2.0)
-    carry_changes(phase, changed)
+    carry_changes(phase, changed, workers=2)
     assert isinstance(phase.policy, SSP) and phase.policy.staleness == 2 and phase.lr_scale == 1.0
     assert phase.policy.sizer.per_worker == (12, 8)
     assert phase.changed == {k: v for k, v in changed.items() if k != "until"}   # kept by later checkpoints
+
+    # a switch away from LB-BSP sizes as LB-BSP started (as a switch does), not with its sizer;
+    # sizes set for another worker count are dropped, not granted to a worker that has none
+    phase = Phase(LBBSP(batch_size=8), until=1.0, lr_scale=2.0)
+    carry_changes(phase, changed, workers=3)
+    assert isinstance(phase.policy, SSP) and type(phase.policy.sizer) is BatchSizer
+    assert phase.policy.sizer.batch_size == 8 and "batch_sizes" not in phase.changed

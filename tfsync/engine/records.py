@@ -21,6 +21,7 @@ invalidates resources made before it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -32,6 +33,8 @@ from tensorflow.core.util import event_pb2
 
 from .. import nospace, safefile
 from .checkpoints import newest_intact
+
+logger = logging.getLogger(__name__)
 
 
 class EventWriter:
@@ -192,15 +195,22 @@ class RunRecorder:
         with nospace.writing("the run's summary", path, len(text)):
             return safefile.write(path, text)
 
-    def close(self) -> None:
-        if not self._metrics.closed:
-            try:
-                self.flush()
-            finally:
-                self._metrics.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+    def close(self, strict: bool = True) -> None:
+        """Write what is held and close; not ``strict`` (a run that failed already), a full
+        disk is logged, not raised, so that it does not hide the run's own error."""
+        try:
+            if not self._metrics.closed:
+                try:
+                    self.flush()
+                finally:
+                    self._metrics.close()
+            if self._tb is not None:
+                tb, self._tb = self._tb, None
+                tb.close()
+        except nospace.NoSpaceError as e:
+            if strict:
+                raise
+            logger.warning("%s", e)
 
 
 def run_header(path: str) -> dict | None:

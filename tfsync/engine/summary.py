@@ -75,9 +75,12 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
     """What a run that failed (a full disk) had done: its counters, phases and checkpoints,
     without the test evaluation a finished run gets; ``failed`` says why it ended."""
-    s = engine.state
+    s, began = engine.state, engine.train_started
+    train = time.time() - began if began else 0.0
     return {
         "failed": str(error), "wall_s": round(wall, 3), "started_at": round(engine.started_at, 3),
+        "train_s": round(train, 3),
+        "samples_per_s": round((s.samples - engine.train_counts[1]) / train, 3) if train > 0 else 0.0,
         "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
         "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
         "workload_samples": total, "timeline": engine.timeline, "switches": engine.switches,

@@ -8,7 +8,7 @@ import logging
 import time
 
 from .. import policy as policies
-from ..policy.base import Decision
+from ..policy.base import BatchSizer, Decision
 from ..policy.sizing import FixedSizer
 from .checkpoints import load_state
 
@@ -117,14 +117,24 @@ def resume_policy(engine, saved: dict, policy) -> None:
         books.apply(Decision(restore=frozenset(range(books.num_workers)) - books.active), time.time())
 
 
-def carry_changes(phase, changed: dict) -> None:
+def carry_changes(phase, changed: dict, workers: int) -> None:
     """``phase`` as the commands of an earlier run left it (``Phase.changed``, saved with
     its checkpoint): the protocol a switch chose, with its options and rate factor, and
-    batch sizes set by hand; the plan's later phases follow as planned."""
-    sizer = FixedSizer(changed["batch_sizes"]) if "batch_sizes" in changed else phase.policy.sizer
+    batch sizes set by hand (not for another worker count); the plan's later phases follow
+    as planned."""
+    changed, sizes = dict(changed), changed.get("batch_sizes")
+    if sizes is not None and len(sizes) != workers:
+        logger.warning("resume: batch sizes %s were set for %d workers, not %d: the plan's sizes apply",
+                       sizes, len(sizes), workers)
+        del changed["batch_sizes"]
+    old = phase.policy
+    # a self-sizing protocol's sizer is its own; after one, the others size as it started (as a switch does)
+    sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
+    if "batch_sizes" in changed:
+        sizer = FixedSizer(changed["batch_sizes"])
     if "protocol" in changed:
         phase.policy = policies.make(changed["protocol"], sizer, **changed.get("options", {}))
         phase.lr_scale = float(changed["lr_scale"])
-    elif "batch_sizes" in changed:
+    elif "batch_sizes" in changed and not getattr(old, "self_sizing", False):
         phase.policy.sizer = sizer
     phase.changed = {k: v for k, v in changed.items() if k != "until"}   # kept by the next checkpoints

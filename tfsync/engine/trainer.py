@@ -35,7 +35,7 @@ from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .records import RunRecorder
 from .recovery import recover_lost_ps, rejoin_nodes
 from .resources import ResourceMonitor
-from .summary import failure_summary, summarize
+from .summary import failure_summary, summarize, whole_job
 from .switching import begin_phase, carry_changes, resume_from, resume_policy, set_config, switch
 from .results import next_result, record
 from .tfcompat import quiet_resource_deleters
@@ -368,11 +368,16 @@ class Engine:
             resumed = None if saved is None else \
                 next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
             if resumed is not None and resume.get("changed", {}).get("until") == resumed.until:
-                carry_changes(resumed, resume["changed"])   # as the commands before the stop left it
-            set_config(self, phases[0])
+                carry_changes(resumed, resume["changed"], self.workers)   # as the commands before the stop left it
+            # a resumed run starts in the phase its checkpoint was taken in: the phases before
+            # it are done (run again, each would start its policy and train a round of it)
+            first = phases.index(resumed) if resumed is not None else 0
+            set_config(self, phases[first])
             stopped = None
             for i, phase in enumerate(phases):
-                if i > 0:
+                if i < first:
+                    continue
+                if i > first:
                     switch(self, phases[i - 1].policy, phase, len(self.timeline), carry=phase is not resumed)
                 if phase is resumed:
                     resume_policy(self, saved, phase.policy)
@@ -397,7 +402,8 @@ class Engine:
             return summary
         except nospace.NoSpaceError as e:   # what was done, if the disk still takes that much
             try:
-                self.recorder.summary(failure_summary(self, time.time() - self._t0, total_samples, e, resume))
+                self.recorder.summary(whole_job(self.run_dir, resume, failure_summary(
+                    self, time.time() - self._t0, total_samples, e, resume)))
             except nospace.NoSpaceError:
                 logger.warning("no summary.json: the disk is full")
             raise
@@ -431,4 +437,4 @@ class Engine:
                     logger.debug("closing generation: %s", e)
         finally:
             self.gens.stop_all()
-            self.recorder.close()
+            self.recorder.close(strict=graceful)   # a failing run keeps its own error
