@@ -265,3 +265,16 @@ def fill_disk(folder, leave: int = 0):
     finally:
         os.close(fd)
     return filler
+
+
+def tfsync_here(capsys, *args) -> tuple[int, str, str]:
+    """``tfsync ARGS`` in this process: (exit code, stdout, stderr); the SIGTERM handler
+    main() installs put back afterwards."""
+    from tfsync.cli import main
+    saved_term = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(list(args))
+    finally:
+        signal.signal(signal.SIGTERM, saved_term)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -4,12 +4,12 @@ the test fills as `tfsync run`'s embedded manager does (tfsync.manager.embedded.
 import dataclasses
 import json
 import os
-import signal
 import time
 
 import pytest
 
 from tfsync.api import auth, transport
+from helpers import tfsync_here
 from tfsync.cli import main
 from tfsync.config import JobConfig
 from tfsync.manager.store import StepSummary, Store
@@ -32,16 +32,7 @@ def store(home):
         yield s
 
 
-def tfsync(capsys, *args) -> tuple[int, str, str]:
-    """``tfsync ARGS`` in this process: (exit code, stdout, stderr); the SIGTERM handler
-    main() installs put back afterwards."""
-    saved_term = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main(list(args))
-    finally:
-        signal.signal(signal.SIGTERM, saved_term)
-    out, err = capsys.readouterr()
-    return code, out, err
+tfsync = tfsync_here
 
 
 def record(store, name, run_dir, protocols=("bsp",), summary=None, state="done", steps=0):

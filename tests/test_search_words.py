@@ -4,26 +4,17 @@ and `--show` pointing at a search stored with other settings. The trials' traini
 replaced by a stand-in (``run_trial_process``) here: the searches on real tasks are in
 test_search_cli.py and test_user_job.py."""
 
-import signal
 
 import pytest
 
-from helpers import linear_job
-from tfsync.cli import main
+from helpers import linear_job, tfsync_here
 
 pytestmark = pytest.mark.unit
 
 JOB = linear_job("recurring", {"name": "bsp", "until": 0.5}, "asp", epochs=3)
 
 
-def tfsync(capsys, *args):
-    saved = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main(list(args))
-    finally:
-        signal.signal(signal.SIGTERM, saved)
-    out, err = capsys.readouterr()
-    return code, out, err
+tfsync = tfsync_here
 
 
 @pytest.fixture
