@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from tfsync.api import auth, transport
 from helpers import tfsync_here
+
+from tfsync.api import auth, transport
 from tfsync.cli import main
 from tfsync.config import JobConfig
 from tfsync.manager.store import StepSummary, Store
