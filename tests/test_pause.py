@@ -44,6 +44,7 @@ def test_pause_slows_by_the_factor_then_releases():
         assert free > 0.9 and after > 0.9, (free, after)
         assert slowed == pytest.approx(free / 4.0, rel=0.3), (free, slowed)
         assert [what for _, what, _ in sched.log] == ["begin", "end"]
+        assert [(e["what"], e["worker"], e["slowdown"]) for e in sched.entries()] == [("begin", 0, 4.0), ("end", 0, 4.0)]
     finally:
         proc.kill()
         proc.wait()

@@ -135,6 +135,7 @@ def test_a_report_shows_lbbsp_a_restart_switch_and_a_recovery(tmp_path):
     from tfsync.report import load_run, write_report
     run = load_run(str(run_dir))
     assert sum(p.get("predicted", 0) > 0 for p in run.pushes if p["protocol"] == "lbbsp") >= 20
+    assert all(p["turnaround_s"] > 0 for p in run.pushes if "predicted" in p)  # what the prediction is compared with
     assert not any("predicted" in p for p in run.pushes if p["protocol"] == "asp")
     assert {"worker_lost", "worker_rejoined", "switch"} <= {e["event"] for e in run.events}
     check_report(run_dir / "report.html", FIGURES)

@@ -161,3 +161,94 @@ def test_the_report_renders_in_a_real_browser(tmp_path):
     assert len(colors) > 200  # plots drawn, not a blank or an error page
     blue = np.all(np.abs(img.astype(int) - (0x48, 0x78, 0xa8)) < 12, axis=-1)
     assert blue.sum() > 2000  # BSP's colour in the timeline and the curves
+
+
+def write_resumed_run(path):
+    """A job stopped at 12 s and resumed at 20 s (cluster up at 22 s): LB-BSP at 2x the rate,
+    then ASP; worker 1 injected 3x slower from 7 to 10 s and detected from 8 s until the
+    stop; test loss, accuracy and top3 at every 2 s."""
+    path.mkdir()
+    lines = [{"event": "run", "schema": 2, "time": 0.0, "started_at": T0},
+             {"event": "phase", "time": 5.0, "protocol": "lbbsp", "samples": 0, "updates": 0, "lr_scale": 2.0}]
+    times = [5.0 + 0.1 * i for i in range(1, 61)] + [22.0 + 0.1 * i for i in range(1, 41)]
+    for i, t in enumerate(times, 1):
+        p = push(i, i % 2, t, "lbbsp" if t < 12 else "asp")
+        if t < 12:
+            p.update(predicted=500.0 + i, turnaround_s=0.08)   # seen: 32 / 0.08 = 400 samples/s
+        lines.append(p)
+    lines += [{"event": "run", "schema": 2, "time": 20.0, "started_at": T0 + 20, "resumed": True},
+              {"event": "resume", "time": 20.0, "samples": 1920}]
+    lines += [{"event": "eval", "time": t, "samples": int(320 * t), "accuracy": 0.5 + t / 100, "loss": 2.0 - t / 20,
+               "metrics": {"accuracy": 0.5 + t / 100, "top3": 0.8 + t / 200}} for t in (6, 8, 10, 24, 26)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = {"meta": {"job": "toy"}, "started_at": T0 + 20, "time_base": T0, "wall_s": 6.0, "init_s": 5.0, "workers": 2, "ps": 1,
+               "pushes": 100, "samples": 3200, "test_accuracy": 0.76, "test_loss": 0.7, "test_top3": 0.93,
+               "timeline": [{"protocol": "lbbsp", "time": 5.0, "samples": 0, "lr_scale": 2.0,
+                             "stats": {"detected": [[T0 + 8.0, 1, "became"]]}},
+                            {"protocol": "asp", "time": 22.0, "samples": 1920, "lr_scale": 1.0, "resumed": True}],
+               "runs": [{"started_at": T0, "wall_s": 12.0}, {"started_at": T0 + 20, "wall_s": 6.0}],
+               "injected": [{"time": 7.0, "what": "begin", "worker": 1, "slowdown": 3.0},
+                            {"time": 10.0, "what": "end", "worker": 1, "slowdown": 3.0}],
+               "switches": []}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [ax.get_title() for ax in fig.axes]
+
+
+def spans(ax):
+    """(x0, x1) of the shaded spans and bars of an axis."""
+    return {(round(p.get_x(), 3), round(p.get_x() + p.get_width(), 3)) for p in ax.patches
+            if hasattr(p, "get_width")} | {(round(min(p.get_xy()[:, 0]), 3), round(max(p.get_xy()[:, 0]), 3))
+                                           for p in ax.patches if not hasattr(p, "get_width")}
+
+
+def test_the_report_shows_slowdowns_every_test_number_rates_and_a_resumed_job_on_one_time_axis(tmp_path):
+    """Issue 32 case 5, on the figures' data: the injected slowdown shaded with its factor on
+    the timeline and worker plots, the detected one too; the test loss, accuracy and top3
+    each plotted; LB-BSP's predicted speed beside the speed it learns from in the same
+    units; the phases' rates marked on the loss plot; both runs of the resumed job on one
+    time base from 0, with the stop shown and no test line drawn across it."""
+    from tfsync.report import plots
+    from tfsync.report.load import slowdowns
+
+    run = load_run(str(write_resumed_run(tmp_path / "run")))
+    assert [(s.worker, s.start, s.end, s.source, s.factor) for s in slowdowns(run)] == [
+        (1, 7.0, 10.0, "injected", 3.0), (1, 8.0, run.end_time, "detected", None)]
+
+    timeline = plots.timeline([run])
+    ax = timeline.axes[0]
+    assert {(7.0, 10.0), (8.0, run.end_time), (12.0, 20.0), (20.0, 22.0)} <= spans(ax)  # slowdowns, stop, restart
+    assert "w1 3x slower" in texts(timeline) and "w1 straggler" in texts(timeline)
+    assert ax.get_xlim()[0] == 0.0
+
+    workers = plots.workers(run)
+    speed, *_, predicted = workers.axes
+    assert (7.0, 10.0) in spans(speed) and (7.0, 10.0) in spans(predicted)
+    assert "worker 1 3x slower (injected)" in texts(workers) and speed.get_xlim() == ax.get_xlim()
+    lines = {line.get_label(): line.get_ydata() for line in predicted.lines}
+    assert np.allclose(lines["worker 0: measured"][~np.isnan(lines["worker 0: measured"])], 400.0)
+    assert np.nanmin(lines["worker 0: predicted"]) > 500
+
+    loss = plots.loss_curves([run])
+    labels = {line.get_label() for a in loss.axes for line in a.lines}
+    assert {"toy: test accuracy", "toy: test top3"} <= labels
+    assert [a.get_title() for a in loss.axes][-2:] == ["test loss (background evaluator) vs time",
+                                                        "test loss (background evaluator) vs samples"]
+    assert {"lbbsp 2x rate", "asp 1x rate (resumed)"} <= set(texts(loss))
+    test_loss = loss.axes[-2].lines[0]
+    assert np.isnan(test_loss.get_xdata()).sum() == 1 and np.nanmax(test_loss.get_xdata()) == 26  # broken at the stop
+    assert loss.axes[0].get_xlim() == ax.get_xlim()
+
+
+def test_a_resumed_jobs_summary_keeps_the_slowdowns_injected_before_the_stop(tmp_path):
+    from tfsync.engine.summary import whole_job
+
+    before = {"injected": [{"time": 7.0, "what": "begin", "worker": 1, "slowdown": 3.0}], "timeline": [],
+              "switches": [], "checkpoints": [], "recoveries": [], "train_s": 5.0, "samples_per_s": 100.0}
+    (tmp_path / "summary.json").write_text(json.dumps(before))
+    now = {"timeline": [{"protocol": "asp", "time": 22.0, "samples": 1920}], "switches": [], "checkpoints": [],
+           "recoveries": [], "train_s": 4.0, "samples_per_s": 100.0}
+    assert whole_job(str(tmp_path), {"samples": 1920}, now)["injected"] == before["injected"]

@@ -159,6 +159,7 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary["injected"][0]["what"] == "begin" and summary["test_accuracy"] > 0.8
+    assert summary["injected"][0]["slowdown"] == 4.0  # the report's shaded span says "4x slower"
     begin = summary["injected"][0]["time"]
     pushes = [p for p in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "event" not in p]
     rounds = {}

@@ -191,7 +191,8 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
             injector.stop()
     if injector is not None:
         base = engine.recorder.since(engine.train_started) if engine.train_started else 0.0  # the run's time base
-        summary["injected"] = [{"time": round(base + t, 3), "what": what, "worker": w} for t, what, w in injector.log]
+        summary["injected"] = summary.get("injected", []) + [  # after the earlier runs' (a resumed job)
+            {**x, "time": round(base + x["time"], 3)} for x in injector.entries()]
         engine.recorder.summary(summary)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))
     return summary

@@ -16,7 +16,8 @@ def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: 
     """``time``: seconds since the run began; ``pushes``/``updates``/``samples``: the run's
     counters after this push; ``staleness``: updates by others while the step ran;
     ``predicted``: the speed (samples/s) the policy predicted for this step (LB-BSP), kept
-    only where there is one."""
+    only where there is one, with ``turnaround_s``, the time the speed it learns from is
+    measured over (``Push.turnaround``)."""
     record = {
         "time": round(time, 6), "pushes": pushes, "updates": updates, "samples": samples,
         "worker": push.worker, "step": push.step, "protocol": protocol, "batch_size": push.batch_size,
@@ -27,6 +28,7 @@ def push_record(push: Push, *, time: float, pushes: int, updates: int, samples: 
     }
     if predicted is not None:
         record["predicted"] = round(float(predicted), 3)
+        record["turnaround_s"] = round(push.turnaround, 6)
     return record
 
 

@@ -108,6 +108,7 @@ def whole_job(run_dir: str, resume: dict | None, summary: dict) -> dict:
             + [{**sw, "index": sw["index"] + len(kept)} for sw in summary["switches"]],
             "checkpoints": previous.get("checkpoints", []) + summary["checkpoints"],
             "recoveries": previous.get("recoveries", []) + summary["recoveries"],
+            "injected": previous.get("injected", []),  # slowdowns injected in the earlier runs
             "runs": runs, "job_wall_s": round(sum(r["wall_s"] for r in runs), 3), "job_train_s": round(train, 3),
             "job_samples_per_s": round(sum(r["samples"] for r in runs) / train, 3) if train > 0 else 0.0}
 

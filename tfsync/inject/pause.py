@@ -104,6 +104,21 @@ class PauseSchedule:
                 continue
             self.log.append((t, what, worker))
 
+    def entries(self) -> list[dict]:
+        """The log as records, each begin and end with its episode's ``slowdown`` (a
+        worker's episodes begin in the order of their start times)."""
+        queue: dict[int, list[Episode]] = {}
+        for e in sorted(self.episodes, key=lambda e: e.start_s):
+            queue.setdefault(e.worker, []).append(e)
+        current: dict[int, Episode | None] = {}
+        out = []
+        for t, what, w in sorted(self.log):
+            if what == "begin":
+                current[w] = queue[w].pop(0) if queue.get(w) else None
+            e = current.get(w)
+            out.append({"time": t, "what": what, "worker": w, "slowdown": e.slowdown if e else None})
+        return out
+
     def stop(self, timeout: float = 5.0) -> None:
         if self._proc is None:
             return

@@ -86,6 +86,50 @@ def load_run(path: str) -> RunData:
                    discarded=discarded)
 
 
+@dataclass(frozen=True)
+class Slowdown:
+    """A worker slow from ``start`` to ``end`` (the run's time base): ``injected`` by the
+    job's ``[[inject]]`` (``factor``: its steps took that many times as long) or
+    ``detected`` by a straggler policy (from the window that decided it to the one that
+    saw it recover; the run's end if none did)."""
+    worker: int
+    start: float
+    end: float
+    source: str
+    factor: float | None = None
+
+
+def slowdowns(run: RunData) -> list[Slowdown]:
+    """Every injected and detected slowdown of the run, in start order."""
+    out = []
+    opened: dict[tuple[str, int], tuple[float, float | None]] = {}
+
+    def walk(source, marks):  # marks: (time, worker, opens?, factor)
+        for t, w, opens, factor in sorted(marks, key=lambda m: m[0]):
+            if opens:
+                opened.setdefault((source, w), (t, factor))
+            elif (source, w) in opened:
+                start, f = opened.pop((source, w))
+                out.append(Slowdown(w, start, t, source, f))
+
+    walk("injected", [(x["time"], x["worker"], x.get("what") == "begin", x.get("slowdown"))
+                      for x in run.summary.get("injected", []) if "time" in x and "worker" in x])
+    base = run.summary.get("time_base") or run.summary.get("started_at") or 0.0
+    detected = {(float(t), int(w), kind) for ph in run.summary.get("timeline", [])  # a resumed detector repeats them
+                for t, w, kind in (ph.get("stats") or {}).get("detected", [])}
+    walk("detected", [(t - base, w, kind == "became", None) for t, w, kind in detected])
+    out += [Slowdown(w, start, max(run.end_time, start), source, f) for (source, w), (start, f) in opened.items()]
+    return sorted(out, key=lambda s: (s.start, s.worker))
+
+
+def run_spans(run: RunData) -> list[tuple[float, float]]:
+    """(start, end) of each run of the job on its time base (a resumed job has several)."""
+    base = run.summary.get("time_base") or run.summary.get("started_at")
+    spans = [(r["started_at"] - base, r["started_at"] - base + r.get("wall_s", 0.0))
+             for r in run.summary.get("runs", []) if base is not None and r.get("started_at") is not None]
+    return spans or [(0.0, run.end_time)]
+
+
 def label(runs: list[RunData]) -> list[str]:
     """A short distinct label per run: its name, or its directory where names repeat."""
     names = [r.name for r in runs]

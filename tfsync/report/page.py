@@ -14,15 +14,19 @@ from . import plots
 from .load import RunData, label, load_run
 
 CAPTIONS = {
-    "loss": "Training loss as the workers reported it (a trailing mean), and the test numbers of the "
-            "background evaluator (train.eval_every), against time and against samples. Dotted lines: "
-            "protocol switches of the first run.",
-    "timeline": "Which protocol ran when. Grey: the cluster starting. Black: a switch and what it cost. "
-                "Ticks: checkpoints; red crosses: recoveries (a lost task restarted, a rewind, a resume); "
-                "purple triangles: stragglers (detected or injected).",
-    "workers": "Per worker: speed per step (dashed: the speed LB-BSP predicted for that step), batch size, "
-               "staleness, and the time between pushing a step and starting the next (BSP's barrier waits; "
-               "near zero in ASP).",
+    "loss": "Training loss as the workers reported it (a trailing mean), then every test number of the "
+            "background evaluator (train.eval_every): the metrics, then the loss; against time and against "
+            "samples. Dotted lines: the first run's phases, each with its rate factor (BSP and LB-BSP run "
+            "at n x the learning rate, so the training loss jumps there).",
+    "timeline": "Which protocol ran when. Grey: the cluster starting; hatched: the job stopped until it was "
+                "resumed. Black: a switch and what it cost. Ticks: checkpoints; red crosses: recoveries (a lost "
+                "task restarted, a rewind, a resume). Thin bars below: a worker slowed down, injected (its "
+                "factor) or detected by a straggler policy.",
+    "workers": "Per worker: speed per step, batch size, staleness, and the time between pushing a step and "
+               "starting the next (BSP's barrier waits; near zero in ASP). Shaded: that worker's slowdowns. "
+               "For LB-BSP, its predicted speeds (dashed) beside the speeds it learns from, both in samples "
+               "per second from when a step could start to its push's arrival (the affine model predicts at "
+               "the configured batch size).",
     "switches": "Each protocol switch's overhead, split into its parts.",
 }
 
@@ -118,7 +122,7 @@ img {{ max-width: 100%; }}
 .cap {{ color: #555; font-size: 14px; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
-<p class="cap">Made by <code>tfsync report</code> on {when}. Times are seconds since each run started.</p>
+<p class="cap">Made by <code>tfsync report</code> on {when}. Times are seconds since the job first started (a resumed job's runs on one time base).</p>
 {_table(runs)}
 {"".join(sections)}
 </body></html>
