@@ -351,6 +351,43 @@ def test_keras_tensorboard_callback_runs_beside_sync_switch(strategy, mnist, tmp
     assert [e.step for e in values] == [0, 1] and all(np.isfinite(e.value) for e in values)
 
 
+def _events(log_dir):
+    """{tag: [(step, value)]} of the scalars and texts under ``log_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    for tag in acc.Tags()["tensors"]:
+        out[tag] = [(e.step, tf.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
+    return out
+
+
+@cluster
+def test_per_batch_tensorboard_scalars_and_the_switch_under_the_strategy(strategy, mnist, tmp_path, caplog):
+    """Issue 32 case 8: tf_keras' TensorBoard skips per-batch scalars under
+    ParameterServerStrategy, and fit says so in one warning; tfsync.keras.TensorBoard
+    writes every 5th batch's loss and accuracy, BSP (mode 0) then ASP (mode 1), and the
+    switch as text at the step it happened."""
+    from tfsync.keras import TensorBoard
+
+    x, y, _, _ = mnist
+    sync, model = _build(strategy, 0.05, 0.0, switch_at=0.5)
+    plain = keras.callbacks.TensorBoard(log_dir=str(tmp_path / "plain"), update_freq=5)
+    ours = TensorBoard(str(tmp_path / "tb"), update_freq=5, sync=sync)
+    model.fit(_creator(x, y, 32), epochs=2, steps_per_epoch=20, callbacks=[sync.callback(), plain, ours], verbose=0)
+    assert "writes no per-batch scalars under ParameterServerStrategy (update_freq=5" in caplog.text
+    assert not any(t.startswith("batch_") for t in _events(tmp_path / "plain" / "train"))  # what users saw
+
+    ev = _events(tmp_path / "tb" / "train")
+    assert [step for step, _ in ev["batch_loss"]] == list(range(5, 41, 5))
+    assert all(np.isfinite(v) for _, v in ev["batch_loss"]) and all(0 <= v <= 1 for _, v in ev["batch_accuracy"])
+    mode = dict(ev["sync/mode"])
+    assert mode[5] == mode[10] == 0 and mode[30] == mode[35] == mode[40] == 1
+    assert ev["sync_switch"] == [(20, b"BSP -> ASP after 20 BSP steps (10 rounds)")]
+    assert dict(ev["sync/learning_rate"])[5] == pytest.approx(N * 0.05)
+
+
 @cluster
 def test_the_readme_keras_example_runs_as_a_script(tmp_path):
     """The README's Keras block, run as a user would paste it: it trains, switches after

@@ -235,6 +235,19 @@ class _SyncSwitchModel(keras.Model):
         super().compile(*args, **kwargs)
         self._sync._attach(self, self.optimizer)
 
+    def fit(self, *args, **kwargs):
+        from .tensorboard import TensorBoard
+
+        callbacks = kwargs.get("callbacks", args[5] if len(args) > 5 else None) or []
+        for cb in callbacks:
+            if isinstance(cb, keras.callbacks.TensorBoard) and not isinstance(cb, TensorBoard) \
+                    and cb.update_freq != "epoch":
+                logger.warning("tf_keras' TensorBoard writes no per-batch scalars under ParameterServerStrategy "
+                               "(update_freq=%s is ignored there); tfsync.keras.TensorBoard(log_dir, "
+                               "update_freq=%s, sync=sync) writes them, and the switch", cb.update_freq,
+                               cb.update_freq)
+        return super().fit(*args, **kwargs)
+
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         token = self._sync._gate()
