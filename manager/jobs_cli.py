@@ -84,9 +84,21 @@ def results_text(results: dict) -> str:
         results = {"converged test loss": float(f"{loss:.4g}"),
                    **{k: v for k, v in results.items() if k != "converged_accuracy"}}
     parts = [show(results[k]) for k, show in _SHOWN.items() if _number(results.get(k))]
-    parts += [f"{k} {v}" for k, v in results.items()
-              if k not in _SHOWN and k != "stopped" and (_number(v) or isinstance(v, str))]
+    parts += [f"{k.replace('test_', 'test ', 1)} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+              for k, v in results.items() if k not in _SHOWN and k != "stopped" and (_number(v) or isinstance(v, str))]
     return ", ".join(parts)
+
+
+def totals_text(record: dict) -> str:
+    """A job of several runs (resumed): its wall and training time in all and per run ("" for one run)."""
+    walls, trains = record["run_walls"], record["run_trains"]
+    if len(walls) < 2:
+        return ""
+    each = lambda vs: " + ".join(duration(v) for v in vs)  # noqa: E731
+    text = f"{len(walls)} runs: wall {duration(record['wall_s'])} in all ({each(walls)})"
+    if record["train_s"] is not None:
+        text += f", training {duration(record['train_s'])} ({each(trains)})"
+    return text
 
 
 def table(header: tuple, rows: list[tuple]) -> str:
@@ -115,12 +127,15 @@ def protocols_ran(store, job) -> list[str]:
 
 def job_record(store, job) -> dict:
     runs = store.runs(job.id)
-    walls = [w for run in runs if run.kind != "trial" and _number(w := store.results(run.id).get("wall_s"))]
+    done = [store.results(run.id) for run in runs if run.kind != "trial"]
+    walls = [r["wall_s"] for r in done if _number(r.get("wall_s"))]
+    trains = [r["train_s"] for r in done if _number(r.get("train_s"))]
     return {"id": job.id, "name": job.name, "state": job.state, "created": job.created,
             "ended": job.updated if job.state in ENDED else None, "protocols": protocols_ran(store, job),
             "plan": protocols(job.config),
             "runs": len(runs), "results": store.results(runs[-1].id) if runs else {},
             "wall_s": sum(walls) if walls else None,   # every run's, a resumed job's too
+            "train_s": sum(trains) if trains else None, "run_walls": walls, "run_trains": trains,
             "run_dir": job.run_dir, "signature": job.signature}
 
 
@@ -179,10 +194,11 @@ def cmd_jobs(args) -> int:
     rows = [(r["id"], r["name"], r["state"], when(r["created"]), when(r["ended"]), " -> ".join(r["protocols"]) or "-",
              str(r["runs"]),
              f"{r['results']['test_accuracy']:.2%}" if _number(r["results"].get("test_accuracy")) else "-",
-             duration(r["wall_s"]) if r["wall_s"] is not None else "-", r["run_dir"] or "-")
+             duration(r["wall_s"]) if r["wall_s"] is not None else "-",
+             duration(r["train_s"]) if r["train_s"] is not None else "-", r["run_dir"] or "-")
             for r in records]
-    print(table(("JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST ACC", "WALL", "RUN DIR"),
-                rows))
+    print(table(("JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST ACC", "WALL", "TRAINING",
+                 "RUN DIR"), rows))
     if len(shown) < len(jobs):
         print(f"({len(shown)} newest of {len(jobs)} jobs; --limit 0 lists all)")
     return 0
@@ -216,6 +232,8 @@ def cmd_runs(args) -> int:
             text = f"switched {', '.join(r['switches'])}; {text}"
         rows.append((str(r["id"]), r["kind"], when(r["started"]), when(r["ended"]), r["state"], text))
     print(table(("RUN", "KIND", "STARTED", "ENDED", "STATE", "RESULTS"), rows) if rows else "no runs yet")
+    if totals_text(record):
+        print(totals_text(record))
     return 0
 
 
@@ -245,6 +263,8 @@ def show_ended(args, e) -> int:
           + (f", {text}" if text else ""))
     note = "" if job.state in ENDED else (f"; the store says {job.state}, but no manager answers: it may be "
                                           "starting, or its process was killed (`tfsync resume JOB` continues it)")
+    if totals_text(record):
+        print(f"{totals_text(record)}; the results above are the last run's")
     print(f"run dir {job.run_dir or '-'}; from the job store {path}{note}")
     return 0
 

@@ -45,7 +45,7 @@ def record(store, name, run_dir, protocols=("bsp",), summary=None, state="done",
     store.set_job_state(job.id, "running")
     run = store.start_run(job.id, kind="train")
     store.add_steps([StepSummary(run.id, s, time.time(), 64, 1.0, protocols[0], (32, 32)) for s in range(steps)])
-    for key in ("wall_s", "pushes", "samples", "test_accuracy", "stopped"):
+    for key in ("wall_s", "train_s", "pushes", "samples", "test_accuracy", "stopped"):
         if key in (summary or {}):
             store.set_result(run.id, key, summary[key])
     if state != "running":
@@ -67,7 +67,7 @@ def test_jobs_lists_newest_first_with_protocols_accuracy_and_wall_time(store, tm
     assert code == 0 and err == ""
     header, first, second = out.splitlines()
     assert header.split() == ["JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST", "ACC",
-                              "WALL", "RUN", "DIR"]
+                              "WALL", "TRAINING", "RUN", "DIR"]
     assert first.startswith(running.id) and "running" in first and "ssp" in first
     assert second.startswith(done.id) and "bsp -> asp" in second and "91.23%" in second and "42.1 s" in second
     assert second.endswith(str(tmp_path / "runs" / "mnist"))
@@ -83,7 +83,8 @@ def test_jobs_lists_newest_first_with_protocols_accuracy_and_wall_time(store, tm
 def test_the_store_shows_the_protocols_that_ran_not_the_plan(store, tmp_path, capsys):
     """Issue 32 case 3: planned LB-BSP -> ASP; it ran LB-BSP, was switched to SSP by a
     command, stopped, resumed in SSP, then ASP by the plan."""
-    job, first = record(store, "blobs", tmp_path / "run", ("lbbsp", "asp"), {"wall_s": 30.0}, state="running")
+    job, first = record(store, "blobs", tmp_path / "run", ("lbbsp", "asp"), {"wall_s": 30.0, "train_s": 20.0},
+                        state="running")
     step = iter(range(100))
     store.add_steps([StepSummary(first.id, next(step), time.time(), 64, 1.0, p, (32, 32))
                      for p in ["lbbsp"] * 5 + ["ssp"] * 5])
@@ -93,15 +94,21 @@ def test_the_store_shows_the_protocols_that_ran_not_the_plan(store, tmp_path, ca
                      for p in ["ssp"] * 5 + ["asp"] * 5])
     store.add_event(second.id, "switch", {"from": "ssp", "to": "asp", "method": "hot", "by": "plan"})
     store.set_result(second.id, "wall_s", 12.0)
+    store.set_result(second.id, "train_s", 7.5)
     store.set_job_state(job.id, "done")
     code, out, _ = tfsync(capsys, "jobs")
     assert code == 0 and "lbbsp -> ssp (by command) -> asp" in out and "42.0 s" in out, out   # both runs' wall
+    assert "27.5 s" in out, out   # and training time
     code, out, _ = tfsync(capsys, "jobs", "--json")
     (listed,) = json.loads(out)
     assert listed["protocols"] == ["lbbsp", "ssp (by command)", "asp"] and listed["plan"] == ["lbbsp", "asp"]
     code, out, _ = tfsync(capsys, "runs", "blobs")
     assert code == 0 and "lbbsp -> ssp (by command) -> asp" in out, out
     assert "switched lbbsp -> ssp (by command); wall 30.0 s" in out and "switched ssp -> asp; wall 12.0 s" in out, out
+    totals = "2 runs: wall 42.0 s in all (30.0 s + 12.0 s), training 27.5 s (20.0 s + 7.5 s)"
+    assert out.splitlines()[-1] == totals, out
+    code, out, _ = tfsync(capsys, "status", "blobs")
+    assert code == 0 and out.splitlines()[1] == totals + "; the results above are the last run's", out
 
 
 def test_a_regression_jobs_runs_show_its_test_loss_and_metrics(store, tmp_path, capsys):
@@ -114,7 +121,7 @@ def test_a_regression_jobs_runs_show_its_test_loss_and_metrics(store, tmp_path, 
         store.set_result(run.id, key, value)
     store.set_job_state(job.id, "done")
     code, out, _ = tfsync(capsys, "runs", "housing")
-    assert code == 0 and "test loss 0.0412" in out and "test_mae 0.151" in out and "training 30.5 s" in out, out
+    assert code == 0 and "test loss 0.0412" in out and "test mae 0.151" in out and "training 30.5 s" in out, out
     assert "accuracy" not in out
 
 
