@@ -174,3 +174,23 @@ def test_traits_drive_the_configuration_policy_and_rl_baselines():
     for bad in ("ssp", "bsp2", "lbbsp", "fluentps3"):
         with pytest.raises(ValueError, match="expected one of bsp, asp, ssp<s>"):
             teacher(bad)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_a_straggler_jobs_switch_point_of_0_or_1_runs(fraction):
+    """A search on a straggler job stores 1 when only BSP was acceptable (0: ASP alone):
+    BSP to the end, still straggler-aware (ASP while one is seen), or plain ASP; both were
+    refused as a protocol list the straggler policy could not take."""
+    from tfsync.config import JobConfig
+    from tfsync.jobrun import build_phases, with_switch_point
+    from tfsync.switch.online import GreedyStragglerPolicy
+
+    cfg = JobConfig.from_dict({"cluster": {"workers": 3}, "switch": {"stragglers": "greedy"},
+                               "protocol": [{"name": "bsp", "until": 0.5}, {"name": "asp"}]})
+    (phase,) = build_phases(with_switch_point(cfg, fraction), num_train=1000)
+    if fraction == 0.0:
+        assert phase.policy.name == "asp"
+        return
+    assert isinstance(phase.policy, GreedyStragglerPolicy) and phase.policy.asp.name == "asp"
+    assert phase.policy.bsp_samples == (None if fraction == 1.0 else 500)
+    assert phase.policy.lr_scales == {"bsp": 3.0, "asp": 1.0}

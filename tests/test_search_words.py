@@ -41,7 +41,12 @@ def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monke
     assert code == 0, err
     assert "training trial 1 of 3: BSP only, run 0 ..." in err and "training trial 2 of 3: BSP 0.5 then ASP" in err
     assert "BSP only (no earlier switch was acceptable)" in out
-    assert out.strip().splitlines()[-1].startswith(f"stored; `tfsync run {job}` now runs BSP only"), out
+    assert out.strip().splitlines()[-1].startswith(f"stored; `tfsync run {job}` now runs BSP to the end"), out
+    # a job whose BSP phase has a straggler policy keeps it: not "BSP only"
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "2",
+                            "--set", "cluster.workers=3", "--set", "switch.stragglers=greedy")
+    assert code == 0, err
+    assert "now runs BSP with the greedy straggler policy to the end" in out.strip().splitlines()[-1], out
 
 
 def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):

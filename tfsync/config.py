@@ -712,10 +712,11 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
                            for s, cls in _SECTIONS.items()}
     out["protocol"] = _protocol(where, d.get("protocol"), out["cluster"].workers)
     out["inject"] = _inject(where, d.get("inject", []), out["cluster"].workers)
-    if out["switch"].stragglers != "none" and [p.name for p in out["protocol"]] != ["bsp", "asp"]:
+    if out["switch"].stragglers != "none" and [p.name for p in out["protocol"]] not in (["bsp", "asp"], ["bsp"], ["asp"]):
         raise ConfigError(f"{where}switch.stragglers = {_fmt(out['switch'].stragglers)}: needs the protocol "
-                          "list bsp -> asp (the online policies act before the switch to ASP); got "
-                          + " -> ".join(p.name for p in out["protocol"]), "switch.stragglers")
+                          "list bsp -> asp (the online policies act before the switch to ASP; bsp or asp alone "
+                          "is a switch point of 1 or 0); got " + " -> ".join(p.name for p in out["protocol"]),
+                          "switch.stragglers")
     if out["switch"].stragglers != "none" and out["switch"].momentum != "keep":
         raise ConfigError(f"{where}switch.momentum = {_fmt(out['switch'].momentum)}: a straggler policy "
                           "moves between BSP and ASP many times and keeps the base momentum; use \"keep\" "

@@ -47,16 +47,22 @@ def build_phases(cfg: JobConfig, num_train: int):
         phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name
-    if cfg.switch.stragglers != "none":
-        return [straggler_phase(cfg, phases, int(round(cfg.train.epochs * num_train)))]
+    if cfg.switch.stragglers != "none" and cfg.protocol[0].name == "bsp":  # asp alone: nothing before a switch
+        total = int(round(cfg.train.epochs * num_train))
+        if len(phases) == 1:   # BSP to the end (a switch point of 1), still straggler-aware: ASP while one is
+            hyper = conf.hyper("asp", n, B, cfg.train.base_momentum, after_switch=True)
+            phases.append(Phase(catalogue.make("asp", BatchSizer(hyper.batch_size)), lr_scale=hyper.lr_scale))
+            return [straggler_phase(cfg, phases, None)]
+        return [straggler_phase(cfg, phases, int(round(phases[0].until * total)))]
     return phases
 
 
-def straggler_phase(cfg: JobConfig, phases, total: int):
+def straggler_phase(cfg: JobConfig, phases, bsp_samples: int | None):
     """The bsp -> asp plan as one phase run by Sync-Switch's online straggler policy
-    (paper 003 §IV-B2): it switches itself, hot, once the BSP share of the workload is
-    done; BSP and ASP keep the learning rates of the configuration policy. The momentum
-    rule after the switch does not apply here (the base momentum is kept)."""
+    (paper 003 §IV-B2): it switches itself, hot, once ``bsp_samples`` are trained (None:
+    never: BSP to the end, ASP while a straggler is seen); BSP and ASP keep the learning
+    rates of the configuration policy. The momentum rule after the switch does not apply
+    here (the base momentum is kept)."""
     from .engine.trainer import Phase
     from .switch.online import ElasticStragglerPolicy, GreedyStragglerPolicy
     from .switch.stragglers import StragglerDetector
@@ -69,10 +75,10 @@ def straggler_phase(cfg: JobConfig, phases, total: int):
     detector = StragglerDetector(cfg.switch.straggler_window_s, cfg.switch.straggler_k)
     options = {"bsp": bsp.policy, "asp": asp.policy, "lr_scales": {"bsp": bsp.lr_scale, "asp": asp.lr_scale}}
     if cfg.switch.stragglers == "elastic":
-        policy = ElasticStragglerPolicy(detector, int(round(bsp.until * total)),
+        policy = ElasticStragglerPolicy(detector, bsp_samples,
                                         readmit_after_s=cfg.switch.readmit_after_s, **options)
     else:
-        policy = GreedyStragglerPolicy(detector, int(round(bsp.until * total)), **options)
+        policy = GreedyStragglerPolicy(detector, bsp_samples, **options)
     return Phase(policy, until=1.0, switch="hot", lr_scale=bsp.lr_scale)
 
 

@@ -313,6 +313,7 @@ def cmd_search(args) -> int:
         print(json.dumps({"signature": signature, **detail}, indent=2))
     else:
         print(format_result(detail, signature))
-        now = "runs BSP only" if detail["fraction"] >= 1.0 else "switches at this point"
+        bsp = "BSP" if cfg.switch.stragglers == "none" else f"BSP with the {cfg.switch.stragglers} straggler policy"
+        now = f"runs {bsp} to the end" if detail["fraction"] >= 1.0 else "switches at this point"
         print(f"stored; `tfsync run {_job_words(args)}` now {now} (switch.point = \"auto\")")
     return 0
