@@ -76,7 +76,7 @@ def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
     assert events and events[0][1]["saved"] is False
 
 
-def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_asked_for(tmp_path, capsys):
+def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_asked_for(tmp_path, capsys, caplog):
     """Issue 32 case 1: a switch to SSP (staleness 2, rate x1) and batch sizes set by hand
     are saved with the checkpoint; resumed, the phase runs them; `--plan` drops them."""
     from tfsync.cli import resumed_changes
@@ -106,3 +106,10 @@ def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_a
     carry_changes(phase, changed, workers=3)
     assert isinstance(phase.policy, SSP) and type(phase.policy.sizer) is BatchSizer
     assert phase.policy.sizer.batch_size == 8 and "batch_sizes" not in phase.changed
+
+    # made in a phase that ended elsewhere (the job file's plan changed since): the plan, said
+    phase = Phase(LBBSP(batch_size=8), until=0.5, lr_scale=2.0)
+    with caplog.at_level("WARNING", logger="tfsync.engine.switching"):
+        carry_changes(phase, changed, workers=2)
+    assert isinstance(phase.policy, LBBSP) and phase.lr_scale == 2.0 and phase.changed == {}
+    assert "was for a phase ending at 1.0 of the workload; this plan's phase there ends at 0.5" in caplog.text

@@ -121,7 +121,13 @@ def carry_changes(phase, changed: dict, workers: int) -> None:
     """``phase`` as the commands of an earlier run left it (``Phase.changed``, saved with
     its checkpoint): the protocol a switch chose, with its options and rate factor, and
     batch sizes set by hand (not for another worker count); the plan's later phases follow
-    as planned."""
+    as planned. Not when they were made in a phase that ended elsewhere (the job file's
+    plan changed since): a warning says so, and the plan applies."""
+    if changed.get("until") != phase.until:
+        logger.warning("resume: what commands changed (%s) was for a phase ending at %s of the workload; this "
+                       "plan's phase there ends at %g (the job file's plan changed): the plan applies",
+                       ", ".join(k for k in changed if k != "until"), changed.get("until"), phase.until)
+        return
     changed, sizes = dict(changed), changed.get("batch_sizes")
     if sizes is not None and len(sizes) != workers:
         logger.warning("resume: batch sizes %s were set for %d workers, not %d: the plan's sizes apply",

@@ -367,7 +367,7 @@ class Engine:
             # the phase the checkpoint was taken in gets its policy's saved state
             resumed = None if saved is None else \
                 next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
-            if resumed is not None and resume.get("changed", {}).get("until") == resumed.until:
+            if resumed is not None and resume.get("changed"):
                 carry_changes(resumed, resume["changed"], self.workers)   # as the commands before the stop left it
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
             # it are done (run again, each would start its policy and train a round of it)
