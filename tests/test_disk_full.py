@@ -107,3 +107,37 @@ def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_free
         assert "failed" not in done and done["samples"] >= done["workload_samples"]
         assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "data").iterdir()} == data
         assert len(whole_lines(run_dir / "metrics.jsonl")) > len(recs)
+
+
+@pytest.mark.unit
+def test_a_checkpoint_whose_list_cannot_be_written_is_removed_and_the_older_ones_stay(tmp_path, monkeypatch):
+    """The list is written before older checkpoints go: when it cannot be (a full disk), the
+    new checkpoint's files are removed and the ones the list names are all still there."""
+    import errno
+    import types
+
+    import tensorflow as tf
+
+    from tfsync.engine.checkpoints import CheckpointDir
+
+    def save(prefix):
+        for suffix in (".index", ".data-00000-of-00001"):
+            with open(prefix + suffix, "wb") as f:
+                f.write(b"x" * 100)
+
+    gen = types.SimpleNamespace(save=save, model=types.SimpleNamespace(variables=[]))
+    ckpts = CheckpointDir(str(tmp_path), keep=2)
+    ckpts.save(gen, 1)
+    ckpts.save(gen, 2)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tf.compat.v1.train, "update_checkpoint_state", full)
+    with pytest.raises(NoSpaceError, match="the checkpoint list"):
+        ckpts.save(gen, 3)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index",
+                                            "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    monkeypatch.undo()
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
+    assert ckpts.kept == [str(tmp_path / "ckpt-1"), str(tmp_path / "ckpt-2")]

@@ -97,11 +97,17 @@ class CheckpointDir:
                     for path in [] if prefix in self.kept else _files(prefix):
                         os.unlink(path)
                 raise
-        self.kept = [p for p in self.kept if p != prefix] + [prefix]
-        for old in self.kept[:-self.keep]:
-            for path in _files(old):
-                os.unlink(path)
-        self.kept = self.kept[-self.keep:]
-        with nospace.writing("the checkpoint list", self.directory):
-            tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=self.kept)
+        kept = ([p for p in self.kept if p != prefix] + [prefix])[-self.keep:]
+        try:  # the list first: the checkpoints it named stay until it names the new one
+            with nospace.writing("the checkpoint list", self.directory):
+                tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=kept)
+        except nospace.NoSpaceError:
+            for path in [] if prefix in self.kept else _files(prefix):
+                os.unlink(path)   # not listed: give the space back
+            raise
+        for old in self.kept:
+            if old not in kept:
+                for path in _files(old):
+                    os.unlink(path)
+        self.kept = kept
         return prefix
