@@ -32,8 +32,18 @@ class RunData:
 
     @property
     def protocols(self) -> list[str]:
-        return [ph["protocol"] for ph in self.summary.get("timeline", [])] or \
-            list(dict.fromkeys(p["protocol"] for p in self.pushes))
+        """What ran, in order: a protocol a command switched to marked "(by command)"; a
+        resumed run going on with the same protocol is not a new one."""
+        timeline = self.summary.get("timeline", [])
+        if not timeline:
+            return list(dict.fromkeys(p["protocol"] for p in self.pushes))
+        by_command = {sw.get("index") for sw in self.summary.get("switches", []) if sw.get("by") == "command"}
+        out = []
+        for i, ph in enumerate(timeline):
+            if ph.get("resumed") and i and ph["protocol"] == timeline[i - 1]["protocol"]:
+                continue
+            out.append(ph["protocol"] + (" (by command)" if i in by_command else ""))
+        return out
 
     @property
     def end_time(self) -> float:

@@ -33,15 +33,18 @@ CAPTIONS = {
 SUMMARY_ROWS = [
     ("protocols", lambda r: " -> ".join(r.protocols)),
     ("workers / PS", lambda r: f"{r.summary.get('workers', len(r.workers))} / {r.summary.get('ps', '?')}"),
-    ("wall time (s)", lambda r: _num(r.summary.get("wall_s"), ".1f")),
+    ("runs", lambda r: _runs(r.summary.get("runs") or [{}])),
+    ("wall time (s)", lambda r: _per_run(r.summary, "wall_s")),
     ("cluster start (s)", lambda r: _num(r.summary.get("init_s"), ".1f")),
     ("steps / updates", lambda r: f"{r.summary.get('pushes', len(r.pushes))} / {r.summary.get('updates', '?')}"),
     ("samples", lambda r: f"{r.summary.get('samples', 0):,}"),
-    ("samples/s (training time)", lambda r: _num(r.summary.get("samples_per_s"), ",.0f")),
+    ("training time (s)", lambda r: _per_run(r.summary, "train_s")),
+    ("samples/s (training time)", lambda r: _num(r.summary.get("job_samples_per_s", r.summary.get("samples_per_s")),
+                                                 ",.0f")),
     ("test accuracy", lambda r: _num(r.summary.get("test_accuracy"), ".2%")),
     ("test loss", lambda r: _num(r.summary.get("test_loss"), ".4g")),
-    ("switches", lambda r: ", ".join(f"{s['method']} {s.get('overhead_s', 0):.2f} s"
-                                     for s in r.summary.get("switches", [])) or "none"),
+    ("switches", lambda r: ", ".join(f"{s['method']}{' (command)' if s.get('by') == 'command' else ''} "
+                                     f"{s.get('overhead_s', 0):.2f} s" for s in r.summary.get("switches", [])) or "none"),
     ("checkpoints", lambda r: str(len(r.summary.get("checkpoints", r.of("checkpoint"))))),
     ("recoveries", lambda r: str(len(r.summary.get("recoveries", [])))),
     ("records discarded by rewinds", lambda r: str(r.discarded)),
@@ -51,6 +54,22 @@ SUMMARY_ROWS = [
 
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def _runs(runs: list[dict]) -> str:
+    """How many runs the job took and how each ended (a stopped job resumed: two)."""
+    if len(runs) < 2:
+        return "1"
+    ends = ["stopped" if r.get("stopped") else "failed" if "failed" in r else "done" for r in runs]
+    return f"{len(runs)}: " + ", then resumed: ".join(ends)
+
+
+def _per_run(summary: dict, key: str) -> str:
+    """The whole job's ``key`` (seconds), with each run's where there were several."""
+    runs = summary.get("runs") or []
+    if len(runs) < 2:
+        return _num(summary.get(key), ".1f")
+    return f"{_num(summary.get('job_' + key), '.1f')} (" + " + ".join(_num(r.get(key), ".1f") for r in runs) + ")"
 
 
 def _metric_rows(runs: list[RunData]) -> list[tuple]:

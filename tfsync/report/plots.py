@@ -249,8 +249,7 @@ def workers(run: RunData) -> Figure:
     stale_ax.set_title("staleness (updates by others while a step ran)")
     wait_ax.set_title("waiting between steps (s, log scale above 0.01)")
     if predicted:
-        pred_ax.set_title("LB-BSP: predicted speed (--) and the speed it learns from (samples per second from "
-                          "when a step could start to its push's arrival)")
+        pred_ax.set_title("LB-BSP: predicted (--) and measured speed, in samples/s over each step's turnaround")
         pred_ax.legend(fontsize=7, ncol=len(run.workers))
     for sd in slowdowns(run):
         color = WORKER_COLORS[sd.worker % len(WORKER_COLORS)]
