@@ -154,9 +154,9 @@ def test_the_report_renders_in_a_real_browser(tmp_path):
     page = write_report([str(write_run(tmp_path / "run"))])
     shot = tmp_path / "shot.png"
     script = os.path.join(os.path.dirname(__file__), "..", "experiments", "report_screenshot.py")
-    subprocess.run([sys.executable, script, page, str(shot), "--height", "1600"], check=True, timeout=180)
+    subprocess.run([sys.executable, script, page, str(shot), "--height", "2600"], check=True, timeout=180)
     img = np.asarray(Image.open(shot).convert("RGB"))
-    assert img.shape[:2] == (1600, 1200)
+    assert img.shape[:2] == (2600, 1200)
     colors = {tuple(c) for c in img[::4, ::4].reshape(-1, 3)}
     assert len(colors) > 200  # plots drawn, not a blank or an error page
     blue = np.all(np.abs(img.astype(int) - (0x48, 0x78, 0xa8)) < 12, axis=-1)
