@@ -186,7 +186,9 @@ def write_resumed_run(path):
                "timeline": [{"protocol": "lbbsp", "time": 5.0, "samples": 0, "lr_scale": 2.0,
                              "stats": {"detected": [[T0 + 8.0, 1, "became"]]}},
                             {"protocol": "asp", "time": 22.0, "samples": 1920, "lr_scale": 1.0, "resumed": True}],
-               "runs": [{"started_at": T0, "wall_s": 12.0}, {"started_at": T0 + 20, "wall_s": 6.0}],
+               "runs": [{"started_at": T0, "wall_s": 12.0, "train_s": 7.0, "stopped": True},
+                        {"started_at": T0 + 20, "wall_s": 6.0, "train_s": 4.0}],
+               "job_wall_s": 18.0, "job_train_s": 11.0,
                "injected": [{"time": 7.0, "what": "begin", "worker": 1, "slowdown": 3.0},
                             {"time": 10.0, "what": "end", "worker": 1, "slowdown": 3.0}],
                "switches": []}
@@ -241,6 +243,11 @@ def test_the_report_shows_slowdowns_every_test_number_rates_and_a_resumed_job_on
     test_loss = loss.axes[-2].lines[0]
     assert np.isnan(test_loss.get_xdata()).sum() == 1 and np.nanmax(test_loss.get_xdata()) == 26  # broken at the stop
     assert loss.axes[0].get_xlim() == ax.get_xlim()
+
+    page = open(write_report([run.path])).read()   # the table: the job's runs, each one's times, what ran
+    for row in ("<th>runs</th><td>2: stopped, then resumed: done</td>", "<td>18.0 (12.0 + 6.0)</td>",
+                "<td>11.0 (7.0 + 4.0)</td>", "<td>lbbsp -&gt; asp</td>"):
+        assert row in page, row
 
 
 def test_a_resumed_jobs_summary_keeps_the_slowdowns_injected_before_the_stop(tmp_path):
