@@ -238,7 +238,7 @@ def test_a_bsp_update_is_the_mean_of_the_rounds_gradients(strategy):
     of mean gradients, -w/eta counts how often each e_i was consumed, summing to the step
     count. Pushes applied one by one, summed, dropped, or only the leader's would give a
     sum of 16 or an all-even count vector. The rows come from each worker's clock: no
-    per-worker identity reaches a dataset under this strategy (DESIGN.md), and a global
+    per-worker identity reaches a dataset under this strategy (input_pipeline_id is 0), and a global
     seed would make unseeded shuffles equal on both workers."""
     d, eta, steps = 1024, 0.25, 8
     with strategy.scope():

@@ -215,3 +215,14 @@ def test_every_exception_is_still_needed():
 def test_sub_commands_do_not_import_the_command_line():
     # the circle tfsync.cli <-> rl.cli <-> switch.cli is gone: tfsync.cli assembles, nothing imports it
     assert not [m for m, edges in GRAPH.items() if "tfsync.cli" in edges]
+
+
+def test_no_module_cites_a_document_that_is_not_in_the_repository():
+    """A reader of the code must find what it cites: a ``NAME.md`` named in a module is a
+    file of the repository (the design notes it needs are in the README or docstrings)."""
+    import re
+
+    present = {p.name for p in ROOT.rglob("*.md") if ".venv" not in p.parts}
+    missing = [(str(path.relative_to(ROOT)), name) for folder in FOLDERS.values() for path in folder.rglob("*.py")
+               for name in re.findall(r"\b[A-Za-z_]+\.md\b", path.read_text()) if name not in present]
+    assert not missing, missing

@@ -2,7 +2,8 @@
 
 Policies (``tfsync.policy``) are plain Python; the engine (``tfsync.engine``) runs them
 on ParameterServerStrategy. tf_keras (Keras 2) is the Keras that works under that
-strategy (DESIGN.md), so tfsync asks TensorFlow for it before TF is imported.
+strategy (Keras 3 rejects a dataset function there; its maintainers do not support PS
+training: keras-team/keras issue 18624), so tfsync asks TensorFlow for it before TF is imported.
 """
 
 import os as _os

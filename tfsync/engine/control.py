@@ -2,7 +2,7 @@
 
 A token is ``[batch_size, mode, round, seq]`` (int64). A worker's standing closure blocks
 on its own FIFO queue on PS task 0 until the coordinator enqueues a token (the pattern of
-TF1's SyncReplicasOptimizer; DESIGN.md). ``batch_size == 0`` is a no-op token that ends a
+TF1's SyncReplicasOptimizer, which TF2 dropped: tensorflow/tensorflow issue 27725). ``batch_size == 0`` is a no-op token that ends a
 standing closure. Each finished step leaves its row on one more queue, which the
 coordinator drains (``drain``): one remote call returns every row waiting.
 

@@ -1,5 +1,6 @@
-"""Recovery from a lost parameter server (DESIGN.md: a failed PS makes the strategy raise
-UnavailableError; the remedy is restart + restore from checkpoint).
+"""Recovery from a lost parameter server (a failed PS makes ParameterServerStrategy's
+schedule and join raise UnavailableError; its own remedy is restart + restore from a
+checkpoint, which is what this does).
 
 The engine replaces every task process (a PS holds variables no other task has), opens a
 new generation restored from its newest checkpoint, and rolls its counters back to that

@@ -54,8 +54,9 @@ def main(argv=None) -> int:
     spec = json.loads(args.cluster)
     workers = len(spec.get("worker", ()))
     config = tf.compat.v1.ConfigProto()
-    # DESIGN.md: a worker needs inter-op threads >= num_workers + 1 or a coordinator can
-    # hang on small machines; gated steps block one thread each while they wait.
+    # a worker needs inter-op threads >= num_workers + 1 or a coordinator can hang on small
+    # machines (as TF's own create_in_process_cluster sets); gated steps block one thread
+    # each while they wait.
     config.inter_op_parallelism_threads = max(4, workers + 2)
     server = tf.distribute.Server(
         tf.train.ClusterSpec(spec), job_name=args.job, task_index=args.index,

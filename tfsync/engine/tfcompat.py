@@ -4,7 +4,8 @@
 
 - ``ClusterCoordinator._cluster.workers[i].create_resource``: a per-worker value that a
   scheduled closure receives for the worker that runs it. ``InputContext`` cannot tell a
-  worker its index under ParameterServerStrategy (DESIGN.md), and closures cannot be
+  worker its index under ParameterServerStrategy (``input_pipeline_id`` is always 0, and a
+  per-worker dataset function is traced once, on the coordinator), and closures cannot be
   pinned to a worker, so this is how a closure learns which worker it is on.
 - ``coordinator_values.PerWorkerValues``: wraps those values for ``schedule``.
 - ``ClusterCoordinator._cluster.stop()``: ends the coordinator's worker threads when a
