@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from tfsync import netns as netns_
 from tfsync import safefile, taskcmd
 from tfsync.hooks import firewall as fw
+from tfsync.exits import BadInput, TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +51,15 @@ def shown(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 4] + "...'"
 
 
-class TaskRequestError(ValueError):
+class TaskRequestError(BadInput, ValueError):
     """A request the hook cannot act on (bad spec, task, env or job id)."""
 
 
-class TaskConflictError(RuntimeError):
+class TaskConflictError(TfsyncError, RuntimeError):
     """A task runs already with another cluster spec."""
 
 
-class TaskLaunchError(RuntimeError):
+class TaskLaunchError(TfsyncError, RuntimeError):
     """A task process could not be started (its program, the system's limits)."""
 
 

@@ -12,13 +12,14 @@ import uuid
 from pathlib import Path
 
 from tfsync.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
+from tfsync.exits import BadInput
 
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1  # the API's integer fields (batch sizes, steps)
 
 
-class ControlError(RuntimeError):
+class ControlError(BadInput, RuntimeError):
     pass
 
 

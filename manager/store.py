@@ -25,6 +25,7 @@ import time
 import uuid
 
 from tfsync.manager.store_types import EVENT_KINDS, JOB_STATES, RUN_KINDS, Event, Job, ResourceRecord, Run, StepSummary
+from tfsync.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ CREATE TABLE switch_points (
 _MIGRATIONS = {0: _SCHEMA_V1, 1: _SCHEMA_V2}  # version -> script that brings it to version + 1
 
 
-class StoreError(RuntimeError):
+class StoreError(TfsyncError, RuntimeError):
     """The store file cannot be used, or a request contradicts what it holds."""
 
 

@@ -226,3 +226,27 @@ def test_no_module_cites_a_document_that_is_not_in_the_repository():
     missing = [(str(path.relative_to(ROOT)), name) for folder in FOLDERS.values() for path in folder.rglob("*.py")
                for name in re.findall(r"\b[A-Za-z_]+\.md\b", path.read_text()) if name not in present]
     assert not missing, missing
+
+
+# classes that are control flow, not failures a user is told of
+NOT_FAILURES = {"StopRequested", "Restart", "NoObservation"}
+
+
+def test_every_failure_derives_from_one_base_with_its_exit_code():
+    """One error contract: each exception class tfsync defines derives from
+    ``tfsync.exits.TfsyncError`` (directly or through another of them), so the command line
+    has one handler that turns it into one line and its exit code."""
+    bases = {}
+    for folder in FOLDERS.values():
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id.endswith(("Error",
+                                                          "Exception", "BadInput")) for b in node.bases):
+                    bases[node.name] = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+
+    def derives(name, seen=()):
+        return name in ("TfsyncError", "BadInput") or any(
+            b in bases and b not in seen and derives(b, seen + (name,)) for b in bases.get(name, []))
+
+    loose = sorted(n for n in bases if n not in NOT_FAILURES | {"TfsyncError", "BadInput"} and not derives(n))
+    assert not loose, loose

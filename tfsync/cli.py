@@ -15,7 +15,7 @@ import sys
 import time
 
 from . import rundir
-from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, codes_help, fail, interrupt
+from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, TfsyncError, codes_help, fail, interrupt
 from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
@@ -42,16 +42,13 @@ def format_summary(s: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from .config import ConfigError, load_job
+    from .config import load_job
 
-    try:
-        cfg = load_job(args.job, overrides=args.set)
-        if args.run_dir:
-            cfg = with_run_dir(cfg, args.run_dir)
-        from .switch.cli import stored_switch_point
-        cfg, found = stored_switch_point(cfg)
-    except ConfigError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    cfg = load_job(args.job, overrides=args.set)
+    if args.run_dir:
+        cfg = with_run_dir(cfg, args.run_dir)
+    from .switch.cli import stored_switch_point
+    cfg, found = stored_switch_point(cfg)
     with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:
         return _run(args, with_run_dir(cfg, run_dir), found)
 
@@ -84,20 +81,11 @@ def resumed_changes(checkpoint: str, plan: bool) -> dict:
 
 
 def _run(args, cfg, found) -> int:
-    from .config import ConfigError
-    from .data import DataError
     if found is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    from .api.auth import TokenFileError
-    from .api.transport import TransportError
-    from .engine.channel import ChannelError
-    from .engine.cluster import ClusterError
-    from .engine.trainer import EngineError
     from .jobrun import run_job
-    from .nospace import NoSpaceError
-    from .policy.base import PolicyError
     from .usercode import UserCodeError
 
     resume = None
@@ -141,12 +129,8 @@ def _run(args, cfg, found) -> int:
                           controller=manager.link if manager else None, resume=resume,
                           cluster_factory=manager.nodes if manager else None)
         state = "stopped" if summary.get("stopped") else "done"
-    except (DataError, ConfigError, TokenFileError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    except UserCodeError as e:
-        return fail(f"{args.job}: {e}", EXIT_BAD_INPUT)
-    except (EngineError, ClusterError, PolicyError, TransportError, ChannelError, NoSpaceError) as e:
-        return fail(str(e), EXIT_FAILED)
+    except UserCodeError as e:   # which job file named the code (main turns every TfsyncError into its line)
+        return fail(f"{args.job}: {e}", e.exit_code)
     except KeyboardInterrupt:
         state = "stopped"
         if progress:
@@ -319,21 +303,11 @@ def main(argv=None) -> int:
 
 
 def known_error(e: BaseException) -> int | None:
-    """The exit code of an error tfsync reports in one line (its message says what and
-    what to do), or None for a bug, which keeps its traceback."""
-    from .api.auth import TokenFileError
-    from .api.transport import TransportError
-    from .config import ConfigError
-    from .manager.cli import ControlError
-    from .manager.store import StoreError
-    from .nospace import NoSpaceError
-
-    if isinstance(e, rundir.RunDirError):
+    """The exit code of an error tfsync reports in one line (a ``TfsyncError``, whose
+    message says what and what to do; a file-system error naming its path), or None for
+    a bug, which keeps its traceback."""
+    if isinstance(e, TfsyncError):
         return e.exit_code
-    if isinstance(e, (ConfigError, TokenFileError, ControlError)):
-        return EXIT_BAD_INPUT
-    if isinstance(e, (StoreError, TransportError, NoSpaceError)):
-        return EXIT_FAILED
     if isinstance(e, OSError) and e.filename:  # the file system: a path not writable, full, too long
         return EXIT_FAILED
     return None

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from . import safefile, usercode
 from .policy import catalogue
 from .policy.options import OptionError
+from .exits import BadInput
 
 # Short names: data.name and model.name stand for these functions (bundled ones in
 # tfsync.examples.images), called as data.fn and model.fn are (tfsync.workload): a data
@@ -49,7 +50,7 @@ STRAGGLER_POLICIES: tuple[str, ...] = ("none", "greedy", "elastic")  # tfsync.sw
 MAX_JOB_FILE = 2**20
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A job file or dict is invalid; `field` is the dotted path, when there is one."""
 
     def __init__(self, message: str, field: str | None = None):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import safefile
+from .exits import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ _EXPECTED = ("a Keras-format .npz (keys x_train, y_train, x_test, y_test)"
 _FIX = f"pass the right file as data.path, or set {ENV_DATA_DIR} to a directory holding it"
 
 
-class DataError(ValueError):
+class DataError(BadInput, ValueError):
     """A data file is missing, unreadable or does not hold the expected data set."""
 
 

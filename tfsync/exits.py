@@ -25,6 +25,24 @@ EXIT_CODES = (
 )
 
 
+class TfsyncError(Exception):
+    """A failure tfsync reports in one line, its message saying what happened and what to
+    do: every known failure derives from it. ``exit_code``: ``EXIT_FAILED`` (the run or
+    the environment) unless the class says ``EXIT_BAD_INPUT`` (what was asked cannot
+    be); ``field``: the job-file field or option it is about, where there is one. The
+    command line turns any of them into ``tfsync: error: <message>`` and the code
+    (``tfsync.cli.main``); nothing else maps exception types to codes."""
+
+    exit_code = EXIT_FAILED
+    field: str | None = None
+
+
+class BadInput(TfsyncError):
+    """What was asked cannot be (a job file, data, an option, a path): exit 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 def fail(message: str, code: int) -> int:
     """Print ``tfsync: error: <message>`` on stderr (one line: what happened and what to do);
     return ``code``."""

@@ -43,6 +43,7 @@ import subprocess
 import threading
 
 from . import netguard, nft, ports
+from .exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ _reason: str | None = None
 _tried = False
 
 
-class NetnsError(RuntimeError):
+class NetnsError(TfsyncError, RuntimeError):
     """A namespace or link could not be made (the message says which command failed)."""
 
 

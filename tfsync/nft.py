@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from .exits import TfsyncError
 
 NFT_TIMEOUT_S = 30
 
 
-class NftError(RuntimeError):
+class NftError(TfsyncError, RuntimeError):
     """An nft command failed (the message is one line: the command and nft's first line)."""
 
 

@@ -14,13 +14,14 @@ import contextlib
 import errno
 import os
 import shutil
+from .exits import TfsyncError
 
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # how TensorFlow's file system layer words those errors (a checkpoint written by SaveV2)
 NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded")
 
 
-class NoSpaceError(Exception):
+class NoSpaceError(TfsyncError):
     """``what`` (e.g. "checkpoint ckpt-40") could not be written to ``path`` for want of
     space; ``needed``: its size in bytes when known; ``free``: bytes free there now."""
 

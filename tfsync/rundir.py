@@ -27,13 +27,14 @@ import json
 import os
 import stat
 import time
+from .exits import TfsyncError
 
 FIELD = "job.run_dir"
 LOCK = ".tfsync.lock"
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/proc", "/sys", "/dev")
 
 
-class RunDirError(Exception):
+class RunDirError(TfsyncError):
     """A run directory tfsync will not use; ``exit_code``: 2 for a bad path, 1 for one in use."""
 
     def __init__(self, message: str, exit_code: int = 2):

@@ -20,13 +20,14 @@ import hashlib
 import os
 import stat
 import tempfile
+from .exits import BadInput, TfsyncError
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(TfsyncError, OSError):
     """A path tfsync would write through is a symbolic link."""
 
 
-class NotRegularFileError(ValueError):
+class NotRegularFileError(BadInput, ValueError):
     """A file to be read whole is not a regular file (a FIFO, device, socket or
     directory), or is larger than its limit; the message names the path."""
 

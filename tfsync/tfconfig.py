@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from .exits import BadInput
 
 VARIABLE = "TF_CONFIG"
 JOBS = ("chief", "ps", "worker")
 
 
-class TFConfigError(ValueError):
+class TFConfigError(BadInput, ValueError):
     """TF_CONFIG is set but cannot be used; the message names the field."""
 
 

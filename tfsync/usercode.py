@@ -18,12 +18,13 @@ import re
 import sys
 
 from . import safefile
+from .exits import BadInput
 
 REF = re.compile(r"(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-class UserCodeError(ValueError):
+class UserCodeError(BadInput, ValueError):
     """User code named in a job file cannot be found or used (one line, names the field)."""
 
     def __init__(self, field: str, message: str):

@@ -21,6 +21,7 @@ import time
 import grpc
 
 from tfsync import safefile
+from tfsync.exits import BadInput
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ SCHEME = "Bearer "
 MAX_TOKEN_FILE = 4096  # bytes: a token is 43 characters; more is not a token file (nor read into memory)
 
 
-class TokenFileError(PermissionError):
+class TokenFileError(BadInput, PermissionError):
     """A token file is missing, empty, not one token, not a regular file, or readable by
     others than its owner."""
 

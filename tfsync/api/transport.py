@@ -20,6 +20,7 @@ import grpc
 from tfsync import safefile
 from tfsync.api import auth
 from tfsync.netns import is_loopback
+from tfsync.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ DEFAULT_HOST = "127.0.0.1"
 MAX_PEM_FILE = 2**20  # bytes of a certificate, key or CA bundle read whole
 
 
-class TransportError(RuntimeError):
+class TransportError(TfsyncError, RuntimeError):
     """A server could not bind, or a TLS file could not be read."""
 
 

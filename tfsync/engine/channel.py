@@ -14,12 +14,13 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from ..exits import TfsyncError
 
 
 _STOP = object()
 
 
-class ChannelError(RuntimeError):
+class ChannelError(TfsyncError, RuntimeError):
     """A release or barrier on the PS failed."""
 
 

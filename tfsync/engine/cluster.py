@@ -24,11 +24,12 @@ from .. import netns
 from ..ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from .. import safefile
 from ..taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from ..exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
 
-class ClusterError(RuntimeError):
+class ClusterError(TfsyncError, RuntimeError):
     """A task process failed to start or died."""
 
 

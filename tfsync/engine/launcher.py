@@ -31,6 +31,7 @@ import grpc
 from tfsync import safefile
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def _warn_open(address: str, task_ports: str) -> None:
     logger.warning("TF task ports on the node of hook %s listen on %s", address, task_ports)
 
 
-class LaunchError(RuntimeError):
+class LaunchError(TfsyncError, RuntimeError):
     """A hook refused or failed a call, or a task did not come up; the message names both."""
 
 

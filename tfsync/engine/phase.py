@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..policy.base import Policy
+from ..exits import TfsyncError
 
 
-class EngineError(RuntimeError):
+class EngineError(TfsyncError, RuntimeError):
     """Training cannot go on (a dead task, a step past its timeout, a stalled policy)."""
 
 

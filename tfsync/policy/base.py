@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .. import plainstate
+from ..exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -357,7 +358,7 @@ class Policy:
         return {"name": self.name, "sizer": self.sizer.describe()}
 
 
-class PolicyError(RuntimeError):
+class PolicyError(TfsyncError, RuntimeError):
     """A policy returned a decision the cluster cannot carry out (a bug in the policy)."""
 
 

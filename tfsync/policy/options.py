@@ -11,6 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+from ..exits import BadInput
 
 
 class _FromSignature:
@@ -23,7 +24,7 @@ FROM_SIGNATURE = _FromSignature()  # Option.default: the constructor's default
 _NOUNS = {int: "an integer", float: "a number"}
 
 
-class OptionError(ValueError):
+class OptionError(BadInput, ValueError):
     """A value an option does not allow; ``allowed`` says what it does."""
 
     def __init__(self, value: Any, allowed: str, type_ok: bool):

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from ..exits import BadInput
 
 
-class ReportError(ValueError):
+class ReportError(BadInput, ValueError):
     """A run directory the report cannot read (one line: which file, what is wrong)."""
 
 

@@ -48,12 +48,13 @@ import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from ..exits import BadInput
 
 GAPS = ("refuse", "hold", "interpolate", "skip")
 _CPU_COLUMNS = {"cpu_util_percent": 1.0, "avg_cpu": 100.0}  # aggregate column -> factor to percent
 
 
-class TraceError(ValueError):
+class TraceError(BadInput, ValueError):
     """A trace file (or a trace) cannot be used; ``source``, ``line`` (or None) and
     ``problem`` are kept apart for callers."""
 

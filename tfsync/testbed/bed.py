@@ -56,6 +56,7 @@ from tfsync import safefile
 from tfsync.netns import pid_alive
 from tfsync.taskcmd import task_env
 from tfsync.testbed import cpushare
+from ..exits import EXIT_BAD_INPUT, TfsyncError
 
 HOOK_PORT = 7070
 TASK_PORTS = (20000, 20099)   # the job file's cluster.task_ports; the relay listens on all of them
@@ -66,12 +67,14 @@ _RATE = re.compile(r"\d+(\.\d+)?(bit|kbit|mbit|gbit)")
 START_TIMEOUT_S = 60.0
 
 
-class TestbedError(RuntimeError):
+class TestbedError(TfsyncError, RuntimeError):
     """A testbed could not be made, found or changed (the message says why, in one line)."""
 
 
 class TestbedInputError(TestbedError, ValueError):
     """What was asked cannot be: a bad name, size, latency or rate, a node or testbed not there."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from ..exits import EXIT_BAD_INPUT, EXIT_FAILED, fail
+from ..exits import EXIT_BAD_INPUT, fail
 
 _MS = re.compile(r"(\d+(?:\.\d+)?)(ms|s)?")
 
@@ -102,53 +102,50 @@ def add_commands(sub) -> None:
 
 
 def cmd_testbed(args) -> int:
-    from .bed import Testbed, TestbedError, TestbedInputError
+    from .bed import Testbed
 
     if not args.testbed_command:
         args.testbed_parser.print_help()
         return EXIT_BAD_INPUT
-    try:
-        if args.testbed_command == "up":
-            bed = Testbed.up(args.name, args.nodes, args.latency, args.rate, tuple(args.private or ["/tmp"]),
-                             log=lambda msg: print(msg, flush=True), jitter_ms=args.jitter, loss_pct=args.loss,
-                             cpu=None if args.cpu == "none" else args.cpu)
-            print(f"testbed {bed.name} is up; its job file table:\n\n{bed.cluster_toml()}")
-            return 0
-        bed = Testbed.load(args.name)
-        if args.testbed_command == "down":
-            bed.down()
-            print(f"testbed {bed.name} removed")
-        elif args.testbed_command == "status":
-            status = bed.status()
-            if args.json:
-                print(json.dumps(status, indent=1))
-            else:
-                for n in status["nodes"]:
-                    hook = "coordinator" if n["pid"] is None else \
-                        f"hook {'running' if n['hook_alive'] else 'GONE'} (pid {n['pid']})"
-                    print(f"{n['name']:>4}  {n['address']:<14} advertised {n['advertised']:<14} "
-                          f"latency {_link(n)}  rate {n['rate'] or '-'}  {_cpu(n)}"
-                          f"link {'up' if n['up'] else 'DOWN'}  {hook}")
-                print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
-        elif args.testbed_command == "set":
-            if args.up and args.down:
-                return fail("--up and --down: give one", EXIT_BAD_INPUT)
-            n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
-                        up=True if args.up else False if args.down else None, jitter_ms=args.jitter,
-                        loss_pct=args.loss, cpu=args.cpu)
-            print(f"{n.name}: latency {_link(vars(n))}, rate {n.rate or '-'}, {_cpu(vars(n))}, "
-                  f"link {'up' if n.up else 'down'}")
-        elif args.testbed_command == "exec":
-            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-            if not argv:
-                return fail("exec: give the command after --", EXIT_BAD_INPUT)
-            command = bed.command(args.node, argv)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(sys.stderr.fileno(), 2)   # the real stderr: tfsync.quiet points fd 2 at /dev/null
-            os.execvp(command[0], command)
-    except TestbedError as e:
-        return fail(str(e), EXIT_BAD_INPUT if isinstance(e, TestbedInputError) else EXIT_FAILED)
+    if args.testbed_command == "up":
+        bed = Testbed.up(args.name, args.nodes, args.latency, args.rate, tuple(args.private or ["/tmp"]),
+                         log=lambda msg: print(msg, flush=True), jitter_ms=args.jitter, loss_pct=args.loss,
+                         cpu=None if args.cpu == "none" else args.cpu)
+        print(f"testbed {bed.name} is up; its job file table:\n\n{bed.cluster_toml()}")
+        return 0
+    bed = Testbed.load(args.name)
+    if args.testbed_command == "down":
+        bed.down()
+        print(f"testbed {bed.name} removed")
+    elif args.testbed_command == "status":
+        status = bed.status()
+        if args.json:
+            print(json.dumps(status, indent=1))
+        else:
+            for n in status["nodes"]:
+                hook = "coordinator" if n["pid"] is None else \
+                    f"hook {'running' if n['hook_alive'] else 'GONE'} (pid {n['pid']})"
+                print(f"{n['name']:>4}  {n['address']:<14} advertised {n['advertised']:<14} "
+                      f"latency {_link(n)}  rate {n['rate'] or '-'}  {_cpu(n)}"
+                      f"link {'up' if n['up'] else 'DOWN'}  {hook}")
+            print(f"relay {'running' if status['relay_alive'] else 'GONE'}\n\n{bed.cluster_toml()}")
+    elif args.testbed_command == "set":
+        if args.up and args.down:
+            return fail("--up and --down: give one", EXIT_BAD_INPUT)
+        n = bed.set(args.node, latency_ms=args.latency, rate=args.rate,
+                    up=True if args.up else False if args.down else None, jitter_ms=args.jitter,
+                    loss_pct=args.loss, cpu=args.cpu)
+        print(f"{n.name}: latency {_link(vars(n))}, rate {n.rate or '-'}, {_cpu(vars(n))}, "
+              f"link {'up' if n.up else 'down'}")
+    elif args.testbed_command == "exec":
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv:
+            return fail("exec: give the command after --", EXIT_BAD_INPUT)
+        command = bed.command(args.node, argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(sys.stderr.fileno(), 2)   # the real stderr: tfsync.quiet points fd 2 at /dev/null
+        os.execvp(command[0], command)
     return 0
 
 

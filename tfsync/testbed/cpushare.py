@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from ..exits import TfsyncError
 
 ROOT = "/sys/fs/cgroup"
 PERIOD_US = 10_000   # short: a node capped at a third of a CPU is slow throughout, not stopped
 # for 67 ms of every 100 ms (the default period), which made short steps take 26 or 90 ms by chance
 
 
-class CpuShareError(RuntimeError):
+class CpuShareError(TfsyncError, RuntimeError):
     """The CPU share cannot be set here (one line: why)."""
 
 
