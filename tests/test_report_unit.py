@@ -259,3 +259,16 @@ def test_a_resumed_jobs_summary_keeps_the_slowdowns_injected_before_the_stop(tmp
     now = {"timeline": [{"protocol": "asp", "time": 22.0, "samples": 1920}], "switches": [], "checkpoints": [],
            "recoveries": [], "train_s": 4.0, "samples_per_s": 100.0}
     assert whole_job(str(tmp_path), {"samples": 1920}, now)["injected"] == before["injected"]
+
+
+def test_a_step_error_of_several_workers_is_said_by_its_first_root_error():
+    """Two workers failing on one NaN at once: TF says "2 root error(s) found." first; the
+    line tfsync shows is what went wrong (the full suite saw this on a loaded machine)."""
+    from tfsync.engine.results import error_line
+
+    err = RuntimeError("Graph execution error:\n\n2 root error(s) found.\n  (0) INVALID_ARGUMENT:  the loss : Tensor "
+                       "had NaN values\n\t [[{{node CheckNumerics}}]]\n  (1) INVALID_ARGUMENT:  the loss : Tensor had "
+                       "NaN values\n0 successful operations.\n0 derived errors ignored.")
+    assert error_line(err) == "the loss : Tensor had NaN values"
+    assert error_line(RuntimeError("Graph execution error:\n\nthe loss : Tensor had NaN values")) == \
+        "the loss : Tensor had NaN values"

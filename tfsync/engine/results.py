@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import re
 import time
 
 import numpy as np
@@ -69,9 +70,11 @@ def next_result(engine):
 def error_line(err: BaseException) -> str:
     """The line of a TF error that says what went wrong: a step's error starts with "Graph
     execution error:" and the stack of where the failing op was defined."""
-    lines = [line.strip() for line in str(err).splitlines()]
+    # several workers failing at once: "2 root error(s) found." then "(0) INVALID_ARGUMENT:  <what>"
+    lines = [re.sub(r"^\(\d+\) [A-Z_]+:\s*", "", line.strip()) for line in str(err).splitlines()]
     noise = ("Graph execution error", "Detected at node", "File ", "[[", "Additional GRPC", ":UNKNOWN:")
-    said = [line for line in lines if line and not line.startswith(noise)]
+    said = [line for line in lines if line and not line.startswith(noise)
+            and not re.match(r"\d+ (root error\(s\) found|successful operations)", line)]
     return said[0] if said else next((line for line in lines if line), type(err).__name__)
 
 
