@@ -96,7 +96,7 @@ def totals_text(record: dict) -> str:
         return ""
     each = lambda vs: " + ".join(duration(v) for v in vs)  # noqa: E731
     text = f"{len(walls)} runs: wall {duration(record['wall_s'])} in all ({each(walls)})"
-    if record["train_s"] is not None:
+    if len(trains) == len(walls):   # not a total over fewer runs than the wall time's
         text += f", training {duration(record['train_s'])} ({each(trains)})"
     return text
 

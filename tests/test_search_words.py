@@ -47,6 +47,10 @@ def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monke
                             "--set", "cluster.workers=3", "--set", "switch.stragglers=greedy")
     assert code == 0, err
     assert "now runs BSP with the greedy straggler policy to the end" in out.strip().splitlines()[-1], out
+    from tfsync.config import load_job
+    from tfsync.switch.cli import stored_switch_point
+    cfg, found = stored_switch_point(load_job(str(job), overrides=["cluster.workers=3", "switch.stragglers=greedy"]))
+    assert found["fraction"] == 1.0 and [p.name for p in cfg.protocol] == ["bsp"]   # what `tfsync run` now runs
 
 
 def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):

@@ -87,8 +87,6 @@ def stored_switch_point(cfg, store_path: str | None = None):
     if found is None:
         return cfg, None
     fraction, detail, when = found
-    if not 0.0 < fraction < 1.0 and cfg.switch.stragglers != "none":
-        return cfg, None  # a straggler policy needs both phases; keep the job's own plan
     return with_switch_point(cfg, fraction), {"fraction": fraction, "stored": when, **detail}
 
 
@@ -314,6 +312,7 @@ def cmd_search(args) -> int:
     else:
         print(format_result(detail, signature))
         bsp = "BSP" if cfg.switch.stragglers == "none" else f"BSP with the {cfg.switch.stragglers} straggler policy"
-        now = f"runs {bsp} to the end" if detail["fraction"] >= 1.0 else "switches at this point"
+        now = f"runs {bsp} to the end" if detail["fraction"] >= 1.0 else \
+            "runs ASP alone" if detail["fraction"] <= 0.0 else "switches at this point"
         print(f"stored; `tfsync run {_job_words(args)}` now {now} (switch.point = \"auto\")")
     return 0
