@@ -108,7 +108,7 @@ def loss_curves(runs: list[RunData]) -> Figure:
                 ax.legend(fontsize=8)
     axes[0][0].set_ylabel("loss")
     for row in axes:
-        row[0].set_xlabel("seconds since the run started")
+        row[0].set_xlabel("seconds since the job started")
         row[0].set_xlim(*time_limits(runs))
         row[1].set_xlabel("samples trained")
         for ax in row:
@@ -191,7 +191,7 @@ def timeline(runs: list[RunData]) -> Figure:
                 ax.scatter([e["time"] for e in evs], [y + dy] * len(evs), marker=marker, color=color, s=45,
                            zorder=3, label=once(what))
     ax.set_yticks(range(len(runs)), list(reversed(label(runs))))
-    ax.set_xlabel("seconds since the run started")
+    ax.set_xlabel("seconds since the job started")
     ax.set_xlim(*time_limits(runs))
     ax.set_title("protocol timeline")
     ax.set_ylim(-0.8, len(runs) - 0.3)
@@ -259,7 +259,7 @@ def workers(run: RunData) -> Figure:
         speed_ax.annotate(f"worker {sd.worker} {what}", (sd.start, 1), xycoords=("data", "axes fraction"),
                           xytext=(2, -3), textcoords="offset points", fontsize=7, va="top", color=color)
     for ax in panels:
-        ax.set_xlabel("seconds since the run started")
+        ax.set_xlabel("seconds since the job started")
         ax.set_xlim(*time_limits([run]))
         ax.grid(alpha=0.3)
         for ph in run.summary.get("timeline", [])[1:]:
