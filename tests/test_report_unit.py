@@ -181,7 +181,7 @@ def write_resumed_run(path):
     lines += [{"event": "eval", "time": t, "samples": int(320 * t), "accuracy": 0.5 + t / 100, "loss": 2.0 - t / 20,
                "metrics": {"accuracy": 0.5 + t / 100, "top3": 0.8 + t / 200}} for t in (6, 8, 10, 24, 26)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    summary = {"meta": {"job": "toy"}, "started_at": T0 + 20, "time_base": T0, "wall_s": 6.0, "init_s": 5.0, "workers": 2, "ps": 1,
+    summary = {"meta": {"job": "toy"}, "started_at": T0 + 20, "time_base": T0, "wall_s": 6.0, "init_s": 2.0, "workers": 2, "ps": 1,
                "pushes": 100, "samples": 3200, "test_accuracy": 0.76, "test_loss": 0.7, "test_top3": 0.93,
                "timeline": [{"protocol": "lbbsp", "time": 5.0, "samples": 0, "lr_scale": 2.0,
                              "stats": {"detected": [[T0 + 8.0, 1, "became"]]}},
@@ -222,7 +222,8 @@ def test_the_report_shows_slowdowns_every_test_number_rates_and_a_resumed_job_on
 
     timeline = plots.timeline([run])
     ax = timeline.axes[0]
-    assert {(7.0, 10.0), (8.0, run.end_time), (12.0, 20.0), (20.0, 22.0)} <= spans(ax)  # slowdowns, stop, restart
+    # slowdowns, the first run's start (init_s, 2 s, is the resumed run's), the stop, the restart
+    assert {(7.0, 10.0), (8.0, run.end_time), (0.0, 5.0), (12.0, 20.0), (20.0, 22.0)} <= spans(ax)
     assert "w1 3x slower" in texts(timeline) and "w1 straggler" in texts(timeline)
     assert ax.get_xlim()[0] == 0.0
 

@@ -157,11 +157,12 @@ def timeline(runs: list[RunData]) -> Figure:
 
     for row, run in enumerate(runs):
         y = len(runs) - 1 - row
-        init = run.summary.get("init_s")
-        if init:
-            ax.barh(y, init, color="#dddddd", height=0.5, label=once("cluster start"))
         spans = run_spans(run)
         phases = _phase_spans(run)
+        # the first run's start: until its first phase (a resumed job's init_s is its last run's)
+        init = phases[0][1] if phases and len(spans) > 1 else run.summary.get("init_s")
+        if init:
+            ax.barh(y, init, color="#dddddd", height=0.5, label=once("cluster start"))
         for (_, a), (b, _) in zip(spans, spans[1:]):
             ax.barh(y, b - a, left=a, height=0.5, color="white", edgecolor="#999999", hatch="//",
                     label=once("stopped (down until resumed)"))
