@@ -232,8 +232,9 @@ def cmd_runs(args) -> int:
             text = f"switched {', '.join(r['switches'])}; {text}"
         rows.append((str(r["id"]), r["kind"], when(r["started"]), when(r["ended"]), r["state"], text))
     print(table(("RUN", "KIND", "STARTED", "ENDED", "STATE", "RESULTS"), rows) if rows else "no runs yet")
-    if totals_text(record):
-        print(totals_text(record))
+    totals = totals_text(record)
+    if totals:
+        print(totals)
     return 0
 
 
@@ -263,8 +264,9 @@ def show_ended(args, e) -> int:
           + (f", {text}" if text else ""))
     note = "" if job.state in ENDED else (f"; the store says {job.state}, but no manager answers: it may be "
                                           "starting, or its process was killed (`tfsync resume JOB` continues it)")
-    if totals_text(record):
-        print(f"{totals_text(record)}; the results above are the last run's")
+    totals = totals_text(record)
+    if totals:
+        print(f"{totals}; the results above are the last run's")
     print(f"run dir {job.run_dir or '-'}; from the job store {path}{note}")
     return 0
 

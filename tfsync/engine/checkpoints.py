@@ -86,24 +86,26 @@ class CheckpointDir:
         text = None if state is None else json.dumps(state, allow_nan=False)   # before anything is written
         safefile.make_dir(self.directory)
         prefix = os.path.join(self.directory, f"ckpt-{number}")
+        def give_back():  # a new checkpoint no list names: its space back
+            for path in [] if prefix in self.kept else _files(prefix):
+                os.unlink(path)
+
         with nospace.writing(f"checkpoint ckpt-{number}", self.directory, self.size_hint(generation)):
             try:
                 generation.save(prefix)
                 if text is not None:
                     safefile.write(prefix + STATE, text)
             except Exception as e:
-                if nospace.is_no_space(e):   # what it wrote is useless: give the space back
+                if nospace.is_no_space(e):   # what it wrote is useless
                     shutil.rmtree(prefix + "_temp", ignore_errors=True)
-                    for path in [] if prefix in self.kept else _files(prefix):
-                        os.unlink(path)
+                    give_back()
                 raise
         kept = ([p for p in self.kept if p != prefix] + [prefix])[-self.keep:]
         try:  # the list first: the checkpoints it named stay until it names the new one
             with nospace.writing("the checkpoint list", self.directory):
                 tf.compat.v1.train.update_checkpoint_state(self.directory, prefix, all_model_checkpoint_paths=kept)
         except nospace.NoSpaceError:
-            for path in [] if prefix in self.kept else _files(prefix):
-                os.unlink(path)   # not listed: give the space back
+            give_back()
             raise
         for old in self.kept:
             if old not in kept:

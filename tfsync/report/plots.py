@@ -78,7 +78,8 @@ def loss_curves(runs: list[RunData]) -> Figure:
     against time and against samples; the first run's phase starts with their rate."""
     tests = [test_numbers(r) for r in runs]
     metrics = sorted({k for t in tests for k in t} - {"loss"})
-    rows = 1 + bool(metrics) + any("loss" in t for t in tests)
+    test_loss = any("loss" in t for t in tests)
+    rows = 1 + bool(metrics) + test_loss
     fig = Figure(figsize=(11, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, 2, squeeze=False)
     styles = ["o-", "s--", "^-.", "d:", "v-", "x--"]
@@ -100,7 +101,7 @@ def loss_curves(runs: list[RunData]) -> Figure:
         for ax, key in zip(axes[1], ("time", "samples")):
             ax.set_title(f"test metrics (background evaluator) vs {key}")
             ax.legend(fontsize=8)
-    if rows == 3 or (rows == 2 and not metrics):
+    if test_loss:
         for ax, key in zip(axes[-1], ("time", "samples")):
             ax.set_title(f"test loss (background evaluator) vs {key}")
             ax.set_ylabel("loss")
