@@ -1,6 +1,6 @@
 """tfsync: fast parameter-server training on slow, uneven or changing clusters."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="tfsync",
@@ -10,13 +10,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["tfsync", "tfsync.policy", "tfsync.engine", "tfsync.switch", "tfsync.keras",
-              "tfsync.datasets", "tfsync.sim", "tfsync.rl", "tfsync.manager", "tfsync.hooks",
-              "tfsync.api", "tfsync.api.v1", "tfsync.predict", "tfsync.batching", "tfsync.inject",
-              "tfsync.report", "tfsync.testbed", "tfsync.examples"],
-    # The design card keeps manager/ and hooks/ at the top of the repository; users
-    # import them only as tfsync.manager and tfsync.hooks.
-    package_dir={"tfsync.manager": "manager", "tfsync.hooks": "hooks"},
+    packages=find_packages(include=["tfsync", "tfsync.*"]),
     package_data={"tfsync.datasets": ["*.npz"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",

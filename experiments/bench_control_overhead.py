@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=float, default=0.5)
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
-    from tfsync.config import load_job
-    from tfsync.jobrun import run_job
+    from tfsync.job.config import load_job
+    from tfsync.commands.jobrun import run_job
     from tfsync.manager import embedded
 
     with tempfile.TemporaryDirectory() as tmp:

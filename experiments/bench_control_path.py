@@ -126,8 +126,8 @@ def fit_chief(job: str, steps: int, spe: int) -> int:
     import tensorflow as tf
 
     from bench_user_models import fit_rate
-    from tfsync.config import load_job
-    from tfsync.workload import Workload
+    from tfsync.job.config import load_job
+    from tfsync.engine.workload import Workload
 
     cfg = load_job(job)
     strategy = tf.distribute.experimental.ParameterServerStrategy(

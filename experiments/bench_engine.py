@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="results", help="results folder")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tfsync.data import load
+    from tfsync.base.data import load
 
     data = load("mnist", args.data)
     os.makedirs(args.out, exist_ok=True)

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     import tf_keras as keras
 
     from tfsync import policy as P
-    from tfsync.data import load
+    from tfsync.base.data import load
     from tfsync.engine.generation import TrainSetup
     from tfsync.examples import images
     from tfsync.engine.trainer import Engine, Phase

@@ -8,7 +8,7 @@ Which runs: setup 1 (ResNet-32, CIFAR-10, 8 workers): cifar10_res32/baseline bsp
 and switch_exp bX-aY-* (BSP first; "b6" is 6.25 %: its step count says so); setup 2
 (ResNet-50, CIFAR-100): cifar100_res50 bsp_*, asp_*, A_B_r ("6" = 6.25 %, "12" = 12.5 %);
 setup 3 (16 workers): cluster_16 bsp_run*, 5050_run*. Run time: the span of the curve's
-wall-clock column; converged accuracy: tfsync.curves.converged_accuracy.
+wall-clock column; converged accuracy: tfsync.base.curves.converged_accuracy.
 M (switch points tried) per setup is 4, 3, 1: what the paper's "effective training"
 column implies (sessions / cost: 25 / 12.71, 20 / 17.86, 10 / 7.68 for (No, 5, 5)).
 """
@@ -23,7 +23,7 @@ import re
 import statistics
 import sys
 
-from tfsync.curves import converged_accuracy
+from tfsync.base.curves import converged_accuracy
 from tfsync.switch.search_cost import RecordedRun, RunBank, cost_table
 
 logger = logging.getLogger(__name__)

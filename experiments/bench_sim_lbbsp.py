@@ -343,7 +343,7 @@ def main(argv=None) -> int:
                    help="simulated seconds not measured (150: NARX's 500-step warm-up is over by then)")
     p.add_argument("--time-scale", type=float, default=60.0, help="trace seconds per simulated second (60)")
     p.add_argument("--gaps", default="hold", choices=("hold", "interpolate", "skip", "refuse"),
-                   help="trace gap policy (tfsync.sim.traces; default hold)")
+                   help="trace gap policy (tfsync.base.traces; default hold)")
     p.add_argument("--batch-size", type=int, default=32, help="B per worker; X = n * B per round (32)")
     p.add_argument("--fixed", type=float, default=0.0, help="fixed seconds per step (0)")
     p.add_argument("--per-sample", type=float, default=0.004, help="seconds per sample at full CPU share (0.004)")

@@ -4,7 +4,7 @@ small model (examples/regression, a tabular MLP with Adam: a step of a few milli
 
 For each job file: plain tf_keras ``model.fit`` under ParameterServerStrategy (which is
 ASP), tfsync ASP and tfsync BSP, with the job's own model, data, loss and optimizer
-(tfsync.workload), on fresh local clusters (2 workers + 1 PS), steps/s of the steady part;
+(tfsync.engine.workload), on fresh local clusters (2 workers + 1 PS), steps/s of the steady part;
 and, for reference, fit with as many steps per execution as a tfsync closure runs.
 Configurations alternate within each repeat, so drifting load hits all alike; the median
 of the repeats is reported. Targets (issue 16): ASP >= 0.9x native, BSP >= 0.8x.
@@ -46,8 +46,8 @@ MODELS = {  # name: (job file, --set overrides, steps per configuration)
 
 
 def workload(job: str, overrides: list[str]):
-    from tfsync.config import load_job
-    from tfsync.workload import Workload
+    from tfsync.job.config import load_job
+    from tfsync.engine.workload import Workload
 
     cfg = load_job(os.path.join(ROOT, job), overrides=overrides)
     return cfg, Workload.from_config(cfg)

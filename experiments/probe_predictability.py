@@ -31,7 +31,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 from tfsync.predict.score import load_series, series_from_trace  # noqa: E402
-from tfsync.sim.traces import load_cpu_traces  # noqa: E402
+from tfsync.base.traces import load_cpu_traces  # noqa: E402
 
 TRACES = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data", "traces"))
 SERIES = os.path.join(HERE, "..", "results", "bench_predictors_series.csv")

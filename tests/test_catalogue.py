@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tfsync.cli import build_parser
-from tfsync.config import ConfigError, JobConfig, load_job
-from tfsync.jobrun import max_batch
+from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.commands.jobrun import max_batch
 from tfsync.policy import ASP, BSP, LBBSP, BatchSizer, FixedSizer, Option, Policy, catalogue, register
 from tfsync.policy.rlp import teacher
 from tfsync.rl.evaluate import STATIC
@@ -70,8 +70,10 @@ def job_file(tmp_path, toy_phase: str):
 
 
 def switch_choices() -> tuple:
+    """The protocols `tfsync switch --help` lists for --to."""
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return tuple(next(a for a in sub.choices["switch"]._actions if "--to" in a.option_strings).choices)
+    text = next(a for a in sub.choices["switch"]._actions if "--to" in a.option_strings).help
+    return tuple(text.removeprefix("the protocol: ").partition(" (")[0].split(", "))
 
 
 def test_a_protocol_in_one_file_is_nameable_in_a_job_file(toy, tmp_path):
@@ -92,7 +94,7 @@ def test_a_protocol_in_one_file_is_nameable_in_a_job_file(toy, tmp_path):
 
 
 def test_build_phases_builds_the_new_protocol(toy, tmp_path):
-    from tfsync.jobrun import build_phases
+    from tfsync.commands.jobrun import build_phases
 
     bsp, phase = build_phases(load_job(job_file(tmp_path, "burst = 3\n")), num_train=1000)
     assert isinstance(phase.policy, toy.Toy) and phase.policy.burst == 3
@@ -120,16 +122,18 @@ def test_straggler_policies_are_registered_but_not_nameable():
 
 
 def test_switch_options_travel_as_numbers_and_come_back_typed(toy):
-    sent = catalogue.spec("fluentps").to_numbers({"staleness": 2, "probability": 1, "average": True})
+    from tfsync.policy.commands import check_switch
+
+    sent = catalogue.to_numbers({"staleness": 2, "probability": 1, "average": True})
     assert sent == {"staleness": 2.0, "probability": 1.0, "average": 1.0}
     back = catalogue.from_numbers("fluentps", {**sent, "lr_scale": 0.5})
     assert back == {"staleness": 2, "probability": 1.0, "average": True, "lr_scale": 0.5}
     assert [type(back[k]) for k in ("staleness", "probability", "average")] == [int, float, bool]
-    assert catalogue.from_numbers("toy", catalogue.spec("toy").to_numbers({"burst": 4})) == {"burst": 4}
+    assert catalogue.from_numbers("toy", catalogue.to_numbers({"burst": 4})) == {"burst": 4}
     with pytest.raises(ValueError, match="execution = 'soft': a switch carries numbers only"):
-        catalogue.spec("fluentps").to_numbers({"execution": "soft"})
+        catalogue.to_numbers({"execution": "soft"})
     with pytest.raises(ValueError, match="'bsp' has no option 'staleness'"):
-        catalogue.spec("bsp").to_numbers({"staleness": 1})
+        check_switch("bsp", {"staleness": 1})
 
 
 def test_get_checks_declared_options_in_one_line(toy):
@@ -181,8 +185,8 @@ def test_a_straggler_jobs_switch_point_of_0_or_1_runs(fraction):
     """A search on a straggler job stores 1 when only BSP was acceptable (0: ASP alone):
     BSP to the end, still straggler-aware (ASP while one is seen), or plain ASP; both were
     refused as a protocol list the straggler policy could not take."""
-    from tfsync.config import JobConfig
-    from tfsync.jobrun import build_phases, with_switch_point
+    from tfsync.job.config import JobConfig
+    from tfsync.commands.jobrun import build_phases, with_switch_point
     from tfsync.switch.online import GreedyStragglerPolicy
 
     cfg = JobConfig.from_dict({"cluster": {"workers": 3}, "switch": {"stragglers": "greedy"},

@@ -1,4 +1,4 @@
-"""Tests of tfsync.data: npz and IDX loading, the bundled sample, default-path order."""
+"""Tests of tfsync.base.data: npz and IDX loading, the bundled sample, default-path order."""
 import gzip
 import hashlib
 import logging
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfsync import data
+from tfsync.base import data
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +147,7 @@ def test_default_order_env_then_repo_then_bundled(tmp_path, monkeypatch, sample,
     _small_npz(repo_dir / "mnist.npz", sample, n=20)
     monkeypatch.setattr(data, "REPO_DATA_DIR", repo_dir)
     monkeypatch.setenv(data.ENV_DATA_DIR, str(env_dir))
-    caplog.set_level(logging.INFO, logger="tfsync.data")
+    caplog.set_level(logging.INFO, logger="tfsync.base.data")
     ds = data.load("mnist", None)
     assert ds.source == str(env_dir / "mnist.npz") and len(ds.x_train) == 10
     assert "TFSYNC_DATA_DIR" in caplog.text

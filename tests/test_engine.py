@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tfsync import arrays
+from tfsync.base import arrays
 from tfsync.engine.callbacks import Callback
 from tfsync.engine.generation import TrainSetup
 from tfsync.engine.trainer import Engine, EngineError, Phase

@@ -67,7 +67,7 @@ def test_a_hook_without_a_firewall_warns_when_a_task_listens_unprotected_not_bef
     """Issue 32 case 7: `tfsync run`'s own hook puts its tasks in a private namespace, so it
     raises no alarm at the start; a task started outside one without a firewall does, once."""
     from tfsync.hooks.tasks import TaskSupervisor
-    from tfsync.ports import free_ports
+    from tfsync.base.ports import free_ports
 
     spec = json.dumps({"ps": [f"127.0.0.1:{p}" for p in free_ports(2)]})
     with caplog.at_level(logging.WARNING):

@@ -20,10 +20,10 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as FD
 
-from tfsync import config as cfgmod
+from tfsync.job import config as cfgmod
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks import tasks as hook_tasks

@@ -17,8 +17,8 @@ import pytest
 
 from helpers import job_manager
 from tfsync.api import auth
-from tfsync.config import ConfigError, JobConfig
-from tfsync.limits import check_job
+from tfsync.job.config import ConfigError, JobConfig
+from tfsync.job.limits import check_job
 from tfsync.manager.store import Store, StoreError
 
 pytestmark = pytest.mark.unit
@@ -100,7 +100,7 @@ def test_the_manager_and_the_store_commands_start_without_tensorflow():
     """A standalone manager, `tfsync jobs|runs|status` and the CLI's parser never import
     TensorFlow (seconds of start-up and hundreds of MB for a process that trains nothing;
     a manager that took 7 s to start and over a second to exit)."""
-    code = ("import sys, tfsync.cli, tfsync.manager.cli, tfsync.manager.daemon, tfsync.manager.jobs_cli; "
+    code = ("import sys, tfsync.cli, tfsync.commands.manager, tfsync.manager.daemon, tfsync.commands.jobs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -177,7 +177,7 @@ def test_a_run_dir_through_a_link_or_in_a_system_directory_is_refused_writing_no
     target.mkdir()
     (tmp_path / "link").symlink_to(target)
     (tmp_path / "etc").symlink_to("/etc")
-    from tfsync.rundir import RunDirError, resolve
+    from tfsync.base.rundir import RunDirError, resolve
     before = sorted(os.listdir("/etc"))
     r = tfsync("run", JOB, "--set", f"job.run_dir={tmp_path / 'etc'}", timeout=90)
     one_line(r, "job.run_dir", f"{tmp_path / 'etc'} is a symbolic link (to /etc)", code=2)
@@ -196,7 +196,7 @@ def test_a_second_run_on_a_run_dir_in_use_is_refused_naming_the_first(tmp_path):
     """Issue 31 case 4: while a run holds its directory, a second `tfsync run`, `resume`
     or `search` on it is refused in one line naming the first (pid, start time), exit 1,
     and moves nothing of the first run aside."""
-    from tfsync import rundir
+    from tfsync.base import rundir
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("{}\n")
@@ -257,7 +257,7 @@ def test_a_job_file_that_is_a_fifo_a_device_a_directory_or_huge_is_refused_befor
 
 @pytest.mark.timeout(60)  # the signal timeout interrupts a read that blocks
 def test_a_data_path_or_code_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
-    from tfsync import data, usercode
+    from tfsync.base import data, usercode
     fifo = tmp_path / "mnist.npz"
     os.mkfifo(fifo)
     with pytest.raises(data.DataError, match=rf"{re.escape(str(fifo))} is a FIFO \(named pipe\), not a regular file"):

@@ -3,7 +3,7 @@ specs HookNodes makes (round-robin over hooks, PS first; fresh ports every gener
 
 import pytest
 
-from tfsync.config import ConfigError, JobConfig
+from tfsync.job.config import ConfigError, JobConfig
 from tfsync.engine.hook_cluster import HookNodes, is_loopback
 
 pytestmark = pytest.mark.unit
@@ -78,7 +78,7 @@ def test_job_file_placement_names_one_hook_per_task():
 def test_a_hooks_sample_gives_its_live_workers_readings_as_the_engines_own():
     from tfsync.api.v1 import common_pb2
     from tfsync.engine.hook_cluster import workers_of
-    from tfsync.procstats import worker_reading
+    from tfsync.base.procstats import worker_reading
 
     def proc(job, index, pid, cpu, alive=True):
         return common_pb2.ProcessSample(task=common_pb2.TaskRef(job=job, index=index), pid=pid, alive=alive,

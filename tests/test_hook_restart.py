@@ -10,7 +10,7 @@ import pytest
 
 from helpers import linear_job, records, start_hook, task_children, tfsync_run, wait_for
 from tfsync.api import auth
-from tfsync.ports import free_ports
+from tfsync.base.ports import free_ports
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""Task ports reachable only from this machine (tfsync.netns): TF's servers listen on every
+"""Task ports reachable only from this machine (tfsync.base.netns): TF's servers listen on every
 interface, so a local cluster's tasks and the coordinator's own TF server run in a private
 network namespace. Checked as an attacker would: from another host (a network namespace
 of the test's own, linked to this machine) every task port must be closed."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tfsync import netguard, netns, nft
+from tfsync.base import netguard, netns, nft
 
 ROOT_REASON = ("needs root and iproute2's `ip` to make the attacker's network namespace"
                if os.geteuid() != 0 or shutil.which("ip") is None else None)
@@ -176,7 +176,7 @@ def readable_by(uid: int, *paths: str) -> bool:
 
 
 def _guard_reason():
-    from tfsync import nft
+    from tfsync.base import nft
     return ROOT_REASON or (None if shutil.which("setpriv") else "needs util-linux's setpriv") \
         or nft.unavailable_reason()
 
@@ -240,7 +240,7 @@ def test_tasks_run_as_the_user_who_ran_sudo(tiny_problem, tmp_path, monkeypatch,
     reason = ROOT_REASON or (None if shutil.which("setpriv") else "needs util-linux's setpriv")
     if reason:
         pytest.skip(reason)
-    from tfsync import taskcmd
+    from tfsync.base import taskcmd
     from tfsync.engine.generation import TrainSetup
     from tfsync.engine.trainer import Engine, Phase
     from tfsync.policy import BSP

@@ -21,7 +21,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from helpers import DATA
-from tfsync import netns
+from tfsync.base import netns
 from tfsync.engine import tfcompat
 from tfsync.keras import SyncSwitch, local_cluster
 from tfsync.keras.plan import Plan, parse

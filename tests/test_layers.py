@@ -14,75 +14,59 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-# setup.py's package_dir: the top-level folders manager/ and hooks/ are tfsync.manager and tfsync.hooks.
-FOLDERS = {"tfsync": ROOT / "tfsync", "tfsync.manager": ROOT / "manager", "tfsync.hooks": ROOT / "hooks"}
+PACKAGE = ROOT / "tfsync"
 
-# Lowest first. A module may import its own layer and the layers before it. Each entry is a
-# unit: a module, or a package with everything in it that a longer entry does not claim
-# ("tfsync" alone is the package's __init__).
+# Lowest first. Each part of tfsync (a folder, or a module beside tfsync/cli.py) is in one
+# layer: its place in the tree says its layer. A module may import its own layer and the
+# layers before it, and no two parts import each other, directly or round a longer circle.
 LAYERS = [
-    # base: helpers that import no other layer: safe file writes, free ports, network namespaces, TF's
-    # noise, the name registry, curves, arrays and the input pipeline, user-code references,
-    # data readers and the bundled data and models, the task command line, progress
-    # displays, exit codes and the one-line error, CPU and memory readings (psutil), the
-    # plain-data form of the state policies keep across restarts
-    ("base", ["tfsync", "tfsync.safefile", "tfsync.nospace", "tfsync.ports", "tfsync.tfconfig", "tfsync.netns", "tfsync.netguard", "tfsync.nft", "tfsync.rundir", "tfsync.quiet", "tfsync.registry", "tfsync.curves",
-              "tfsync.arrays", "tfsync.pipeline", "tfsync.usercode", "tfsync.data", "tfsync.datasets",
-              "tfsync.examples", "tfsync.taskcmd", "tfsync.progress", "tfsync.exits", "tfsync.procstats",
-              "tfsync.plainstate"]),
+    # base/: helpers that import no other layer (safe file writes, free ports, network
+    # namespaces, TF's noise, names, curves, arrays and the input pipeline, user-code
+    # references, data and trace readers, the task command line, progress, exit codes and
+    # the one error contract, CPU and memory readings, policies' plain state); the bundled
+    # data and models; the package's __init__
+    ("base", ["__init__", "base", "datasets", "examples"]),
     # decisions, plain Python (no gRPC; TensorFlow only inside the learned predictors'
-    # training): the sync policies and their catalogue, speed predictors, batch-size
-    # rules, push records
-    ("decisions", ["tfsync.policy", "tfsync.predict", "tfsync.batching", "tfsync.pushlog"]),
-    # the job: a job file's configuration, its metrics, the limits it must fit
-    ("job", ["tfsync.config", "tfsync.metrics", "tfsync.limits"]),
+    # training): the sync policies, their catalogue and push records, speed predictors,
+    # batch-size rules
+    ("decisions", ["policy", "predict", "batching"]),
+    # job/: a job file's configuration, its metrics, the limits it must fit
+    ("job", ["job"]),
     # offline, no cluster: the simulator, Sync-Switch's plans, search and straggler policies,
     # RLP's training, the HTML report of a run directory
-    ("offline", ["tfsync.sim", "tfsync.switch", "tfsync.rl", "tfsync.report"]),
-    # api: the control plane's wire contract (api/v1, generated from proto/) and how to
-    # speak it: job tokens (api/auth.py), gRPC servers, channels and TLS (api/transport.py)
-    ("api", ["tfsync.api"]),
-    # engine: a policy run on ParameterServerStrategy, the workload it trains, straggler
-    # injection into its tasks, the Keras callback
-    ("engine", ["tfsync.engine", "tfsync.workload", "tfsync.inject", "tfsync.keras"]),
-    # hooks: the node agent that starts a node's TF tasks for a manager
-    ("hooks", ["tfsync.hooks"]),
-    # manager: the control service, job store, launchers and the cluster on hooks, embedded
-    # in `tfsync run` or standalone
-    ("manager", ["tfsync.manager"]),
-    # runner: one job from its configuration to its summary (engine + cluster + manager link)
-    ("runner", ["tfsync.jobrun"]),
-    # commands: each sub-command's module (and the search's trial process, the testbed)
-    ("commands", ["tfsync.switch.cli", "tfsync.switch.trial", "tfsync.rl.cli", "tfsync.predict.cli",
-                  "tfsync.report.cli", "tfsync.testbed", "tfsync.manager.cli", "tfsync.manager.jobs_cli"]),
-    # the command line: `tfsync`, which assembles the sub-commands; nothing imports it
-    ("cli", ["tfsync.cli"]),
+    ("offline", ["sim", "switch", "rl", "report"]),
+    # api/: the control plane's wire contract (api/v1, generated from proto/) and how to
+    # speak it: job tokens, gRPC servers, channels and TLS
+    ("api", ["api"]),
+    # a policy run on ParameterServerStrategy, the workload it trains, straggler injection
+    # into its tasks, the Keras callback
+    ("engine", ["engine", "inject", "keras"]),
+    # the node agent that starts a node's TF tasks for a manager
+    ("hooks", ["hooks"]),
+    # the control service, job store and the manager's link to a run
+    ("manager", ["manager"]),
+    # network namespaces as hosts: nodes, links, latency, CPU shares
+    ("testbed", ["testbed"]),
+    # commands/: the job runner and each sub-command's module (and the search's trial process)
+    ("commands", ["commands"]),
+    # tfsync/cli.py assembles the sub-commands; nothing imports it
+    ("cli", ["cli"]),
 ]
 
-# Imports that break a rule today, each named with why and what would remove it. Both
-# rules skip them; a test fails when one is no longer there (then delete it here).
-EXCEPTIONS = {
-    # decisions -> offline, and a circle predict -> sim -> predict (the simulator trains
-    # predictors with predict.trainer): offline scoring of predictors reads CPU traces with
-    # the simulator's loader. Fix: move the trace readers (sim/traces.py) to the base layer.
-    ("tfsync.predict.score", "tfsync.sim.traces"): "predictor scoring reads traces through tfsync.sim",
-    # a circle inside the commands layer: `tfsync runs` and `tfsync status` of an ended job
-    # (jobs_cli) find a job's run directory with manager.cli.run_dir_of, and `tfsync status`
-    # (manager.cli) falls back to jobs_cli.show_ended. Fix: one module for the job lookup.
-    ("tfsync.manager.jobs_cli", "tfsync.manager.cli"): "the two manager command modules call each other",
-}
+# Old module names kept for users' code: each is only ``moved(__name__, new)`` (base/moved.py).
+MOVED = {"data": "tfsync.base.data", "config": "tfsync.job.config", "workload": "tfsync.engine.workload"}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
-    """``{module name: (file, is a package __init__)}`` of every module of tfsync."""
+    """``{module name: (file, is a package __init__)}`` of every module of tfsync, the old
+    names in MOVED left out."""
     found = {}
-    for package, folder in FOLDERS.items():
-        for path in folder.rglob("*.py"):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            if package == "tfsync" and parts[0] in ("manager", "hooks"):
-                continue  # not part of the package: setup.py maps these names to the top-level folders
-            is_package = parts[-1] == "__init__"
-            found[".".join([package, *(parts[:-1] if is_package else parts)])] = (path, is_package)
+    for path in PACKAGE.rglob("*.py"):
+        parts = ["tfsync", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if len(parts) == 2 and parts[1] in MOVED:
+            continue
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return found
 
 
@@ -122,11 +106,10 @@ def import_graph() -> dict[str, dict[str, str]]:
     return graph
 
 
-def unit_of(module: str) -> str | None:
-    """The LAYERS entry that holds ``module``: the longest one that is it or a package above it."""
-    units = [u for _, us in LAYERS for u in us
-             if module == u or (u != "tfsync" and module.startswith(u + "."))]
-    return max(units, key=len, default=None)
+def unit_of(module: str) -> str:
+    """The part of tfsync that holds ``module``: its folder or module beside tfsync/cli.py."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
 LAYER_OF = {u: i for i, (_, us) in enumerate(LAYERS) for u in us}
@@ -134,32 +117,44 @@ GRAPH = import_graph()
 
 
 def unit_edges() -> dict[tuple[str, str], list[str]]:
-    """``{(unit, unit it imports): ["importer -> imported at file:line", ...]}``, exceptions left out."""
+    """``{(part, part it imports): ["importer -> imported at file:line", ...]}``."""
     out = {}
     for importer, edges in GRAPH.items():
         for target, where in edges.items():
             a, b = unit_of(importer), unit_of(target)
-            if a != b and (importer, target) not in EXCEPTIONS:
+            if a != b:
                 out.setdefault((a, b), []).append(f"{importer} -> {target} at {where}")
     return out
 
 
-def test_the_graph_sees_imports_in_functions_relative_ones_and_the_folders_outside_tfsync():
-    assert "tfsync.exits" in GRAPH["tfsync.manager.cli"]                 # manager/cli.py, absolute
-    assert "tfsync.manager.embedded" in GRAPH["tfsync.cli"]              # inside cmd_run, relative
-    assert "tfsync.switch.trials" in GRAPH["tfsync.manager.daemon"]      # inside a method
-    assert "tfsync.api.auth" in GRAPH["tfsync.hooks.node"]               # hooks/node.py
-    assert "tfsync.safefile" in GRAPH["tfsync.rl.cli"]                   # `from .. import safefile`
-    assert "tfsync.pipeline" in GRAPH["tfsync"]                          # the package's __init__
+def test_the_graph_sees_imports_in_functions_and_relative_ones():
+    assert "tfsync.base.exits" in GRAPH["tfsync.commands.manager"]     # absolute
+    assert "tfsync.manager.embedded" in GRAPH["tfsync.cli"]            # inside cmd_run, relative
+    assert "tfsync.switch.trials" in GRAPH["tfsync.manager.daemon"]    # inside a method
+    assert "tfsync.base.safefile" in GRAPH["tfsync.commands.rl"]       # `from ..base import safefile`
+    assert "tfsync.base.pipeline" in GRAPH["tfsync"]                   # the package's __init__
 
 
-def test_every_module_is_in_one_layer():
+def test_every_part_of_tfsync_is_in_one_layer():
     listed = [u for _, us in LAYERS for u in us]
-    assert len(listed) == len(set(listed)), "a unit is listed twice in LAYERS"
-    missing = sorted(m for m in GRAPH if unit_of(m) is None)
-    assert not missing, f"modules in no layer: {missing}; add each to the LAYERS entry it belongs to"
-    assert all(m in GRAPH or any(g.startswith(m + ".") for g in GRAPH) for m in listed), \
-        f"LAYERS names modules that do not exist: {[m for m in listed if m not in GRAPH]}"
+    assert len(listed) == len(set(listed)), "a part is listed twice in LAYERS"
+    missing = sorted({unit_of(m) for m in GRAPH} - set(listed))
+    assert not missing, f"parts of tfsync in no layer: {missing}; add each to the LAYERS entry it belongs to"
+    assert set(listed) <= {unit_of(m) for m in GRAPH}, "LAYERS names a part that does not exist"
+
+
+def test_the_old_names_only_point_at_the_moved_modules():
+    """Each old module name beside tfsync/cli.py is two lines that forward to its new place,
+    which exists; nothing of tfsync imports the old names."""
+    for name, new in MOVED.items():
+        body = [ast.unparse(n) for n in ast.parse((PACKAGE / f"{name}.py").read_text()).body
+                if not isinstance(n, ast.Expr) or not isinstance(n.value, ast.Constant)]
+        assert body == ["from .base.moved import moved", f"moved(__name__, {new!r})"], name
+        assert new in GRAPH, new
+    users = [f"{m} imports tfsync.{name}" for m, (path, _) in modules().items() for name in MOVED
+             if f"tfsync.{name}" in {n.module for n in ast.walk(ast.parse(path.read_text()))
+                                     if isinstance(n, ast.ImportFrom) and not n.level}]
+    assert not users, users
 
 
 def test_lower_layers_never_import_higher_ones():
@@ -207,13 +202,8 @@ def test_no_import_circle_between_units():
     assert not shown, "units import each other in a circle; make the dependency one-way:\n  " + "\n  ".join(shown)
 
 
-def test_every_exception_is_still_needed():
-    gone = [f"{a} -> {b}" for a, b in EXCEPTIONS if b not in GRAPH.get(a, {})]
-    assert not gone, f"these imports are gone: delete them from EXCEPTIONS in tests/test_layers.py: {gone}"
-
-
 def test_sub_commands_do_not_import_the_command_line():
-    # the circle tfsync.cli <-> rl.cli <-> switch.cli is gone: tfsync.cli assembles, nothing imports it
+    # tfsync.cli assembles, nothing imports it
     assert not [m for m, edges in GRAPH.items() if "tfsync.cli" in edges]
 
 
@@ -223,7 +213,7 @@ def test_no_module_cites_a_document_that_is_not_in_the_repository():
     import re
 
     present = {p.name for p in ROOT.rglob("*.md") if ".venv" not in p.parts}
-    missing = [(str(path.relative_to(ROOT)), name) for folder in FOLDERS.values() for path in folder.rglob("*.py")
+    missing = [(str(path.relative_to(ROOT)), name) for path in PACKAGE.rglob("*.py")
                for name in re.findall(r"\b[A-Za-z_]+\.md\b", path.read_text()) if name not in present]
     assert not missing, missing
 
@@ -234,15 +224,14 @@ NOT_FAILURES = {"StopRequested", "Restart", "NoObservation"}
 
 def test_every_failure_derives_from_one_base_with_its_exit_code():
     """One error contract: each exception class tfsync defines derives from
-    ``tfsync.exits.TfsyncError`` (directly or through another of them), so the command line
+    ``tfsync.base.exits.TfsyncError`` (directly or through another of them), so the command line
     has one handler that turns it into one line and its exit code."""
     bases = {}
-    for folder in FOLDERS.values():
-        for path in folder.rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id.endswith(("Error",
-                                                          "Exception", "BadInput")) for b in node.bases):
-                    bases[node.name] = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id.endswith(("Error",
+                                                      "Exception", "BadInput")) for b in node.bases):
+                bases[node.name] = [b.id if isinstance(b, ast.Name) else ast.unparse(b) for b in node.bases]
 
     def derives(name, seen=()):
         return name in ("TfsyncError", "BadInput") or any(

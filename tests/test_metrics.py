@@ -12,9 +12,9 @@ import types
 import numpy as np
 import pytest
 
-from tfsync import usercode
-from tfsync.config import ConfigError, JobConfig, load_job
-from tfsync.usercode import UserCodeError
+from tfsync.base import usercode
+from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.base.usercode import UserCodeError
 
 MODULE = '''
 import numpy as np
@@ -88,7 +88,7 @@ def job_file(tmp_path, data="data", data_extra="", train_extra=""):
 
 
 def workload(path):
-    from tfsync.workload import Workload
+    from tfsync.engine.workload import Workload
     return Workload.from_config(load_job(path))
 
 
@@ -149,7 +149,7 @@ def test_validation_is_a_fraction_between_0_and_1(v):
 def test_names_are_keras_names_and_mistakes_are_one_line():
     import tf_keras as keras
 
-    from tfsync.metrics import resolve
+    from tfsync.job.metrics import resolve
 
     def r2(y_true, y_pred):
         return y_pred
@@ -214,8 +214,8 @@ def test_scores_equal_model_evaluate_for_a_classifier_and_a_regression():
     import tf_keras as keras
 
     from tfsync.engine.evaluator import scores
-    from tfsync.metrics import resolve
-    from tfsync.workload import as_in_fit
+    from tfsync.job.metrics import resolve
+    from tfsync.engine.workload import as_in_fit
 
     model, x, y = _classifier()
     specs = resolve(["accuracy", {"metric": "SparseTopKCategoricalAccuracy", "k": 2, "name": "top2"}])
@@ -251,7 +251,7 @@ def test_the_background_evaluator_reports_loss_and_metrics_and_the_recorder_writ
 
     from tfsync.engine.evaluator import Evaluator
     from tfsync.engine.records import RunRecorder
-    from tfsync.metrics import resolve
+    from tfsync.job.metrics import resolve
 
     model, x, y = _classifier()
     ev = Evaluator(lambda: keras.models.clone_model(model), x, y, every=1, samples=100,
@@ -283,7 +283,7 @@ def test_the_background_evaluator_reports_loss_and_metrics_and_the_recorder_writ
 
 @pytest.mark.unit
 def test_validation_holds_out_a_fixed_share_of_the_training_arrays(tmp_path):
-    from tfsync.workload import hold_out
+    from tfsync.engine.workload import hold_out
 
     work = workload(job_file(tmp_path, data_extra="validation = 0.125"))
     x, y = work.x_train, work.y_train
@@ -299,7 +299,7 @@ def test_validation_holds_out_a_fixed_share_of_the_training_arrays(tmp_path):
 
 @pytest.mark.unit
 def test_test_arrays_are_the_validation_data_and_a_factory_needs_them(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="tfsync.workload"):
+    with caplog.at_level(logging.WARNING, logger="tfsync.engine.workload"):
         work = workload(job_file(tmp_path, data_extra="args = {test = true}\nvalidation = 0.5"))
     assert len(work.y_train) == 448 and len(work.y_test) == 64 and work.eval_data == "test arrays (64 examples)"
     assert "data.validation = 0.5 not used: the data gives test arrays" in caplog.text

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from tfsync import ports
+from tfsync.base import ports
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tfsync.cli import main
-from tfsync.progress import Progress
+from tfsync.base.progress import Progress
 from tfsync.report import ReportError, load_run, write_report
 from tfsync.report.plots import gapped, smooth
 
@@ -108,7 +108,7 @@ def test_progress_of_a_resumed_run_shows_its_own_rate_the_sizes_in_force_and_end
     switch a worker's batch is the one granted now, not its last push's; the last round's
     overshoot does not show as 11,520/11,504."""
     now = [1000.0]
-    monkeypatch.setattr("tfsync.progress.time.time", lambda: now[0])
+    monkeypatch.setattr("tfsync.base.progress.time.time", lambda: now[0])
     out = io.StringIO()
     progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="asp")
     engine = fake_engine(100, 3200, started=990.0)   # resumed: 100 pushes, 3,200 samples before
@@ -133,7 +133,7 @@ def test_a_stopped_run_says_stopped_not_done():
 def test_progress_rates_count_training_time_only(monkeypatch):
     """A cluster that took 20 s to start does not lower the rate; ETA from the same rate."""
     now = [1000.0]
-    monkeypatch.setattr("tfsync.progress.time.time", lambda: now[0])
+    monkeypatch.setattr("tfsync.base.progress.time.time", lambda: now[0])
     out = io.StringIO()
     progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="bsp")
     engine = fake_engine(0, 0, started=990.0)  # training began 10 s ago, 20 s after the process

@@ -11,7 +11,7 @@ import pytest
 
 from tfsync.engine.resources import ResourceMonitor
 from tfsync.policy.lbbsp import resource_reading
-from tfsync.procstats import CpuBusy, ProcessReader, worker_reading
+from tfsync.base.procstats import CpuBusy, ProcessReader, worker_reading
 
 pytestmark = pytest.mark.unit
 

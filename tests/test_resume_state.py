@@ -95,7 +95,7 @@ def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_a
     assert "goes on with ssp (staleness 2)" in capsys.readouterr().err
 
     phase = Phase(LBBSP(batch_size=8), until=1.0, lr_scale=2.0)
-    carry_changes(phase, changed, workers=2)
+    carry_changes(phase, changed, workers=2, max_batch=64)
     assert isinstance(phase.policy, SSP) and phase.policy.staleness == 2 and phase.lr_scale == 1.0
     assert phase.policy.sizer.per_worker == (12, 8)
     assert phase.changed == {k: v for k, v in changed.items() if k != "until"}   # kept by later checkpoints
@@ -103,13 +103,13 @@ def test_what_commands_changed_is_what_a_resumed_phase_runs_unless_the_plan_is_a
     # a switch away from LB-BSP sizes as LB-BSP started (as a switch does), not with its sizer;
     # sizes set for another worker count are dropped, not granted to a worker that has none
     phase = Phase(LBBSP(batch_size=8), until=1.0, lr_scale=2.0)
-    carry_changes(phase, changed, workers=3)
+    carry_changes(phase, changed, workers=3, max_batch=64)
     assert isinstance(phase.policy, SSP) and type(phase.policy.sizer) is BatchSizer
     assert phase.policy.sizer.batch_size == 8 and "batch_sizes" not in phase.changed
 
     # made in a phase that ended elsewhere (the job file's plan changed since): the plan, said
     phase = Phase(LBBSP(batch_size=8), until=0.5, lr_scale=2.0)
     with caplog.at_level("WARNING", logger="tfsync.engine.switching"):
-        carry_changes(phase, changed, workers=2)
+        carry_changes(phase, changed, workers=2, max_batch=64)
     assert isinstance(phase.policy, LBBSP) and phase.lr_scale == 2.0 and phase.changed == {}
     assert "was for a phase ending at 1.0 of the workload; this plan's phase there ends at 0.5" in caplog.text

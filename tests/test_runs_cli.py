@@ -12,7 +12,7 @@ from helpers import tfsync_here
 
 from tfsync.api import auth, transport
 from tfsync.cli import main
-from tfsync.config import JobConfig
+from tfsync.job.config import JobConfig
 from tfsync.manager.store import StepSummary, Store
 from tfsync.switch.trials import config_signature
 

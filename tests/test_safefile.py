@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfsync import safefile
+from tfsync.base import safefile
 
 pytestmark = pytest.mark.unit
 
@@ -99,8 +99,8 @@ def test_training_records_control_files_and_tokens_never_follow_links(tmp_path, 
 
 def test_jsonl_trials_csv_and_task_logs_never_follow_links(tmp_path, victim):
     from tfsync.hooks.tasks import TaskSupervisor
-    from tfsync.pushlog import write_jsonl
-    from tfsync.rl.cli import write_csv
+    from tfsync.policy.pushlog import write_jsonl
+    from tfsync.commands.rl import write_csv
     from tfsync.switch.trials import JsonTrials, TrialKey, TrialResult
 
     write_jsonl(str(plant(tmp_path / "a.jsonl", victim)), [{"a": 1}])

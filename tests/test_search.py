@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from tfsync.curves import convergence_index, converged_accuracy
+from tfsync.base.curves import convergence_index, converged_accuracy
 from tfsync.switch.search import SearchSettings, binary_search
 from tfsync.switch.trials import JobStoreTrials, JsonTrials, MemoryTrials, TrialKey, TrialResult, job_signature
 
@@ -155,7 +155,7 @@ def test_job_store_adapter_round_trips_through_the_manager_store(tmp_path):
 def test_config_signature_ignores_what_a_search_varies():
     """Same recurring job: other names, paths, seed, protocol list, switch point and
     straggler options; another job: other model, data, cluster size or hyper-parameters."""
-    from tfsync.config import JobConfig
+    from tfsync.job.config import JobConfig
     from tfsync.switch.trials import config_signature
     base = JobConfig.from_dict({"cluster": {"workers": 3}})
     sig = config_signature(base.to_dict())
@@ -182,7 +182,7 @@ def test_config_signature_ignores_what_a_search_varies():
 def test_a_trial_scores_its_accuracy_or_else_minus_log_of_its_converged_test_loss():
     import math
 
-    from tfsync.switch.cli import trial_score
+    from tfsync.commands.switch import trial_score
 
     assert trial_score({"converged_accuracy": 0.9, "test_loss": 0.3}) == (0.9, "accuracy")
     evals = [{"loss": v} for v in (2.0, 1.0, 0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.3)]

@@ -35,7 +35,7 @@ def stand_in(score_of):
 
 def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monkeypatch, capsys):
     # only BSP reaches the target: the answer is BSP only, and the last line must say so
-    monkeypatch.setattr("tfsync.switch.cli.run_trial_process",
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": 0.9 if f >= 1.0 else 0.5}))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "2")
     assert code == 0, err
@@ -47,14 +47,14 @@ def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monke
                             "--set", "cluster.workers=3", "--set", "switch.stragglers=greedy")
     assert code == 0, err
     assert "now runs BSP with the greedy straggler policy to the end" in out.strip().splitlines()[-1], out
-    from tfsync.config import load_job
-    from tfsync.switch.cli import stored_switch_point
+    from tfsync.job.config import load_job
+    from tfsync.commands.switch import stored_switch_point
     cfg, found = stored_switch_point(load_job(str(job), overrides=["cluster.workers=3", "switch.stragglers=greedy"]))
     assert found["fraction"] == 1.0 and [p.name for p in cfg.protocol] == ["bsp"]   # what `tfsync run` now runs
 
 
 def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):
-    monkeypatch.setattr("tfsync.switch.cli.run_trial_process",
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": None, "test_loss": 0.25 if f >= 0.5 else 2.0}))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target-loss", "0.3")
     assert code == 0, err
@@ -63,7 +63,7 @@ def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):
 
 
 def test_show_without_the_searchs_settings_names_the_set_that_finds_it(job, monkeypatch, capsys):
-    monkeypatch.setattr("tfsync.switch.cli.run_trial_process", stand_in(lambda f: {"converged_accuracy": 0.9}))
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process", stand_in(lambda f: {"converged_accuracy": 0.9}))
     code, _, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target", "0.8",
                           "--set", "train.learning_rate=0.1")
     assert code == 0, err

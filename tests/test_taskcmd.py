@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tfsync import taskcmd
+from tfsync.base import taskcmd
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""TF_CONFIG (tfsync.tfconfig): tasks a platform starts (a Kubernetes TFJob, a Slurm
+"""TF_CONFIG (tfsync.base.tfconfig): tasks a platform starts (a Kubernetes TFJob, a Slurm
 script), each from its own TF_CONFIG; `tfsync tfconfig` writes them, the task server and
 `tfsync run` read them, and what tfsync cannot honour there is refused in one line."""
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from helpers import DATA, linear_job, tfsync
-from tfsync import tfconfig
-from tfsync.ports import free_ports
+from tfsync.base import tfconfig
+from tfsync.base.ports import free_ports
 
 SPEC = {"chief": ["c:1"], "ps": ["p:2"], "worker": ["w:3", "w:4"]}
 
@@ -45,8 +45,8 @@ def test_a_tf_config_tfsync_cannot_use_is_refused_naming_the_field(value, field)
     ("chief", ["switch.method=restart"], "switch.method"),
 ])
 def test_tfsync_run_refuses_what_it_cannot_honour_under_tf_config(tmp_path, monkeypatch, task, overrides, field):
-    from tfsync.config import ConfigError, load_job
-    from tfsync.jobrun import platform_cluster
+    from tfsync.job.config import ConfigError, load_job
+    from tfsync.commands.jobrun import platform_cluster
 
     job = tmp_path / "job.toml"
     job.write_text(linear_job("tc", "bsp").format(run_dir=tmp_path / "run"))

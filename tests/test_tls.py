@@ -14,10 +14,10 @@ import pytest
 
 from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
-from tfsync.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks.node import serve as serve_hook
-from tfsync.jobrun import hook_nodes
+from tfsync.commands.jobrun import hook_nodes
 from tfsync.engine.launcher import HookLauncher, LaunchError
 from tfsync.manager.store import Store
 

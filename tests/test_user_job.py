@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import records, tfsync, wait_for
-from tfsync.config import load_job
+from tfsync.job.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
 from userjob import JOB_HEAD, user_job

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from helpers import DATA
-from tfsync.config import ConfigError, load_job
-from tfsync.usercode import UserCodeError
+from tfsync.job.config import ConfigError, load_job
+from tfsync.base.usercode import UserCodeError
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
 MODULE = os.path.join(EXAMPLE, "model.py")
@@ -55,7 +55,7 @@ def job_file(tmp_path, model="regression.py:build", data="regression.py:data", l
 
 
 def workload(path):
-    from tfsync.workload import Workload
+    from tfsync.engine.workload import Workload
     return Workload.from_config(load_job(path))
 
 
@@ -210,7 +210,7 @@ def test_a_learning_rate_schedule_of_the_users_own_from_a_job_file(tmp_path, mon
     resolved against the job file, called, and used by the optimizer; what is not a number
     or a LearningRateSchedule is one line naming the field."""
     from tfsync.engine.tfcompat import lr_schedule
-    from tfsync.workload import build_optimizer
+    from tfsync.engine.workload import build_optimizer
 
     path = job_file(tmp_path)
     (path.parent / "schedules.py").write_text(SCHEDULES)
@@ -252,7 +252,7 @@ def test_short_names_are_the_bundled_functions_called_as_user_code(tmp_path):
     :mnist, called on the path that data.fn and model.fn take: the same model and data as
     the references written out, and the job signature the search stores under is that of
     the short names, as before they were references."""
-    from tfsync.config import DATASETS, MODELS, JobConfig
+    from tfsync.job.config import DATASETS, MODELS, JobConfig
     from tfsync.examples import images
     from tfsync.switch.trials import config_signature
 
@@ -284,7 +284,7 @@ def test_a_short_name_fails_as_a_reference_does_naming_its_field(tmp_path, monke
     """A short name goes through the checks of a reference: an entry of MODELS whose module
     is missing, data that is not there, or data that a bundled classifier cannot take is
     one line naming model.name or data.name."""
-    from tfsync import config
+    from tfsync.job import config
 
     monkeypatch.setitem(config.MODELS, "broken", "no_such_module_xyz:build")
     cases = [

@@ -12,4 +12,4 @@ _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 __version__ = "0.1.0"
 
-from .pipeline import DatasetFactory, worker_index  # noqa: E402  (after the environment is set)
+from .base.pipeline import DatasetFactory, worker_index  # noqa: E402  (after the environment is set)

@@ -1,7 +1,7 @@
 """The ``tfsync`` command line: the top of tfsync's layers. It assembles the sub-commands
 (each sub-command module adds its parsers with ``add_commands``; none imports this one)
 and runs ``tfsync run`` / ``tfsync resume`` itself. Known errors print one line on stderr
-and exit non-zero (``tfsync.exits``): 2 for bad input (job file, data), 1 for a failed run,
+and exit non-zero (``tfsync.base.exits``): 2 for bad input (job file, data), 1 for a failed run,
 130 when interrupted."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import signal
 import sys
 import time
 
-from . import rundir
-from .exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, TfsyncError, codes_help, fail, interrupt
-from .quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
+from .base import rundir
+from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, TfsyncError, codes_help, fail, interrupt
+from .base.quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
 
@@ -42,12 +42,12 @@ def format_summary(s: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from .config import load_job
+    from .job.config import load_job
 
     cfg = load_job(args.job, overrides=args.set)
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
-    from .switch.cli import stored_switch_point
+    from .commands.switch import stored_switch_point
     cfg, found = stored_switch_point(cfg)
     with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:
         return _run(args, with_run_dir(cfg, run_dir), found)
@@ -85,8 +85,8 @@ def _run(args, cfg, found) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    from .jobrun import run_job
-    from .usercode import UserCodeError
+    from .commands.jobrun import run_job
+    from .base.usercode import UserCodeError
 
     resume = None
     if getattr(args, "resume", False):
@@ -109,7 +109,7 @@ def _run(args, cfg, found) -> int:
         moved = set_aside_previous_run(cfg.job.run_dir)
         if moved:
             print(f"the previous run's outputs in {cfg.job.run_dir} were moved to {moved}", file=sys.stderr)
-    from .progress import Progress
+    from .base.progress import Progress
     progress = None if (args.json or args.quiet) else Progress()
     manager, state, summary = None, "failed", None
     try:
@@ -157,8 +157,8 @@ def cmd_tfconfig(args) -> int:
     """Print the TF_CONFIG of every task of a job for the addresses given."""
     import shlex
 
-    from . import tfconfig
-    from .config import load_job
+    from .base import tfconfig
+    from .job.config import load_job
 
     cfg = load_job(args.job, overrides=args.set)
     spec = {"chief": [args.chief], "ps": args.ps.split(","), "worker": args.workers.split(",")}
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
         epilog=codes_help() + "\n`tfsync COMMAND --help` describes a command.")
     from . import __version__
-    from .config import OVERRIDE_HELP
+    from .job.config import OVERRIDE_HELP
     p.add_argument("--version", action="version", version=f"tfsync {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -253,17 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     tc.add_argument("--json", action="store_true", help='print {"job:index": TF_CONFIG} as JSON')
     tc.set_defaults(func=cmd_tfconfig)
-    from .switch.cli import add_commands as add_search_commands
+    from .commands.switch import add_commands as add_search_commands
     add_search_commands(sub)
-    from .rl.cli import add_commands
+    from .commands.rl import add_commands
     add_commands(sub)
-    from .manager.cli import add_commands as add_control_commands
+    from .commands.manager import add_commands as add_control_commands
     add_control_commands(sub)
-    from .predict.cli import add_commands as add_predict_commands
+    from .commands.predict import add_commands as add_predict_commands
     add_predict_commands(sub)
-    from .report.cli import add_commands as add_report_commands
+    from .commands.report import add_commands as add_report_commands
     add_report_commands(sub)
-    from .testbed.cli import add_commands as add_testbed_commands
+    from .commands.testbed import add_commands as add_testbed_commands
     add_testbed_commands(sub)
     return p
 
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     # a paused (injected) worker continued first, the job store told
     signal.signal(signal.SIGTERM, interrupt)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
-    if args.verbose:  # TF's start-up lines and gRPC logs too (tfsync.quiet)
+    if args.verbose:  # TF's start-up lines and gRPC logs too (tfsync.base.quiet)
         os.environ[ENV_VERBOSE] = "1"
     if from_command_line:  # the process is tfsync's: not a program (or a test) calling main()
         native_logs_off()

@@ -5,7 +5,7 @@ a data function and a model function of your own, named by file path in job.toml
 
 `data` reads a Keras-format CIFAR-10 .npz (x_train, y_train, x_test, y_test; uint8
 images): `path` if given (relative to this file), else ../shared/data/cifar10_subset.npz
-beside the repository (10 000 train / 2 000 test), else what tfsync.data.load("cifar10")
+beside the repository (10 000 train / 2 000 test), else what tfsync.base.data.load("cifar10")
 finds ($TFSYNC_DATA_DIR/cifar10.npz, ...). Images come back as float32 in [0, 1], which
 tfsync ships to the workers as 8-bit records; `subtract_mean=True` also subtracts the
 per-channel training mean (the arrays then travel as float32, 4x the bytes). The
@@ -42,7 +42,7 @@ DEFAULT_NPZ = os.path.join(HERE, "..", "..", "..", "shared", "data", "cifar10_su
 
 def data(path: str | None = None, limit: int | None = None, subtract_mean: bool = False, seed: int = 0):
     """((x_train, y_train), (x_test, y_test)): float32 images (N, 32, 32, 3), int64 labels."""
-    from tfsync.data import load
+    from tfsync.base.data import load
 
     if path is not None:
         path = os.path.join(HERE, os.path.expanduser(path))  # an absolute path stays as it is

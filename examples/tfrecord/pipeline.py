@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfsync
-from tfsync.data import load
+from tfsync.base.data import load
 
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 

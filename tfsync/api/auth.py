@@ -20,8 +20,8 @@ import time
 
 import grpc
 
-from tfsync import safefile
-from tfsync.exits import BadInput
+from tfsync.base import safefile
+from tfsync.base.exits import BadInput
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from tfsync import safefile
+from tfsync.base import safefile
 from tfsync.api import auth
-from tfsync.netns import is_loopback
-from tfsync.exits import TfsyncError
+from tfsync.base.netns import is_loopback
+from tfsync.base.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 

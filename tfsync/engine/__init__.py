@@ -1,5 +1,5 @@
 """The engine: runs tfsync policies on TensorFlow ParameterServerStrategy."""
 
-from ..quiet import import_tensorflow
+from ..base.quiet import import_tensorflow
 
 import_tensorflow()  # before any engine module imports it: without its start-up lines

@@ -84,7 +84,7 @@ class ControllerLink(Callback):
 
 
 class ProgressDisplay(Callback):
-    """A ``progress(engine, policy, total)`` callable (tfsync.progress.Progress)."""
+    """A ``progress(engine, policy, total)`` callable (tfsync.base.progress.Progress)."""
 
     def __init__(self, progress):
         self.progress = progress

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from ..exits import TfsyncError
+from ..base.exits import TfsyncError
 
 
 _STOP = object()

@@ -17,7 +17,7 @@ import shutil
 
 import tensorflow as tf
 
-from .. import nospace, safefile
+from ..base import nospace, safefile
 
 
 STATE = ".tfsync.json"

@@ -1,6 +1,6 @@
 """A local cluster: one OS process per TF task (PS and workers), on free ports of this
 machine only: in the process's private network namespace where one can be made
-(``tfsync.netns``: TF's servers listen on every interface), else on loopback addresses
+(``tfsync.base.netns``: TF's servers listen on every interface), else on loopback addresses
 with the ports open on every interface, as the warning at start and ``summary.json`` say.
 
 Processes are always torn down: on ``stop()``, on leaving the ``with`` block, at
@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .. import netns
-from ..ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
-from .. import safefile
-from ..taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
-from ..exits import TfsyncError
+from ..base import netns
+from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
+from ..base import safefile
+from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from ..base.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 

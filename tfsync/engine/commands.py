@@ -10,12 +10,11 @@ engine itself knows nothing of gRPC.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 from .. import policy as policies
-from ..policy.base import MAX_LR_SCALE, BatchSizer, PolicyError
-from ..policy.sizing import FixedSizer
+from ..policy.base import BatchSizer, PolicyError
+from ..policy.commands import check_batch_sizes, check_switch
 
 logger = logging.getLogger(__name__)
 
@@ -71,34 +70,26 @@ class StopRequested(Exception):
         self.checkpoint_path = checkpoint_path
 
 
-def check(cmd: Command, workers: int) -> None:
-    """Raise ValueError for a command that cannot be carried out (before touching anything)."""
+def check(cmd: Command, workers: int) -> dict:
+    """Raise ValueError for a command that cannot be carried out (before touching anything):
+    the checks of ``tfsync.policy.commands``, the ones the manager makes too. Returns a
+    switch's options in their declared types."""
     if cmd.kind not in KINDS:
         raise ValueError(f"unknown command {cmd.kind!r}; expected one of {', '.join(KINDS)}")
     if cmd.kind == "switch":
-        policies.get(cmd.protocol, **cmd.options)  # unknown names and options raise here
-        if cmd.method not in ("hot", "restart"):
-            raise ValueError(f"switch method {cmd.method!r}; expected hot or restart")
-        if cmd.lr_scale is not None and not (math.isfinite(cmd.lr_scale) and 0 < cmd.lr_scale <= MAX_LR_SCALE):
-            raise ValueError(f"lr_scale {cmd.lr_scale}; expected a finite number > 0 (and at most {MAX_LR_SCALE:g})")
-    if cmd.kind == "batch_sizes" and (len(cmd.batch_sizes) != workers or min(cmd.batch_sizes, default=0) < 1):
-        raise ValueError(f"batch sizes {list(cmd.batch_sizes)}: expected {workers} integers >= 1, one per worker")
+        return check_switch(cmd.protocol, cmd.options, cmd.method, cmd.lr_scale)
+    if cmd.kind == "batch_sizes":
+        check_batch_sizes(cmd.batch_sizes, workers)
+    return {}
 
 
 def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     """Apply ``cmd`` to ``engine`` inside ``phase`` (whose policy a switch replaces);
     returns (message, checkpoint path). Raises StopRequested for ``stop``."""
-    check(cmd, engine.workers)
+    options = check(cmd, engine.workers)
     old = phase.policy
     if cmd.kind == "batch_sizes":
-        if getattr(old, "self_sizing", False):
-            raise ValueError(f"{old.name} sizes its own batches (from predicted speeds); switch to another "
-                             "protocol first to set batch sizes by hand")
-        if max(cmd.batch_sizes) > max_batch:
-            raise ValueError(f"batch size {max(cmd.batch_sizes)} exceeds the input pipeline's "
-                             f"{max_batch}; set a larger batch size in the job to allow it")
-        old.sizer = FixedSizer(cmd.batch_sizes)
-        phase.changed["batch_sizes"] = list(cmd.batch_sizes)
+        phase.set_batch_sizes(cmd.batch_sizes, max_batch)
         return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
     if cmd.kind == "checkpoint":
         engine.drain(old)
@@ -112,8 +103,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
                          "switch hot")
-    sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
-    options = dict(cmd.options)
+    sizer = BatchSizer(old.sizer.batch_size) if old.self_sizing else old.sizer
     if policies.spec(cmd.protocol).self_sizing and "hi" in policies.spec(cmd.protocol).options:
         options.setdefault("hi", max_batch)  # no batch larger than the input pipeline's
     new = policies.make(cmd.protocol, sizer, **options)
@@ -125,10 +115,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
     engine.switch_to(old, target, len(engine.timeline), by="command")
     old_stats = old.stats()
-    phase.policy, phase.lr_scale, phase.switch = new, target.lr_scale, cmd.method
-    phase.changed.update(protocol=new.name, options=options, lr_scale=lr_scale)
-    if getattr(new, "self_sizing", False):
-        phase.changed.pop("batch_sizes", None)
+    phase.switched(new, cmd.method, target.lr_scale, options)
     engine.begin_phase(phase, stats_of_previous=old_stats)
     engine.apply(new.start(engine.view()))
     rule = "as asked" if cmd.lr_scale is not None else f"the configuration policy's for {new.name}"

@@ -5,7 +5,7 @@ protocol) the engine's loop asks for an evaluation and goes on at once: a
 background thread copies the weights from the PS (a few remote reads), loads them into
 a local copy of the model and runs the test set through it: the mean loss, argmax accuracy
 where the labels are class ids (or the "accuracy" metric where one is named) and every
-metric (``tfsync.metrics``). The loop never waits, so
+metric (``tfsync.job.metrics``). The loop never waits, so
 grants and barriers are not delayed; the thread runs at a lower CPU priority so that on
 a shared machine the workers come first. ``samples`` limits each evaluation to a fixed random
 subset of the test set (the final accuracy of a run is still on all of it). A request
@@ -33,8 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-from .. import arrays
-from ..metrics import MetricSpec, as_in_evaluate, value
+from ..base import arrays
+from ..job.metrics import MetricSpec, as_in_evaluate, value
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import arrays, nospace, safefile
-from ..metrics import resolve as resolve_metrics
-from ..pipeline import DatasetFactory, worker_index
+from ..base import arrays, nospace, safefile
+from ..job.metrics import resolve as resolve_metrics
+from ..base.pipeline import DatasetFactory, worker_index
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
 from .control import LearningRate, PSControl, check_optimizer
@@ -36,11 +36,11 @@ class TrainSetup:
     to the PS). ``loss_fn(y, logits)`` returns per-example losses. Every input batch
     holds ``max_batch_size`` rows; a step uses the first ``batch_size`` of them.
     ``x_train`` is an array (with its labels ``y_train``), or a
-    ``tfsync.pipeline.DatasetFactory`` that each worker reads itself (``y_train`` None).
+    ``tfsync.base.pipeline.DatasetFactory`` that each worker reads itself (``y_train`` None).
     Features and labels (and the test ones) may be tuples, lists or dicts of arrays, for
-    several inputs or outputs, as with a factory (``tfsync.arrays``).
+    several inputs or outputs, as with a factory (``tfsync.base.arrays``).
     ``metrics``: what the evaluator reports beside the loss (tf_keras Metric objects or
-    classes, functions ``fn(y_true, y_pred)``, or the job file's names; ``tfsync.metrics``);
+    classes, functions ``fn(y_true, y_pred)``, or the job file's names; ``tfsync.job.metrics``);
     None: accuracy where the labels are class ids.
     """
 

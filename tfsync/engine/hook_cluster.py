@@ -14,7 +14,7 @@ generation's tasks; ``returned`` says when such a node answers again, and the en
 then restarts on every node) and listen on their hook's host. When
 every hook is on this machine the tasks (and the coordinator's TF server) run in this
 process's private network namespace instead, reachable from this machine only, by root
-and the tasks' user (``tfsync.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
+and the tasks' user (``tfsync.base.netns``), on ports free there. A remote hook's tasks take ports from ``ports``
 in turn, a fresh block for every generation, so a new task never has to wait for the
 port of the one it replaces.
 """
@@ -31,13 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from tfsync import netns
+from tfsync.base import netns
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.engine.cluster import ClusterError, free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError, place
-from tfsync.netns import is_loopback
-from tfsync.procstats import worker_reading
+from tfsync.base.netns import is_loopback
+from tfsync.base.procstats import worker_reading
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine
 
 def workers_of(sample: common_pb2.ResourceSample) -> dict[int, dict]:
     """``{worker: reading}`` of a hook's sample, for its live workers, in the form of the
-    engine's own readings (``tfsync.procstats.worker_reading``): the CPUs a remote worker
+    engine's own readings (``tfsync.base.procstats.worker_reading``): the CPUs a remote worker
     shares with other processes are its node's."""
     cores = max(sample.cpu_count, 1)
     return {p.task.index: worker_reading(sample.cpu_percent * cores, cores, p.cpu_percent,

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from tfsync import safefile
+from tfsync.base import safefile
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.exits import TfsyncError
+from tfsync.base.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class HookLauncher:
     take to open its port (each call's deadline adds ``RPC_MARGIN_S``). ``tls``: the
     client TLS config for every hook (None: plaintext, loopback only by convention).
     ``env``: extra task environment (only the hook's allowlist is accepted). ``netns``:
-    the network namespace, on every node, the tasks run in (tfsync.netns; "": the hooks').
+    the network namespace, on every node, the tasks run in (tfsync.base.netns; "": the hooks').
     ``files``: ``[(name, local path), ...]`` copied to every hook (StageFile) before its
     tasks start, into the stage ``stage_id``, where the tasks then run (their working
     directory: ``name`` is the path they open). ``workdir``: instead, a directory the

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..policy.base import Policy
-from ..exits import TfsyncError
+from ..base.exits import TfsyncError
 
 
 class EngineError(TfsyncError, RuntimeError):
@@ -32,3 +32,16 @@ class Phase:
     lr_scale: float = 1.0
     momentum: float | Callable[[float], float] | None = None
     changed: dict = field(default_factory=dict)
+
+    def set_batch_sizes(self, sizes, max_batch: int) -> None:
+        """A command's batch sizes: granted from the next grant on, kept by checkpoints."""
+        self.policy.set_batch_sizes(sizes, max_batch)
+        self.changed["batch_sizes"] = list(sizes)
+
+    def switched(self, new: Policy, method: str, lr_scale: float, options: dict) -> None:
+        """A command's switch: ``new`` (built with ``options``) runs the rest of this phase
+        at learning rate x ``lr_scale``; kept by checkpoints."""
+        self.policy, self.lr_scale, self.switch = new, lr_scale, method
+        self.changed.update(protocol=new.name, options=options, lr_scale=lr_scale)
+        if new.self_sizing:
+            self.changed.pop("batch_sizes", None)

@@ -31,7 +31,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 from tensorflow.core.util import event_pb2
 
-from .. import nospace, safefile
+from ..base import nospace, safefile
 from .checkpoints import newest_intact
 
 logger = logging.getLogger(__name__)

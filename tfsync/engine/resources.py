@@ -21,7 +21,7 @@ returns ``{worker: reading}``, a reading being a dict:
 
 CPU figures cover the time since the previous sample; a pid's first sample only sets
 its baseline, so a worker appears from its second sample on. The monitor keeps its own
-baselines (``tfsync.procstats``, not psutil's module-wide one), so other samplers in the
+baselines (``tfsync.base.procstats``, not psutil's module-wide one), so other samplers in the
 process do not disturb it. A pid that has ended (or is a zombie) disappears from
 ``latest()``; pids can be replaced while running (``set_pids``, after a worker restart).
 """
@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from tfsync.procstats import CpuBusy, ProcessReader, worker_reading
+from tfsync.base.procstats import CpuBusy, ProcessReader, worker_reading
 
 logger = logging.getLogger(__name__)
 

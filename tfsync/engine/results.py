@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ..policy.base import Push, PushMode
-from ..pushlog import push_record
+from ..policy.pushlog import push_record
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ
 from .phase import EngineError
 from .pilot import ROUND_CLOSED, is_marker

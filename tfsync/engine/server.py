@@ -3,7 +3,7 @@
 The process runs a ``tf.distribute.Server`` until it is killed, and exits by itself when
 its parent (the launcher) dies, so a crashed coordinator never leaves orphans. Started by
 a platform (a Kubernetes TFJob, a Slurm script) with no arguments, it serves the task that
-TF_CONFIG names (tfsync.tfconfig).
+TF_CONFIG names (tfsync.base.tfconfig).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
     if args.cluster is None:
-        from tfsync import tfconfig
+        from tfsync.base import tfconfig
         try:
             tf_config = tfconfig.read()
         except tfconfig.TFConfigError as e:

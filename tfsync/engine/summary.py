@@ -8,8 +8,8 @@ import json
 import os
 import time
 
-from .. import arrays, netns
-from ..curves import converged_accuracy
+from ..base import arrays, netns
+from ..base.curves import converged_accuracy
 from .evaluator import Evaluation, scores
 
 

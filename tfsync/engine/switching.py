@@ -9,7 +9,6 @@ import time
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, Decision
-from ..policy.sizing import FixedSizer
 from .checkpoints import load_state
 
 logger = logging.getLogger(__name__)
@@ -117,30 +116,31 @@ def resume_policy(engine, saved: dict, policy) -> None:
         books.apply(Decision(restore=frozenset(range(books.num_workers)) - books.active), time.time())
 
 
-def carry_changes(phase, changed: dict, workers: int) -> None:
+def carry_changes(phase, changed: dict, workers: int, max_batch: int) -> None:
     """``phase`` as the commands of an earlier run left it (``Phase.changed``, saved with
     its checkpoint): the protocol a switch chose, with its options and rate factor, and
-    batch sizes set by hand (not for another worker count); the plan's later phases follow
-    as planned. Not when they were made in a phase that ended elsewhere (the job file's
-    plan changed since): a warning says so, and the plan applies."""
+    batch sizes set by hand (not for another worker count, nor above ``max_batch``, the
+    input pipeline's largest); the plan's later phases follow as planned. Not when they
+    were made in a phase that ended elsewhere (the job file's plan changed since): a
+    warning says so, and the plan applies."""
     if changed.get("until") != phase.until:
         logger.warning("resume: what commands changed (%s) was for a phase ending at %s of the workload; this "
                        "plan's phase there ends at %g (the job file's plan changed): the plan applies",
                        ", ".join(k for k in changed if k != "until"), changed.get("until"), phase.until)
         return
-    changed, sizes = dict(changed), changed.get("batch_sizes")
+    sizes = changed.get("batch_sizes")
     if sizes is not None and len(sizes) != workers:
         logger.warning("resume: batch sizes %s were set for %d workers, not %d: the plan's sizes apply",
                        sizes, len(sizes), workers)
-        del changed["batch_sizes"]
-    old = phase.policy
-    # a self-sizing protocol's sizer is its own; after one, the others size as it started (as a switch does)
-    sizer = BatchSizer(old.sizer.batch_size) if getattr(old, "self_sizing", False) else old.sizer
-    if "batch_sizes" in changed:
-        sizer = FixedSizer(changed["batch_sizes"])
+        sizes = None
     if "protocol" in changed:
-        phase.policy = policies.make(changed["protocol"], sizer, **changed.get("options", {}))
-        phase.lr_scale = float(changed["lr_scale"])
-    elif "batch_sizes" in changed and not getattr(old, "self_sizing", False):
-        phase.policy.sizer = sizer
-    phase.changed = {k: v for k, v in changed.items() if k != "until"}   # kept by the next checkpoints
+        old = phase.policy
+        # a self-sizing protocol's sizer is its own; after one, the others size as it started (as a switch does)
+        sizer = BatchSizer(old.sizer.batch_size) if old.self_sizing else old.sizer
+        new = policies.make(changed["protocol"], sizer, **changed.get("options", {}))
+        phase.switched(new, phase.switch, float(changed["lr_scale"]), changed.get("options", {}))
+    if sizes is not None and not phase.policy.self_sizing:
+        try:
+            phase.set_batch_sizes(sizes, max_batch)
+        except ValueError as e:
+            logger.warning("resume: batch sizes %s not set again: %s; the plan's sizes apply", sizes, e)

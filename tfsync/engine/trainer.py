@@ -18,11 +18,11 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import nospace
+from ..base import nospace
 from ..policy.base import ClusterView, Decision, Policy, PolicyError
 from ..policy.catalogue import aggregating
 from ..policy.ledger import Ledger
-from ..quiet import quiet_tf_loggers
+from ..base.quiet import quiet_tf_loggers
 from .callbacks import CallbackList, ControllerLink, Evaluations, ProgressDisplay
 from .channel import ChannelError
 from .checkpoints import CheckpointDir
@@ -60,7 +60,7 @@ class Engine:
         (the job's configuration policy; default its paper rule: n for a protocol that
         averages the workers' gradients, 1 for the others)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
-        quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.quiet)
+        quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
         self.gens = Generations(setup, workers, ps, host, run_dir, start_timeout, cluster_factory)
@@ -359,7 +359,7 @@ class Engine:
         try:
             self.callbacks.call("on_train_begin", self)
             self.open_generation(self.gens.launch(), restore=restore)
-            self.train_started = time.time()  # rates over training time start here (tfsync.progress)
+            self.train_started = time.time()  # rates over training time start here (tfsync.base.progress)
             self.train_counts = (self.state.pushes, self.state.samples)   # a resumed run's: not zero
             t_init = self.train_started - self._t0
             if self.on_start is not None:
@@ -368,7 +368,7 @@ class Engine:
             resumed = None if saved is None else \
                 next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
             if resumed is not None and resume.get("changed"):
-                carry_changes(resumed, resume["changed"], self.workers)   # as the commands before the stop left it
+                carry_changes(resumed, resume["changed"], self.workers, self.setup.max_batch_size)   # as the commands before the stop left it
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
             # it are done (run again, each would start its policy and train a round of it)
             first = phases.index(resumed) if resumed is not None else 0

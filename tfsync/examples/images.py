@@ -3,19 +3,19 @@
 ``data.name = "mnist"`` is ``data.fn = "tfsync.examples.images:mnist"`` with ``args =
 {path = data.path}``; ``model.name = "cnn"`` is ``model.fn = "tfsync.examples.images:cnn"``
 with the input shape and classes of the data and ``job.seed`` as ``args``
-(``tfsync.workload``). Named by reference, they take the same arguments.
+(``tfsync.engine.workload``). Named by reference, they take the same arguments.
 """
 
 from __future__ import annotations
 
 import tf_keras as keras
 
-from ..data import load
+from ..base.data import load
 
 
 def mnist(path: str | None = None) -> dict:
     """MNIST as float32 images (N, 28, 28, 1) in [0, 1] and int64 labels, from ``path`` (a
-    .npz or a directory of IDX files) or tfsync.data's default search (``$TFSYNC_DATA_DIR``,
+    .npz or a directory of IDX files) or tfsync.base.data's default search (``$TFSYNC_DATA_DIR``,
     ../shared/data, the bundled 6000-image sample)."""
     return _arrays(load("mnist", path))
 

@@ -6,7 +6,7 @@ the Google trace's tasks on each worker; we replay a machine's CPU utilisation).
 to util(t) / 100 every ``interval`` seconds, t = offset + elapsed * time_scale trace
 seconds. Past the end of a trace loaded with ``wrap=True`` it loops; past the end of
 one without, it logs one warning and holds the last duty it set. Traces come from
-``load_trace_csv``: every format of ``tfsync.sim.traces`` (shared/data/traces, or a
+``load_trace_csv``: every format of ``tfsync.base.traces`` (shared/data/traces, or a
 two-column CSV ``time,util`` in seconds and percent), with its strict options.
 """
 
@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from ..sim.traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
+from ..base.traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
 from .burner import CpuBurner
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ import gc
 
 import tensorflow as tf
 
-from .. import quiet
+from ..base import quiet
 from ..engine import tfcompat
 from ..engine.cluster import LocalCluster, connect_strategy
 

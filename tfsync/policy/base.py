@@ -37,8 +37,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .. import plainstate
-from ..exits import TfsyncError
+from ..base import plainstate
+from ..base.exits import TfsyncError
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +281,20 @@ class Policy:
         server may close and open rounds without asking (the engine's PS-run rounds).
         None (the default): it decides at each push."""
         return None
+
+    def set_batch_sizes(self, sizes, max_batch: int) -> None:
+        """Grant ``sizes`` (one per worker) from the next grant on, a command's batch sizes;
+        ValueError if this policy sizes its own batches or one is above ``max_batch``, the
+        input pipeline's largest."""
+        from .sizing import FixedSizer  # sizing builds on this module
+
+        if self.self_sizing:
+            raise ValueError(f"{self.name} sizes its own batches (from predicted speeds); switch to another "
+                             "protocol first to set batch sizes by hand")
+        if max(sizes) > max_batch:
+            raise ValueError(f"batch size {max(sizes)} exceeds the input pipeline's {max_batch}; set a larger "
+                             "batch size in the job to allow it")
+        self.sizer = FixedSizer(sizes)
 
     # -- helpers ------------------------------------------------------------------------
     mode = PushMode.APPLY

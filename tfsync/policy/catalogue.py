@@ -11,7 +11,7 @@ A policy class declares (defaults in :class:`~tfsync.policy.base.Policy`):
 - ``nameable``: job files and ``tfsync switch --to`` may name it;
 - ``max_batch(workers)``: the largest batch an instance can grant.
 
-``register(cls)`` records a class. Job-file validation (``tfsync.config``), ``tfsync
+``register(cls)`` records a class. Job-file validation (``tfsync.job.config``), ``tfsync
 switch`` (choices, help, option conversion), the configuration policy and RLP's static
 baselines read the catalogue, so a new protocol is one module defining its class and
 calling ``register``.
@@ -25,7 +25,7 @@ import numbers
 from types import MappingProxyType
 from typing import Mapping
 
-from ..registry import build, params, split
+from ..base.registry import build, params, split
 from .base import BatchSizer, Policy
 from .options import FROM_SIGNATURE, Option, OptionError
 
@@ -72,19 +72,6 @@ class Spec:
                     out[key] = opt.clean(value)
                 except OptionError as e:
                     raise ValueError(f"protocol {self.name!r}: {key} = {value!r}: {e}") from None
-        return out
-
-    def to_numbers(self, options: Mapping) -> dict[str, float]:
-        """Checked options as numbers, the form a switch request carries (true = 1)."""
-        out = {}
-        for key, value in self.check(options).items():
-            if key not in self.options:
-                raise ValueError(f"protocol {self.name!r} has no option {key!r}; options: "
-                                 + (", ".join(self.options) or "none"))
-            if isinstance(value, str):
-                raise ValueError(f"protocol {self.name!r}: {key} = {value!r}: a switch carries numbers "
-                                 "only; set text options in the job file")
-            out[key] = float(value)
         return out
 
 
@@ -158,6 +145,17 @@ def aggregating(name: str | None) -> bool:
     """Whether ``name``'s updates average the members' gradients (False: unknown or None)."""
     found = find(name) if name is not None else None
     return found is not None and found.aggregating
+
+
+def to_numbers(options: Mapping) -> dict[str, float]:
+    """Options as the numbers a switch request carries (true = 1); what they mean is
+    checked where the switch is (``tfsync.policy.commands.check_switch``)."""
+    out = {}
+    for key, value in options.items():
+        if isinstance(value, str) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{key} = {value!r}: a switch carries numbers only; set text options in the job file")
+        out[key] = float(value)
+    return out
 
 
 def from_numbers(name: str, values: Mapping[str, float]) -> dict:

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .. import plainstate
+from ..base import plainstate
 from .barrier_search import SEARCHES
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, PushMode
 from .options import Option

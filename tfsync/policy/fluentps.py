@@ -38,7 +38,7 @@ import collections
 import math
 import random
 
-from .. import plainstate
+from ..base import plainstate
 from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push
 from .options import Option
 

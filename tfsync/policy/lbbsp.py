@@ -64,7 +64,7 @@ import math
 import time
 from typing import Mapping, Sequence
 
-from .. import plainstate
+from ..base import plainstate
 from ..batching import GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times
 from ..batching.stepfit import StepFit
 from ..predict import EMA, REGISTRY as PREDICTORS, factory

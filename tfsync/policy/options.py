@@ -11,7 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
-from ..exits import BadInput
+from ..base.exits import BadInput
 
 
 class _FromSignature:

@@ -22,7 +22,7 @@ cluster for ever; it then acts as ``ALL`` (and is counted in ``stats()``).
 
 State (``save_state``): the tracker's last H rows and loss estimate, the previous
 decision (for the next transition's reward; its time is shifted by the time a restored
-job was down, tfsync.plainstate.Rebase) and the action counts. The network is not in it:
+job was down, tfsync.base.plainstate.Rebase) and the action counts. The network is not in it:
 RLP does not learn while it runs (training agents, tfsync.rl, learn from ``observer``), and
 the job file names its model again.
 
@@ -41,7 +41,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .. import plainstate
+from ..base import plainstate
 from . import catalogue
 from .actions import ACTIONS, ALL, NONE, SUBMITTER, Teacher
 from .base import BatchSizer, ClusterView, Decision, Policy, Push

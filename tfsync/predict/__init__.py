@@ -9,7 +9,7 @@ ones. Only the learned predictors touch TensorFlow, lazily, when they first trai
 
 from __future__ import annotations
 
-from ..registry import build
+from ..base.registry import build
 
 from .arima import ARIMAPredictor
 from .base import EMA, LastValue, NoObservation, Predictor

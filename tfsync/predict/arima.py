@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from .. import plainstate
+from ..base import plainstate
 from .base import EMA, Predictor
 
 try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-from .. import plainstate
+from ..base import plainstate
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ import threading
 
 import numpy as np
 
-from .. import plainstate
+from ..base import plainstate
 from . import nets
 from .base import EMA, Predictor
 from .trainer import NarxTrainer, default_trainer

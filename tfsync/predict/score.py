@@ -34,7 +34,7 @@ import random
 
 import numpy as np
 
-from ..sim.traces import TraceError, number
+from ..base.traces import TraceError, number
 from . import get
 from .trainer import NarxTrainer
 

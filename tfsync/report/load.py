@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from ..exits import BadInput
+from ..base.exits import BadInput
 
 
 class ReportError(BadInput, ValueError):

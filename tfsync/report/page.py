@@ -9,7 +9,7 @@ import io
 import os
 import time
 
-from .. import safefile
+from ..base import safefile
 from . import plots
 from .load import RunData, label, load_run
 

@@ -73,7 +73,7 @@ class Instance:
 
 @functools.lru_cache(maxsize=4)
 def _data(name: str):
-    from ..data import load
+    from ..base.data import load
 
     d = load(name)
     flat = lambda x: np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32)  # noqa: E731

@@ -3,7 +3,7 @@
 from .simulator import SimResult, Simulator
 from .monitor import SimMonitor
 from .speeds import SpeedModel
-from .traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
+from ..base.traces import CpuTrace, TraceError, TraceRangeError, load_cpu_traces
 
 __all__ = ["CpuTrace", "SimMonitor", "SimResult", "Simulator", "SpeedModel", "TraceError", "TraceRangeError",
            "load_cpu_traces"]

@@ -27,11 +27,11 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from .. import safefile
+from ..base import safefile
 from ..policy.base import ClusterView, Decision, Policy, PolicyError, Push, PushMode
 from ..policy.ledger import Ledger
 from ..predict.trainer import NarxTrainer, training_with
-from ..pushlog import push_record, write_jsonl
+from ..policy.pushlog import push_record, write_jsonl
 from .monitor import SimMonitor
 from .speeds import SpeedModel
 

@@ -8,7 +8,7 @@ One :class:`SpeedModel` covers the cases of paper 004 §4 and of the issues:
   per-worker sequences (paper 004 §4: some workers sleep, others never do);
 - trace-driven: a worker placed on a traced machine gets the CPU share the machine's
   other load leaves it, ``share(w, t) = max(1 - util(t) / 100, min_share)``, so its
-  compute time is divided by the share at the step's start (traces: tfsync.sim.traces;
+  compute time is divided by the share at the step's start (traces: tfsync.base.traces;
   ``contention`` is what a resource monitor reads, tfsync.sim.monitor);
 - ``jitter``: log-normal noise on every step (sigma), as real step times have.
 
@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .traces import CpuTrace, TraceError, load_cpu_traces  # noqa: F401 - re-exported
+from ..base.traces import CpuTrace, TraceError, load_cpu_traces  # noqa: F401 - re-exported
 
 
 def _of(value, worker: int) -> float:

@@ -2,7 +2,7 @@
 
 from .online import ElasticStragglerPolicy, GreedyStragglerPolicy
 from .plan import SwitchPlan
-from ..curves import converged_accuracy
+from ..base.curves import converged_accuracy
 from .search import SearchResult, SearchSettings, binary_search
 from .search_cost import RecordedRun, RunBank, cost_table, simulate_setting
 from .slowdown import Slowdown, TransientSlowdown

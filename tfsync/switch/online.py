@@ -25,7 +25,7 @@ State (``save_state``): the mode (bsp, asp, drain, final), the BSP samples done,
 detector's windows and counters, the inner policies' states, the removed workers with
 their removal times, and the timeline and membership records. Removal times and the
 detector's window grid are coordinator times: after a restore they are shifted by the
-time the job was down (tfsync.plainstate.Rebase), so a worker removed 80 s before a
+time the job was down (tfsync.base.plainstate.Rebase), so a worker removed 80 s before a
 checkpoint gets its readmission 20 s after the resume, not at once.
 """
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .. import plainstate
+from ..base import plainstate
 from ..policy.asp import ASP
 from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
 from ..policy.bsp import BSP
@@ -48,7 +48,7 @@ class _StragglerAware(Policy):
     # In the catalogue, but not nameable in a [[protocol]] entry or `tfsync switch --to`:
     # they need a StragglerDetector and inner BSP / ASP policies, objects a job file cannot
     # give; its [switch] section (stragglers = greedy | elastic) selects them instead
-    # (tfsync.jobrun.straggler_phase).
+    # (tfsync.commands.jobrun.straggler_phase).
     nameable = False
 
     def __init__(self, detector: StragglerDetector, bsp_samples: int | None = None, *,

@@ -33,7 +33,7 @@ that arrive slightly out of order still count. Records of a closed window are ig
 State (``save_state``): the window grid (origin, the open window), what the open windows
 have accumulated, each worker's consecutive-window counters, the stragglers and the
 events; not the closed windows' rates (``windows``), a record of this process only.
-``shift(seconds)`` moves the grid after a restore (tfsync.plainstate.Rebase).
+``shift(seconds)`` moves the grid after a restore (tfsync.base.plainstate.Rebase).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .. import plainstate
+from ..base import plainstate
 from ..policy.base import Push
 
 logger = logging.getLogger(__name__)

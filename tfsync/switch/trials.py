@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from .. import safefile
+from ..base import safefile
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrialResult:
     """One training run with a switch point: its converged test accuracy (see
-    ``tfsync.curves.converged_accuracy``) and its training time in seconds."""
+    ``tfsync.base.curves.converged_accuracy``) and its training time in seconds."""
 
     converged_accuracy: float
     time: float

@@ -52,11 +52,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from tfsync import safefile
-from tfsync.netns import pid_alive
-from tfsync.taskcmd import task_env
+from tfsync.base import safefile
+from tfsync.base.netns import pid_alive
+from tfsync.base.taskcmd import task_env
 from tfsync.testbed import cpushare
-from ..exits import EXIT_BAD_INPUT, TfsyncError
+from ..base.exits import EXIT_BAD_INPUT, TfsyncError
 
 HOOK_PORT = 7070
 TASK_PORTS = (20000, 20099)   # the job file's cluster.task_ports; the relay listens on all of them

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from ..exits import TfsyncError
+from ..base.exits import TfsyncError
 
 ROOT = "/sys/fs/cgroup"
 PERIOD_US = 10_000   # short: a node capped at a third of a CPU is slow throughout, not stopped

@@ -1,0 +1,1 @@
+"""Base helpers: they import no other part of tfsync."""

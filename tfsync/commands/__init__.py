@@ -1,0 +1,1 @@
+"""The sub-commands of `tfsync` (tfsync/cli.py assembles them) and the job runner."""

@@ -1,0 +1,1 @@
+"""The job: a job file's configuration, its metrics, the limits it must fit."""
