@@ -950,7 +950,8 @@ def test_fuzzed_token_files_are_read_or_refused_in_one_line(tmp_path):
 
 def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_path, capsys):
     """Batch sizes are int32 and steps int64 in the API: a number past them, or below the
-    least, is refused in one line by the command line, before any call."""
+    least, is refused in one line by the command line, before any call; a batch size the API
+    carries but no worker can take, by the manager, in the line the engine would give."""
     from helpers import job_manager
     from tfsync.cli import build_parser
 
@@ -960,7 +961,9 @@ def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_
     problems = []
     with job_manager(tmp_path) as (_, _, runs):
         for n in numbers:
-            for argv, lo, hi, name in ((["batch-sizes", str(runs["live"]), str(n), "16"], 1, 2**31 - 1, "batch size"),
+            # a batch size the API carries but no worker can take (< 1) is the manager's to refuse
+            for argv, lo, hi, name in ((["batch-sizes", str(runs["live"]), str(n), "16"], -2**31, 2**31 - 1,
+                                        "batch size"),
                                        (["metrics", str(runs["done"]), "--from-step", str(n)], 0, 2**63 - 1,
                                         "--from-step")):
                 args = build_parser().parse_args(argv)
@@ -970,7 +973,11 @@ def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_
                     code = f"{type(e).__name__}: {str(e)[:100]}"
                 err = capsys.readouterr().err
                 lines = err.splitlines()
-                if lo <= n <= hi and (code != 0 or err):
+                if argv[0] == "batch-sizes" and lo <= n < 1:
+                    if not (code == 2 and lines == [f"tfsync: error: INVALID_ARGUMENT: batch sizes [{n}, 16]: "
+                                                    "expected 2 integers >= 1, one per worker"]):
+                        problems.append(f"{argv[0]} {n}: {code}, {err[:200]!r}")
+                elif lo <= n <= hi and (code != 0 or err):
                     problems.append(f"{argv[0]} {n}: {code}, {err[:200]!r}")
                 elif not lo <= n <= hi and not (code == 2 and len(lines) == 1 and
                                                  lines[0].startswith(f"tfsync: error: {name} {n}: ")):

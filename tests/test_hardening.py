@@ -276,8 +276,11 @@ def test_a_token_file_of_non_ascii_bytes_is_one_line(run_dir):
 
 def test_batch_sizes_beyond_the_api_range_are_one_line_naming_them(tmp_path):
     with job_manager(tmp_path) as (service, stub, runs):
-        for size in ("99999999999", "0", "2147483648", "-1"):
+        for size in ("99999999999", "2147483648", "-2147483649"):   # beyond what the API carries
             one_line(tfsync("batch-sizes", str(runs["live"]), size, "16"), f"batch size {size}", code=2)
+        for size in ("0", "-1"):   # carried, and refused where the engine would refuse it
+            one_line(tfsync("batch-sizes", str(runs["live"]), size, "16"), f"batch sizes [{size}, 16]: expected 2",
+                     code=2)
         r = tfsync("batch-sizes", str(runs["live"]), "2147483647", "16")   # the largest the API carries
         assert r.returncode == 0 and "queued" in r.stdout, r.stderr
 

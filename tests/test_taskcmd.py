@@ -23,6 +23,6 @@ def test_env_has_no_tf_config_no_gpu_and_this_tfsync_first(monkeypatch):
     env = taskcmd.task_env({"OMP_NUM_THREADS": "1"})
     assert "TF_CONFIG" not in env and env["CUDA_VISIBLE_DEVICES"] == "" and env["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert env["OMP_NUM_THREADS"] == "1"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(taskcmd.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(taskcmd.__file__))))
     assert env["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])
     assert os.path.isdir(os.path.join(env["PYTHONPATH"].split(os.pathsep)[0], "tfsync"))

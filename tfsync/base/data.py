@@ -39,8 +39,8 @@ IDX_NAMES = {
 IDX_DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
               0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
-BUNDLED_SAMPLE = Path(__file__).resolve().parent / "datasets" / "mnist_sample.npz"
-REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+BUNDLED_SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "mnist_sample.npz"
+REPO_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 _EXPECTED = ("a Keras-format .npz (keys x_train, y_train, x_test, y_test)"
              " or, for mnist, a directory of the IDX files")

@@ -15,7 +15,7 @@ import sys
 SERVER = (sys.executable, "-m", "tfsync.engine.server")
 # The directory that holds the tfsync package: put first on a task's PYTHONPATH, so the
 # task imports the same tfsync as its launcher.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def task_command(spec_json: str, job: str, index: int, program=SERVER) -> list[str]:
