@@ -182,7 +182,7 @@ def progress_printer(every: float = 10.0, extra=lambda: ""):
     def progress(engine, policy, total):
         if time.monotonic() >= state["next"]:
             state["next"] = time.monotonic() + every
-            s = engine.state
+            s = engine.ledger
             print(f"    {policy.name}: {s.pushes} pushes, {s.samples} samples {extra()}", flush=True)
     return progress
 

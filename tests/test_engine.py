@@ -60,7 +60,7 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     sw = summary["switches"][0]
     assert sw["method"] == switch and sw["updates"] == 3
-    assert len(engine.gens.clusters) == (2 if switch == "restart" else 1)
+    assert len(engine.lifecycle.clusters) == (2 if switch == "restart" else 1)
     recs = _records(tmp_path)
     assert sorted({r["batch_size"] for r in recs}) == [5, 11]
     assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
@@ -284,7 +284,7 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
         def on_push(self, eng, push, record):
             # The second kill waits for the first recovery: on a slow machine worker 0 can push
             # 20 more steps before the first loss is noticed, and a kill of the dead task is no loss.
-            if eng.state.pushes >= 20 * (len(killed) + 1) and len(eng.recovery_log) == len(killed) < 2:
+            if eng.ledger.pushes >= 20 * (len(killed) + 1) and len(eng.recovery_log) == len(killed) < 2:
                 eng.generation.cluster.kill_task("worker", 1)
                 killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
 
@@ -294,7 +294,7 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
     assert len(killed) == 2
     assert [e["task"] for e in engine.recovery_log] == ["worker:1"]  # the first loss was recovered
     assert engine.checkpoints[-1]["why"] == "worker_lost"
-    for cluster in engine.gens.clusters:
+    for cluster in engine.lifecycle.clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
 
 
@@ -375,7 +375,7 @@ def test_ps_rounds_halt_for_a_command_and_go_on_with_its_batch_sizes(tiny_proble
         results = []
 
         def commands(self):
-            if engine.state.pushes >= 6 and not self.results:
+            if engine.ledger.pushes >= 6 and not self.results:
                 return [Command("c1", "batch_sizes", batch_sizes=(3, 7))]
             return []
 

@@ -1,4 +1,4 @@
-"""The books the engine and the simulator share (tfsync.policy.ledger): unit rules, and
+"""The ledger the engine and the simulator share (tfsync.policy.ledger): unit rules, and
 the two drivers against each other on one schedule (a real engine's pushes replayed in
 the simulator must be counted the same, push by push)."""
 
@@ -14,58 +14,58 @@ from tfsync.sim.speeds import SpeedModel
 AGG, APPLY = PushMode.AGGREGATE, PushMode.APPLY
 
 
-def _push(books, w, mode=AGG, round=0, version=0, t=1.0):
-    return books.push(w, 8, mode, round, version, start=0.0, end=t, arrival=t, loss=0.5)
+def _push(ledger, w, mode=AGG, round=0, version=0, t=1.0):
+    return ledger.push(w, 8, mode, round, version, start=0.0, end=t, arrival=t, loss=0.5)
 
 
 @pytest.mark.unit
 def test_a_barrier_closes_the_round_and_its_grants_open_the_next():
-    books = Ledger(2)
-    books.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG))), now=0.0)
-    _push(books, 0), _push(books, 1)
-    assert books.pending_workers == [0, 1] and books.pending_samples == 16 and books.updates == 0
-    applied = books.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=2.0)
+    ledger = Ledger(2)
+    ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG))), now=0.0)
+    _push(ledger, 0), _push(ledger, 1)
+    assert ledger.pending_workers == [0, 1] and ledger.pending_samples == 16 and ledger.updates == 0
+    applied = ledger.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=2.0)
     assert applied.closed == 2 and applied.seqs == (2,)
-    assert (books.round, books.updates, books.pending_workers) == (1, 1, [])
-    late = _push(books, 0, round=0, t=3.0)  # a push of the closed round is counted, not aggregated
-    assert late.dropped and books.dropped == 1 and books.samples == 16 and books.pushes == 3
+    assert (ledger.round, ledger.updates, ledger.pending_workers) == (1, 1, [])
+    late = _push(ledger, 0, round=0, t=3.0)  # a push of the closed round is counted, not aggregated
+    assert late.dropped and ledger.dropped == 1 and ledger.samples == 16 and ledger.pushes == 3
 
 
 @pytest.mark.unit
 def test_a_push_knows_when_its_step_could_start_and_how_stale_it_is():
-    books = Ledger(2)
-    books.apply(Decision((Grant(0, 8, APPLY), Grant(0, 8, APPLY), Grant(1, 8, APPLY))), now=10.0)
-    first = _push(books, 1, APPLY, version=0, t=11.0)
-    second = _push(books, 0, APPLY, version=0, t=12.0)
-    third = _push(books, 0, APPLY, version=2, t=14.0)
+    ledger = Ledger(2)
+    ledger.apply(Decision((Grant(0, 8, APPLY), Grant(0, 8, APPLY), Grant(1, 8, APPLY))), now=10.0)
+    first = _push(ledger, 1, APPLY, version=0, t=11.0)
+    second = _push(ledger, 0, APPLY, version=0, t=12.0)
+    third = _push(ledger, 0, APPLY, version=2, t=14.0)
     assert (first.pushes_during, second.pushes_during, third.pushes_during) == (0, 1, 0)
     assert second.ready_at == 10.0 and third.ready_at == 12.0  # granted at 10, but worker 0 was busy until 12
-    assert third.turnaround == 2.0 and books.updates == 3
+    assert third.turnaround == 2.0 and ledger.updates == 3
 
 
 @pytest.mark.unit
 def test_removed_workers_are_drained_but_the_view_counts_members_only():
-    books = Ledger(3)
-    books.apply(Decision(tuple(Grant(w, 8, APPLY) for w in range(3))), now=0.0)
-    books.apply(Decision(remove={2}), now=0.0)
-    view = books.view(1.0)
-    assert view.in_flight == 2 and books.in_flight() == 3 and view.members == {0, 1}
-    _push(books, 0, APPLY), _push(books, 2, APPLY)
-    assert books.view(2.0).in_flight == 1 and books.view(2.0).min_clock == 0 and books.in_flight() == 1
+    ledger = Ledger(3)
+    ledger.apply(Decision(tuple(Grant(w, 8, APPLY) for w in range(3))), now=0.0)
+    ledger.apply(Decision(remove={2}), now=0.0)
+    view = ledger.view(1.0)
+    assert view.in_flight == 2 and ledger.in_flight() == 3 and view.members == {0, 1}
+    _push(ledger, 0, APPLY), _push(ledger, 2, APPLY)
+    assert ledger.view(2.0).in_flight == 1 and ledger.view(2.0).min_clock == 0 and ledger.in_flight() == 1
 
 
 @pytest.mark.unit
 def test_the_books_survive_a_json_round_trip_with_nothing_granted():
-    books = Ledger(2)
-    books.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0)
-    _push(books, 0), _push(books, 1)
-    books.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=1.0)
+    ledger = Ledger(2)
+    ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0)
+    _push(ledger, 0), _push(ledger, 1)
+    ledger.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=1.0)
     again = Ledger(2)
-    again.restore_state(json.loads(json.dumps(books.save_state())))
+    again.restore_state(json.loads(json.dumps(ledger.save_state())))
     assert (again.clocks, again.round, again.updates, again.samples, again.lr_scale) == ([1, 1], 1, 1, 16, 2.0)
     assert again.granted == [1, 1] and again.in_flight() == 0
     with pytest.raises(ValueError, match="has 2 workers, this run 3"):
-        Ledger(3).restore_state(books.save_state())
+        Ledger(3).restore_state(ledger.save_state())
 
 
 class _Replay(SpeedModel):
@@ -116,10 +116,10 @@ def test_the_engine_and_the_simulator_count_one_schedule_the_same(tiny_problem, 
     sim = Simulator(3, _Replay(arrivals))
     result = sim.run(make(), samples=40 * 24)
     counted = _counted if protocol == "bsp" else _counted_without_version
-    assert [counted(p) for p in sim.books.history] == [counted(p) for p in real]
+    assert [counted(p) for p in sim.ledger.history] == [counted(p) for p in real]
     for key in ("pushes", "updates", "samples", "dropped"):
         assert getattr(result, key) == summary[key], key
-    assert sim.books.round == engine.state.round and sim.clocks == engine.state.clocks
+    assert sim.ledger.round == engine.ledger.round and sim.clocks == engine.ledger.clocks
 
 
 @pytest.mark.unit
@@ -127,7 +127,7 @@ def test_the_engine_and_the_simulator_count_one_schedule_the_same(tiny_problem, 
 def test_a_rate_factor_that_is_not_a_finite_positive_number_is_refused(scale):
     from tfsync.policy import PolicyError
 
-    books = Ledger(2)
+    ledger = Ledger(2)
     with pytest.raises(PolicyError, match="lr_scale"):
-        books.apply(Decision(lr_scale=scale), now=0.0)
-    assert books.lr_scale == 1.0
+        ledger.apply(Decision(lr_scale=scale), now=0.0)
+    assert ledger.lr_scale == 1.0

@@ -165,12 +165,12 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     from tfsync.engine.pilot import Pilot
 
     engine = object.__new__(Engine)
-    engine.state, engine._gen, engine._channel, engine.wake_at = Ledger(3), Gen(), Channel(), None
+    engine.ledger, engine._gen, engine._channel, engine.wake_at = Ledger(3), Gen(), Channel(), None
     engine.pilot, engine.phase_end = Pilot(engine, enabled=False), None
-    engine.state.lr_scale, engine.state.pending_workers = 3.0, [0, 1, 2]
+    engine.ledger.lr_scale, engine.ledger.pending_workers = 3.0, [0, 1, 2]
     engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]
-    assert engine.state.updates == 1 and engine.state.round == 1 and engine.state.granted == [1, 1, 1]
+    assert engine.ledger.updates == 1 and engine.ledger.round == 1 and engine.ledger.granted == [1, 1, 1]
     calls.clear()
     engine.apply(Decision((Grant(0, 16),), lr_scale=3.0))  # no round pending: the new factor, then the grant
     assert calls == [("release", 1, 3.0)]

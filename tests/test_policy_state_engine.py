@@ -1,5 +1,5 @@
 """Policy state beside the checkpoint, on a real cluster: what LB-BSP learned goes on
-through a restart switch and through a resume in a new engine, and the books (clocks)
+through a restart switch and through a resume in a new engine, and the ledger (clocks)
 continue (tfsync.engine.checkpoints: ``<prefix>.tfsync.json``)."""
 
 import json

@@ -99,7 +99,7 @@ def test_smoothing_and_gaps():
 
 def fake_engine(pushes, samples, started):
     state = types.SimpleNamespace(pushes=pushes, samples=samples, batch_sizes=[0, 0])
-    return types.SimpleNamespace(state=state, history=[], train_started=started, train_counts=(pushes, samples),
+    return types.SimpleNamespace(ledger=state, history=[], train_started=started, train_counts=(pushes, samples),
                                  ps=1, workers=2, run_dir="r")
 
 
@@ -113,8 +113,8 @@ def test_progress_of_a_resumed_run_shows_its_own_rate_the_sizes_in_force_and_end
     progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="asp")
     engine = fake_engine(100, 3200, started=990.0)   # resumed: 100 pushes, 3,200 samples before
     last = types.SimpleNamespace(worker=1, batch_size=1, samples_per_s=500.0, loss=0.5)   # LB-BSP's b=1
-    engine.history, engine.state.batch_sizes = [last], [32, 32]   # ASP grants 32 now
-    engine.state.pushes, engine.state.samples = 200, 6400
+    engine.history, engine.ledger.batch_sizes = [last], [32, 32]   # ASP grants 32 now
+    engine.ledger.pushes, engine.ledger.samples = 200, 6400
     progress(engine, policy, 6300)
     assert progress.rates(engine) == (10.0, 10.0, 320.0)
     text = out.getvalue()
@@ -138,7 +138,7 @@ def test_progress_rates_count_training_time_only(monkeypatch):
     progress, policy = Progress(stream=out, live=False), types.SimpleNamespace(name="bsp")
     engine = fake_engine(0, 0, started=990.0)  # training began 10 s ago, 20 s after the process
     progress.starting(engine)
-    engine.state.pushes, engine.state.samples = 100, 3200
+    engine.ledger.pushes, engine.ledger.samples = 100, 3200
     progress(engine, policy, 6400)
     assert progress.rates(engine) == (10.0, 10.0, 320.0)
     text = out.getvalue()

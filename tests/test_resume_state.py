@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 def _engine(workers=3):
     events, rates = [], []
     engine = SimpleNamespace(
-        state=Ledger(workers), workers=workers, events=events, rates=rates,
+        ledger=Ledger(workers), workers=workers, events=events, rates=rates,
         generation=SimpleNamespace(set_hyper=lambda lr_scale: rates.append(lr_scale)),
         recorder=SimpleNamespace(event=lambda kind, **f: events.append((kind, f))),
         event=lambda kind, **f: events.append((kind, f)),
@@ -26,28 +26,28 @@ def _engine(workers=3):
 
 
 def _saved(workers=3, policy=None):
-    books = Ledger(workers)
-    books.apply(Decision((Grant(0, 8, PushMode.APPLY),), remove={2}, lr_scale=1.0), now=0.0)
-    books.push(0, 8, PushMode.APPLY, 0, 0, start=0.0, end=1.0, arrival=1.0, loss=0.1)
-    return {"ledger": books.save_state(), "policy": policy or {}}
+    ledger = Ledger(workers)
+    ledger.apply(Decision((Grant(0, 8, PushMode.APPLY),), remove={2}, lr_scale=1.0), now=0.0)
+    ledger.push(0, 8, PushMode.APPLY, 0, 0, start=0.0, end=1.0, arrival=1.0, loss=0.1)
+    return {"ledger": ledger.save_state(), "policy": policy or {}}
 
 
 def test_a_policy_that_takes_its_state_gets_its_rate_factor_and_members_back():
     lbbsp = LBBSP(batch_size=8)
     engine, saved = _engine(), _saved(policy=lbbsp.save_state())
-    engine.state.restore_state(saved["ledger"])
-    engine.state.lr_scale = 3.0   # the phase's factor, set when the run began
+    engine.ledger.restore_state(saved["ledger"])
+    engine.ledger.lr_scale = 3.0   # the phase's factor, set when the run began
     resume_policy(engine, saved, LBBSP(batch_size=8))
-    assert engine.state.lr_scale == 1.0 and engine.rates == [1.0] and engine.state.active == {0, 1}
+    assert engine.ledger.lr_scale == 1.0 and engine.rates == [1.0] and engine.ledger.active == {0, 1}
 
 
 def test_a_fresh_policy_gets_every_worker_and_the_phases_rate_factor():
     engine, saved = _engine(), _saved()
-    engine.state.restore_state(saved["ledger"])
-    engine.state.lr_scale = 3.0
+    engine.ledger.restore_state(saved["ledger"])
+    engine.ledger.lr_scale = 3.0
     resume_policy(engine, saved, BSP())   # BSP keeps no state: it starts afresh
-    assert engine.state.lr_scale == 3.0 and engine.rates == [] and engine.state.active == {0, 1, 2}
-    assert engine.state.clocks == [1, 0, 0]   # the clocks go on all the same
+    assert engine.ledger.lr_scale == 3.0 and engine.rates == [] and engine.ledger.active == {0, 1, 2}
+    assert engine.ledger.clocks == [1, 0, 0]   # the clocks go on all the same
 
 
 def test_a_state_of_another_worker_count_or_a_damaged_one_leaves_the_clocks_to_start_afresh(tmp_path):
@@ -55,7 +55,7 @@ def test_a_state_of_another_worker_count_or_a_damaged_one_leaves_the_clocks_to_s
     (tmp_path / "ckpt-4.tfsync.json").write_text(json.dumps(_saved(workers=4)))
     engine = _engine(workers=3)
     assert resume_from(engine, {"path": str(prefix), "round": 2}) is None
-    assert engine.state.clocks == [0, 0, 0] and engine.state.round == 2
+    assert engine.ledger.clocks == [0, 0, 0] and engine.ledger.round == 2
     assert any(k == "policy_state" and "4 workers" in f["reason"] for k, f in engine.events)
     (tmp_path / "ckpt-4.tfsync.json").write_text("{not json")
     assert resume_from(_engine(), {"path": str(prefix)}) is None
@@ -69,7 +69,7 @@ def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
             return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
 
     engine, events = object.__new__(Engine), []
-    engine.state, engine.policy, engine.phase = Ledger(2), Diverged(), None
+    engine.ledger, engine.policy, engine.phase = Ledger(2), Diverged(), None
     engine.event = lambda kind, **f: events.append((kind, f))
     state = engine.save_state()
     assert state["policy"] == {} and json.dumps(state, allow_nan=False)

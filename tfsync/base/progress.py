@@ -40,7 +40,7 @@ class Progress:
         now = time.time() if now is None else now
         t0, p0, s0 = self.started
         elapsed = max(now - t0, 1e-9)
-        return elapsed, (engine.state.pushes - p0) / elapsed, (engine.state.samples - s0) / elapsed
+        return elapsed, (engine.ledger.pushes - p0) / elapsed, (engine.ledger.samples - s0) / elapsed
 
     def __call__(self, engine, policy, total: int) -> None:
         now = time.time()
@@ -48,11 +48,11 @@ class Progress:
         if self.started is None:
             began = getattr(engine, "train_started", None) or now   # a resumed run: from its own start
             self.started = (began, *engine.train_counts) if began < now else \
-                (now, engine.state.pushes, engine.state.samples)
+                (now, engine.ledger.pushes, engine.ledger.samples)
             self._say(f"cluster up; training {total:,} samples")
         if now - self._last < self.interval:
             return
-        samples = min(engine.state.samples, total)   # the last round may train past the workload
+        samples = min(engine.ledger.samples, total)   # the last round may train past the workload
         frac = samples / max(total, 1)
         if not self.live and int(frac * 10) == self._decile:
             return
@@ -71,7 +71,7 @@ class Progress:
         workers = {}
         for p in reversed(engine.history):
             workers.setdefault(p.worker, p)
-        sizes = engine.state.batch_sizes   # in force: the latest grant's, not the last push's (a switch)
+        sizes = engine.ledger.batch_sizes   # in force: the latest grant's, not the last push's (a switch)
         speed = "  ".join(f"w{w} b={sizes[w] or p.batch_size} {p.samples_per_s:,.0f}/s"
                           for w, p in sorted(workers.items()))
         loss = engine.history[-1].loss if engine.history else float("nan")

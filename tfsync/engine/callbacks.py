@@ -105,7 +105,7 @@ class Evaluations(Callback):
         self.evaluator = evaluator
 
     def on_push(self, engine, push, record):
-        ev, s = self.evaluator, engine.state
+        ev, s = self.evaluator, engine.ledger
         for e in ev.drain():
             engine.log_eval(e)
         if ev.due(s.pushes):

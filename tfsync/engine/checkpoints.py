@@ -4,7 +4,7 @@
 once per generation (``Generation.save``), not the manager's, which traces one per save.
 
 Beside each, ``<prefix>.tfsync.json``: what the TF checkpoint cannot hold, the engine's
-books and the running policy's learned state (``Engine.save_state``), plain JSON (a
+the ledger and the running policy's learned state (``Engine.save_state``), plain JSON (a
 shared run directory must never make loading run code).
 """
 

@@ -127,11 +127,11 @@ def obey(engine, phase, cmd: Command) -> None:
     try:
         message, path = carry_out(engine, phase, cmd, engine.setup.max_batch_size)
     except StopRequested as stop:
-        engine.controller.result(CommandResult(cmd.id, True, "stopping", engine.state.updates, stop.checkpoint_path))
+        engine.controller.result(CommandResult(cmd.id, True, "stopping", engine.ledger.updates, stop.checkpoint_path))
         raise
     except (ValueError, PolicyError) as e:
         logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
-        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.state.updates))
+        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
         return
     engine.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
-    engine.controller.result(CommandResult(cmd.id, True, message, engine.state.updates, path))
+    engine.controller.result(CommandResult(cmd.id, True, message, engine.ledger.updates, path))

@@ -206,7 +206,7 @@ class Generation:
         _ = self.checkpoint.save_counter   # made now, so every checkpoint holds it (a restore expects it)
         self._save_fn = tf.function(lambda prefix: self.checkpoint.write(prefix, options=checkpoint_io()))
         self.closed = False
-        self.standing = 0   # its closures not yet ended (kept by engine.generations)
+        self.standing = 0   # its closures not yet ended (kept by engine.lifecycle)
 
     def warm_up(self) -> None:
         """Trace the step, control and checkpoint functions now, not on the first step."""

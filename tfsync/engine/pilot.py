@@ -62,7 +62,7 @@ class Pilot:
     def take(self, decision: Decision) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
         the decision grants a steady round, every member one step, nothing else pending."""
-        e, s = self.engine, self.engine.state
+        e, s = self.engine, self.engine.ledger
         if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants:
             return 0
         steady = e.policy.steady_round(e.view())
@@ -87,8 +87,8 @@ class Pilot:
         try:
             gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens))
         except Exception as e:   # the PS died, or the generation closed
-            if gen is self.engine.gens.current:
-                self.engine.gens.results.put((gen, None, e))
+            if gen is self.engine.lifecycle.current:
+                self.engine.lifecycle.results.put((gen, None, e))
 
     def halt(self) -> None:
         """The PS releases no round after the one in flight (asked in order with the
@@ -96,31 +96,31 @@ class Pilot:
         if self.active and not self.halting:
             self.halting = True
             gen, epoch = self.engine.generation, self.epoch
-            self.engine.gens.channel.call(lambda: gen.control.halt(epoch))
+            self.engine.lifecycle.channel.call(lambda: gen.control.halt(epoch))
 
     def observe(self, marker) -> None:
         """A marker row: mirror what the PS did at a round's end in the ledger."""
         e = self.engine
         released = bool(marker[1 + SEQ])
-        applied = e.state.apply(Decision(self.grants if released else (), barrier=True), time.time())
+        applied = e.ledger.apply(Decision(self.grants if released else (), barrier=True), time.time())
         self.rounds += 1
         if applied.closed != int(marker[1 + BATCH]):
             logger.warning("the PS closed a round of %d pushes, the ledger %d", int(marker[1 + BATCH]), applied.closed)
         if released:
             return
         self.active = False
-        if not e.draining and e.phase_end is not None and e.state.samples < e.phase_end:
+        if not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end:
             e.apply(e.policy.start(e.view()))   # halted for a command: the policy grants again
 
     def abandon(self) -> None:
         """The generation is going (a lost worker or PS): a round the PS applied but whose
         marker was not seen yet is closed in the ledger too; nothing more is expected."""
-        if self.active and self.engine.state.pending_workers:
-            self.engine.state.apply(Decision(barrier=True), time.time())
+        if self.active and self.engine.ledger.pending_workers:
+            self.engine.ledger.apply(Decision(barrier=True), time.time())
         self.active = False
 
     def rows(self, decision: Decision, seqs) -> tuple[np.ndarray, int]:
         """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""
         k = self.take(decision)
-        return token_rows(decision.grants, self.engine.state.round, seqs, MODE_ROUND if k > 1 else None), \
+        return token_rows(decision.grants, self.engine.ledger.round, seqs, MODE_ROUND if k > 1 else None), \
             (k if k > 1 else 0)

@@ -54,7 +54,7 @@ def recover_lost_ps(engine, phase, wait_s: float = 0.0) -> bool:
         return False
     logger.warning("task %s:%d died; restarting the cluster from %s", dead[0][0], dead[0][1], last["path"])
     engine.restart_generation(restore=last["path"])
-    lost = engine.state.samples - last["samples"]
+    lost = engine.ledger.samples - last["samples"]
     engine.rewind(last, "ps_lost")
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
@@ -82,7 +82,7 @@ def recover_lost_workers(engine, policy, dead: list) -> bool:
 
 
 def _restart_without(engine, policy, dead, lost_workers) -> bool:
-    t0, s = time.time(), engine.state
+    t0, s = time.time(), engine.ledger
     engine.pilot.abandon()   # rounds the PS ran: what it applied is what was counted
     for _, w, code in dead:
         logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
@@ -118,7 +118,7 @@ def rejoin_nodes(engine, policy, back: list[str]) -> None:
     engine.drain(policy)
     path = engine.checkpoint("node_rejoined")
     engine.restart_generation(restore=path)
-    still_out = engine.gens.left_out()   # a node lost again before the new generation started
+    still_out = engine.lifecycle.left_out()   # a node lost again before the new generation started
     for node in back:
         if node not in still_out:
             logger.warning("node %s is back: its hook answers again; the cluster now uses it", node)

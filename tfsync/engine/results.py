@@ -33,12 +33,12 @@ def next_result(engine):
             engine.dead_checked = time.monotonic()
             if raise_if_dead(engine) and engine.in_flight() == 0:
                 return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
-            engine.gens.channel.check()
+            engine.lifecycle.channel.check()
         timeout = 0.5
         if engine.wake_at is not None:
             timeout = max(0.0, min(timeout, engine.wake_at - time.time()))
         try:
-            gen, value, err = engine.gens.results.get(timeout=timeout)
+            gen, value, err = engine.lifecycle.results.get(timeout=timeout)
         except queue.Empty:
             waited += timeout
             if engine.wake_at is not None and time.time() >= engine.wake_at:
@@ -100,7 +100,7 @@ def record(engine, result, policy) -> tuple[Push, dict]:
     shows them to the observers."""
     r = np.asarray(result)
     wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
-    s, w = engine.state, int(wid)
+    s, w = engine.ledger, int(wid)
     if int(token[SEQ]) != s.clocks[w] + 1:
         logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
     if not math.isfinite(loss):   # as TerminateOnNaN: nothing after it is counted or saved

@@ -29,7 +29,7 @@ def test_scores(engine) -> dict:
 def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resume: dict | None = None) -> dict:
     """``stopped``: the StopRequested that ended the run early; ``resume``: the checkpoint
     event it resumed from."""
-    s, gen, ev = engine.state, engine.generation, engine.evaluator
+    s, gen, ev = engine.ledger, engine.generation, engine.evaluator
     train = max(wall - t_init, 1e-9)
     final = test_scores(engine)
     acc = final["accuracy"]
@@ -75,7 +75,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
     """What a run that failed (a full disk) had done: its counters, phases and checkpoints,
     without the test evaluation a finished run gets; ``failed`` says why it ended."""
-    s, began = engine.state, engine.train_started
+    s, began = engine.ledger, engine.train_started
     train = time.time() - began if began else 0.0
     return {
         "failed": str(error), "wall_s": round(wall, 3), "started_at": round(engine.started_at, 3),

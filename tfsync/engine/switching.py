@@ -25,7 +25,7 @@ def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan")
     if phase.switch == "restart":
         path = engine.checkpoint("switch")
         parts["save_s"] = time.time() - t_drained
-        cluster, engine.next_cluster = engine.next_cluster or engine.gens.launch(), None
+        cluster, engine.next_cluster = engine.next_cluster or engine.lifecycle.launch(), None
         t = time.time()
         if engine.evaluator is not None:
             engine.evaluator.wait()
@@ -39,7 +39,7 @@ def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan")
     set_config(engine, phase)
     t1 = time.time()
     event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch, "by": by,
-             "samples": engine.state.samples, "updates": engine.state.updates,
+             "samples": engine.ledger.samples, "updates": engine.ledger.updates,
              "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
              "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
     engine.switches.append(event)
@@ -49,7 +49,7 @@ def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan")
 
 def set_config(engine, phase) -> None:
     """The phase's rate factor and momentum (paper 003 §IV-C), from now on."""
-    engine.state.lr_scale = phase.lr_scale
+    engine.ledger.lr_scale = phase.lr_scale
     momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
     engine.generation.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 
@@ -58,7 +58,7 @@ def begin_phase(engine, phase, stats_of_previous: dict | None = None) -> dict:
     """A timeline entry for ``phase`` starting now (and the previous one's final stats)."""
     if stats_of_previous is not None and engine.timeline:
         engine.timeline[-1]["stats"] = stats_of_previous
-    s = engine.state
+    s = engine.ledger
     start = {"protocol": phase.policy.name, "samples": s.samples, "updates": s.updates,
              "time": round(engine.recorder.since(), 4), "policy": phase.policy.describe(),
              "lr_scale": phase.lr_scale, "lr": None if engine.base_lr is None else engine.base_lr * phase.lr_scale}
@@ -84,18 +84,18 @@ def hand_over(engine, state: dict, policy, why: str) -> bool:
 
 
 def resume_from(engine, resume: dict) -> dict | None:
-    """Continue the books of an earlier run from its checkpoint event ``resume``: the
+    """Continue the ledger of an earlier run from its checkpoint event ``resume``: the
     counters, and where the checkpoint has the state beside it (and the same number of
     workers), the clocks too. Returns that saved state (its policy part is handed over
     when the phase it was taken in begins: ``resume_policy``), or None."""
-    engine.state.round = int(resume.get("round", 0))
+    engine.ledger.round = int(resume.get("round", 0))
     engine.rewind(resume, "resume")
     engine.recorder.event("resume", **resume)
     try:
         saved = load_state(resume["path"])
         if saved is None:
             return None
-        engine.state.restore_state(saved["ledger"])
+        engine.ledger.restore_state(saved["ledger"])
     except (KeyError, TypeError, ValueError) as e:   # another worker count, a damaged file: the counters go on
         logger.warning("resume: the clocks start afresh: %s", e)
         engine.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
@@ -108,12 +108,12 @@ def resume_policy(engine, saved: dict, policy) -> None:
     membership it had (a straggler policy in ASP, a worker it had removed). Without it
     (refused, another protocol) the policy starts afresh: every worker a member, the
     phase's rate factor."""
-    books = engine.state
+    ledger = engine.ledger
     if hand_over(engine, saved["policy"], policy, "resume"):
-        books.lr_scale = float(saved["ledger"]["lr_scale"])
-        engine.generation.set_hyper(lr_scale=books.lr_scale)
+        ledger.lr_scale = float(saved["ledger"]["lr_scale"])
+        engine.generation.set_hyper(lr_scale=ledger.lr_scale)
     else:
-        books.apply(Decision(restore=frozenset(range(books.num_workers)) - books.active), time.time())
+        ledger.apply(Decision(restore=frozenset(range(ledger.num_workers)) - ledger.active), time.time())
 
 
 def carry_changes(phase, changed: dict, workers: int, max_batch: int) -> None:

@@ -29,7 +29,7 @@ from .checkpoints import CheckpointDir
 from .commands import Controller, StopRequested, obey
 from .evaluator import Evaluation, Evaluator
 from .generation import Generation, TrainSetup
-from .generations import Generations
+from .lifecycle import Lifecycle
 from .pilot import ROUND_CLOSED, Pilot
 from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .records import RunRecorder
@@ -63,7 +63,7 @@ class Engine:
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
-        self.gens = Generations(setup, workers, ps, host, run_dir, start_timeout, cluster_factory)
+        self.lifecycle = Lifecycle(setup, workers, ps, host, run_dir, start_timeout, cluster_factory)
         self.run_dir = run_dir
         self.checkpoint_every = int(checkpoint_every)
         self.timeout_s = float(timeout_s)
@@ -81,7 +81,7 @@ class Engine:
         self.draining = False
         self.epoch_samples = epoch_samples or setup.train_examples
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
-        self.state = Ledger(workers)  # counted as the simulator counts (tfsync.policy.ledger)
+        self.ledger = Ledger(workers)  # counted as the simulator counts (tfsync.policy.ledger)
         self.timeline: list[dict] = []
         self.switches: list[dict] = []
         self.checkpoints: list[dict] = []
@@ -110,7 +110,7 @@ class Engine:
     # -- cluster generations ------------------------------------------------------------
     def open_generation(self, cluster, restore: str | None = None) -> dict:
         """Connect to ``cluster``, build (and restore) the model there; returns timings."""
-        gen, timings = self.gens.open(cluster, restore, self.state.round)
+        gen, timings = self.lifecycle.open(cluster, restore, self.ledger.round)
         self.monitor.set_pids(cluster.worker_pids())
         self.monitor.set_remote(getattr(cluster, "resource_readings", None))  # workers on other nodes
         self.monitor.start()
@@ -119,15 +119,15 @@ class Engine:
         elif gen.learning_rate is None:
             raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
                               "leave base_lr unset (the schedule is the base rate)")
-        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.state.lr_scale)
-        self._gen, self._channel = gen, self.gens.channel
-        self.gens.stand()
+        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale)
+        self._gen, self._channel = gen, self.lifecycle.channel
+        self.lifecycle.stand()
         return timings
 
     def close_generation(self, kill: bool = True) -> None:
         self.pilot.abandon()
         self._gen = None
-        self.gens.close(kill)
+        self.lifecycle.close(kill)
 
     @property
     def generation(self) -> Generation | None:
@@ -138,15 +138,15 @@ class Engine:
         """Replace every task: stop this generation's, start new ones restored from the
         checkpoint ``restore``; nothing is granted in the new generation yet."""
         self.close_generation(kill=True)
-        self.open_generation(self.gens.launch(), restore=restore)
-        self.state.forget_grants()
+        self.open_generation(self.lifecycle.launch(), restore=restore)
+        self.ledger.forget_grants()
 
     def rewind(self, checkpoint: dict, why: str) -> None:
         """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
         pushes): what came after it is trained again and its records are set aside."""
-        self.state.rewind(*(checkpoint.get(k, 0) for k in ("samples", "updates", "pushes")))
-        self._last_ckpt_updates = self.state.updates
-        self.recorder.rewind(self.state.pushes, why)
+        self.ledger.rewind(*(checkpoint.get(k, 0) for k in ("samples", "updates", "pushes")))
+        self._last_ckpt_updates = self.ledger.updates
+        self.recorder.rewind(self.ledger.pushes, why)
 
     def sync(self) -> None:
         """Wait until every release and barrier sent to the PS has landed."""
@@ -154,21 +154,21 @@ class Engine:
 
     def task_pid(self, job: str, index: int) -> int | None:
         """The process id of a task of the cluster training now (None if there is none)."""
-        cluster = self._gen.cluster if self._gen is not None else (self.gens.clusters[-1] if self.gens.clusters else None)
+        cluster = self._gen.cluster if self._gen is not None else (self.lifecycle.clusters[-1] if self.lifecycle.clusters else None)
         return cluster.task_pid(job, index) if cluster is not None else None
 
     # -- the view a policy sees ----------------------------------------------------------
     @property
     def history(self):
         """Recent pushes, newest last."""
-        return self.state.history
+        return self.ledger.history
 
     def view(self) -> ClusterView:
-        return self.state.view(time.time(), self.monitor.latest())
+        return self.ledger.view(time.time(), self.monitor.latest())
 
     # -- carrying out decisions ----------------------------------------------------------
     def apply(self, decision: Decision) -> None:
-        s, gen = self.state, self._gen
+        s, gen = self.ledger, self._gen
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
         if applied.lr_changed:
@@ -196,7 +196,7 @@ class Engine:
         self.wake_at = decision.wake_at if decision.wake_at is not None else self.wake_at
 
     def in_flight(self) -> int:
-        return self.state.in_flight()
+        return self.ledger.in_flight()
 
     # -- phases --------------------------------------------------------------------------
     def _run_phase(self, phase: Phase, end_samples: int) -> None:
@@ -212,10 +212,10 @@ class Engine:
         policy = self.policy
         self.apply(policy.start(self.view()))
         self._check_live(policy)
-        start_samples, epoch, t_push = self.state.samples, 0, None
-        while self.state.samples < end_samples:
+        start_samples, epoch, t_push = self.ledger.samples, 0, None
+        while self.ledger.samples < end_samples:
             if callable(phase.momentum):
-                e = int((self.state.samples - start_samples) / self.epoch_samples)
+                e = int((self.ledger.samples - start_samples) / self.epoch_samples)
                 if e != epoch:
                     epoch = e
                     m, gen = phase.momentum(e), self._gen
@@ -234,7 +234,7 @@ class Engine:
                 self.apply(policy.on_timer(self.view()))
                 continue
             push, line = record(self, result, policy)
-            if self.state.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
+            if self.ledger.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.callbacks.call("on_push", self, push, line)
                 continue
             if not self.pilot.active:   # (while the PS runs the rounds, the policy only watches)
@@ -253,8 +253,8 @@ class Engine:
             if t_push is not None:
                 self.callbacks.step_done(now - t_push)   # the time between pushes, observers included
             t_push = now
-            if self.checkpoint_every and self.state.updates - self._last_ckpt_updates >= self.checkpoint_every \
-                    and self.state.samples < end_samples:
+            if self.checkpoint_every and self.ledger.updates - self._last_ckpt_updates >= self.checkpoint_every \
+                    and self.ledger.samples < end_samples:
                 try:
                     self.drain(policy)
                     self.checkpoint("periodic")
@@ -265,8 +265,8 @@ class Engine:
                         raise
                     continue
                 self.apply(policy.start(self.view()))
-            back = self.gens.returned()
-            if back and self.state.samples < end_samples:
+            back = self.lifecycle.returned()
+            if back and self.ledger.samples < end_samples:
                 rejoin_nodes(self, policy, back)
 
     def event(self, kind: str, **fields) -> None:
@@ -283,7 +283,7 @@ class Engine:
         return begin_phase(self, phase, stats_of_previous)
 
     def save_state(self) -> dict:
-        """The books and the running policy's learned state (strict JSON), saved beside
+        """The ledger and the running policy's learned state (strict JSON), saved beside
         checkpoints; a policy state that is not (a diverged predictor's inf) is left out,
         said in a policy_state event, and the policy starts afresh at a resume."""
         policy = self.policy.save_state() if self.policy is not None else {}
@@ -294,7 +294,7 @@ class Engine:
             self.event("policy_state", protocol=self.policy.name, saved=False, reason=str(e))
             policy = {}
         changed = {"until": self.phase.until, **self.phase.changed} if self.phase and self.phase.changed else {}
-        return {"ledger": self.state.save_state(), "policy": policy, **({"changed": changed} if changed else {})}
+        return {"ledger": self.ledger.save_state(), "policy": policy, **({"changed": changed} if changed else {})}
 
     def _check_live(self, policy: Policy) -> None:
         if self.in_flight() == 0 and self.wake_at is None:
@@ -315,7 +315,7 @@ class Engine:
         finally:
             self.draining = False
         self.apply(policy.finish(self.view()))
-        if self.state.pending_workers:
+        if self.ledger.pending_workers:
             self.apply(Decision(barrier=True))
         self._channel.sync()
 
@@ -324,21 +324,21 @@ class Engine:
         return self.checkpoints[-1]["path"] if self.checkpoints else "none"
 
     def checkpoint(self, why: str) -> str:
-        """Save the weights and the books (never weights that went non-finite: the run
+        """Save the weights and the ledger (never weights that went non-finite: the run
         ends instead, and the last checkpoint stays the last good one)."""
         t = time.time()
         bad = self._gen.non_finite()
         if bad:
-            raise EngineError(f"the weights are no longer finite after update {self.state.updates} ({bad[0]} has "
+            raise EngineError(f"the weights are no longer finite after update {self.ledger.updates} ({bad[0]} has "
                               f"NaN or inf; training diverged: lower the learning rate); the last good checkpoint "
                               f"is {self.last_good_checkpoint()}")
-        path = self._ckpt_dir.save(self._gen, self.state.updates, self.save_state())
-        self._last_ckpt_updates = self.state.updates
-        self.checkpoints.append({"path": path, "updates": self.state.updates, "samples": self.state.samples,
-                                 "pushes": self.state.pushes,
+        path = self._ckpt_dir.save(self._gen, self.ledger.updates, self.save_state())
+        self._last_ckpt_updates = self.ledger.updates
+        self.checkpoints.append({"path": path, "updates": self.ledger.updates, "samples": self.ledger.samples,
+                                 "pushes": self.ledger.pushes,
                                  "why": why, "seconds": round(time.time() - t, 4)})
-        self.event("checkpoint", path=path, updates=self.state.updates, why=why,
-                   samples=self.state.samples, pushes=self.state.pushes, round=self.state.round)
+        self.event("checkpoint", path=path, updates=self.ledger.updates, why=why,
+                   samples=self.ledger.samples, pushes=self.ledger.pushes, round=self.ledger.round)
         return path
 
     # -- the whole run -------------------------------------------------------------------
@@ -358,15 +358,15 @@ class Engine:
         restore = resume["path"] if resume else restore
         try:
             self.callbacks.call("on_train_begin", self)
-            self.open_generation(self.gens.launch(), restore=restore)
+            self.open_generation(self.lifecycle.launch(), restore=restore)
             self.train_started = time.time()  # rates over training time start here (tfsync.base.progress)
-            self.train_counts = (self.state.pushes, self.state.samples)   # a resumed run's: not zero
+            self.train_counts = (self.ledger.pushes, self.ledger.samples)   # a resumed run's: not zero
             t_init = self.train_started - self._t0
             if self.on_start is not None:
                 self.on_start()
             # the phase the checkpoint was taken in gets its policy's saved state
             resumed = None if saved is None else \
-                next((p for p in phases if p.until * total_samples > self.state.samples), phases[-1])
+                next((p for p in phases if p.until * total_samples > self.ledger.samples), phases[-1])
             if resumed is not None and resume.get("changed"):
                 carry_changes(resumed, resume["changed"], self.workers, self.setup.max_batch_size)   # as the commands before the stop left it
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
@@ -382,7 +382,7 @@ class Engine:
                 if phase is resumed:
                     resume_policy(self, saved, phase.policy)
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self.next_cluster is None:
-                    self.next_cluster = self.gens.launch()  # new tasks start while this phase trains
+                    self.next_cluster = self.lifecycle.launch()  # new tasks start while this phase trains
                 begin_phase(self, phase)
                 try:
                     self._run_phase(phase, int(round(phase.until * total_samples)))
@@ -413,7 +413,7 @@ class Engine:
     def log_eval(self, e: Evaluation) -> None:
         """Keep and record a point of the test curve."""
         self.evals.append(e)
-        self.recorder.evaluation(e.to_dict(), self.state.pushes if e.pushes is None else e.pushes)
+        self.recorder.evaluation(e.to_dict(), self.ledger.pushes if e.pushes is None else e.pushes)
 
     def final_weights(self) -> list[np.ndarray]:
         return self._final_weights
@@ -436,5 +436,5 @@ class Engine:
                 except Exception as e:  # the cluster may already be gone
                     logger.debug("closing generation: %s", e)
         finally:
-            self.gens.stop_all()
+            self.lifecycle.stop_all()
             self.recorder.close(strict=graceful)   # a failing run keeps its own error

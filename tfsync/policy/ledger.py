@@ -1,4 +1,4 @@
-"""The server's books, kept the same way by the engine and the simulator: push counts
+"""The ledger: the server's counts, kept the same way by the engine and the simulator: push counts
 and clocks, grants and their times, aggregation rounds, membership, and what applying a
 policy's Decision changes in them. Both drivers hold one :class:`Ledger`; what they do
 besides (release tokens on a PS, or move simulated time and a NumPy model) stays theirs,

@@ -124,7 +124,7 @@ class Simulator:
         self.model, self.lr, self.eval_every = model, float(lr), int(eval_every)
         self.record = record
         self.now = 0.0
-        self.books = Ledger(num_workers, history)  # counted as the engine counts (tfsync.policy.ledger)
+        self.ledger = Ledger(num_workers, history)  # counted as the engine counts (tfsync.policy.ledger)
         self._pending_grads: list = []
         self.log: list[Push] = []
         self.counts: list[tuple[int, int]] = []
@@ -135,18 +135,18 @@ class Simulator:
         self._seq = 0
         self._next_eval = 0
 
-    # the books' counters, read-only here
-    clocks = property(lambda self: self.books.clocks)
-    granted = property(lambda self: self.books.granted)
-    members = property(lambda self: self.books.active)
-    lr_scale = property(lambda self: self.books.lr_scale)
-    pushes = property(lambda self: self.books.pushes)
-    updates = property(lambda self: self.books.updates)
-    samples = property(lambda self: self.books.samples)
+    # the ledger's counters, read-only here
+    clocks = property(lambda self: self.ledger.clocks)
+    granted = property(lambda self: self.ledger.granted)
+    members = property(lambda self: self.ledger.active)
+    lr_scale = property(lambda self: self.ledger.lr_scale)
+    pushes = property(lambda self: self.ledger.pushes)
+    updates = property(lambda self: self.ledger.updates)
+    samples = property(lambda self: self.ledger.samples)
 
     # -- the policy's view ---------------------------------------------------------------
     def view(self) -> ClusterView:
-        return self.books.view(self.now, self.monitor.at(self.now))
+        return self.ledger.view(self.now, self.monitor.at(self.now))
 
     # -- running -------------------------------------------------------------------------
     def run(self, policy: Policy, *, pushes: int | None = None, updates: int | None = None,
@@ -180,7 +180,7 @@ class Simulator:
                 self._event(policy, done)
             self._drain(policy)
         return SimResult(policy.describe(), policy.stats(), self.now, self.pushes, self.updates,
-                         self.samples, self.books.dropped, self.n, list(self.log), list(self.counts),
+                         self.samples, self.ledger.dropped, self.n, list(self.log), list(self.counts),
                          list(self.accuracy), self.lr)
 
     def _drain(self, policy: Policy) -> None:
@@ -220,7 +220,7 @@ class Simulator:
     def _finish_step(self, w: int) -> Push:
         step, self._running[w] = self._running[w], None
         g = step.grant
-        push = self.books.push(w, g.batch_size, g.mode, step.round, step.version, start=step.start,
+        push = self.ledger.push(w, g.batch_size, g.mode, step.round, step.version, start=step.start,
                                end=self.now, arrival=self.now, loss=step.loss)
         if self.model is not None and not push.dropped:
             if g.mode is PushMode.AGGREGATE:
@@ -233,7 +233,7 @@ class Simulator:
         return push
 
     def _train(self, grads, lr: float) -> None:
-        """An update the books counted, applied to the model at rate ``lr``."""
+        """An update the ledger counted, applied to the model at rate ``lr``."""
         self.model.apply(grads, lr)
         if self.updates >= self._next_eval:
             self._evaluate()
@@ -244,13 +244,13 @@ class Simulator:
 
     def _apply(self, d: Decision) -> None:
         lr = self.lr * self.lr_scale  # a round closed now was pushed at the rate before this decision
-        applied = self.books.apply(d, self.now)
+        applied = self.ledger.apply(d, self.now)
         if applied.closed and self.model is not None:
             grads = self.model.weighted_mean(self._pending_grads)  # batch-size-weighted mean (paper 002 eq. 8)
             self._pending_grads = []
             self._train(grads, lr)
         for g, _ in zip(d.grants, applied.seqs):
-            self._queues[g.worker].append(_Step(g, self.books.round))
+            self._queues[g.worker].append(_Step(g, self.ledger.round))
         for g in d.grants:
             if self._running[g.worker] is None and self._queues[g.worker]:
                 self._start_step(g.worker)

@@ -1,6 +1,7 @@
-"""An engine's cluster generations: each one a set of task processes (a LocalCluster, or
-tasks on node hooks) and the ParameterServerStrategy connected to them. A restart
-(switch or recovery) closes one and opens the next; only one trains at a time.
+"""An engine's cluster lifecycle: the generations it opens and closes, each one a set of
+task processes (a LocalCluster, or tasks on node hooks) and the ParameterServerStrategy
+connected to them (``generation.Generation``). A restart (switch or recovery) closes one
+and opens the next; only one trains at a time.
 
 Every worker always has ``STANDING_PER_WORKER`` closures standing, blocked on its gate on
 the PS; each runs up to ``step.STEPS_PER_CLOSURE`` granted steps and is replaced when it
@@ -30,7 +31,7 @@ from .generation import Generation, TrainSetup, checkpoint_io, write_records
 STANDING_PER_WORKER = 2
 
 
-class Generations:
+class Lifecycle:
     def __init__(self, setup: TrainSetup, workers: int, ps: int, host: str, run_dir: str,
                  start_timeout: float, cluster_factory: Callable | None = None):
         self.setup, self.workers, self.ps, self.host = setup, workers, ps, host
