@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tfsync.cli import build_parser
-from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.commands.jobrun import max_batch
+from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.policy import ASP, BSP, LBBSP, BatchSizer, FixedSizer, Option, Policy, catalogue, register
 from tfsync.policy.rlp import teacher
 from tfsync.rl.evaluate import STATIC

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from helpers import DATA, fill_disk, linear_job, small_disk, wait_for_checkpoints
+from tfsync.base.nospace import NoSpaceError
 from tfsync.engine.generation import write_record_file
 from tfsync.engine.records import RunRecorder
-from tfsync.base.nospace import NoSpaceError
 
 
 def whole_lines(path):

@@ -20,14 +20,14 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as FD
 
-from tfsync.job import config as cfgmod
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks import tasks as hook_tasks
 from tfsync.hooks.tasks import ENV_ALLOWLIST
+from tfsync.job import config as cfgmod
+from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.manager.daemon import StandaloneService
 from tfsync.manager.store import Store
 from tfsync.manager.store_types import EVENT_KINDS

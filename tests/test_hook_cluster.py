@@ -3,8 +3,8 @@ specs HookNodes makes (round-robin over hooks, PS first; fresh ports every gener
 
 import pytest
 
-from tfsync.job.config import ConfigError, JobConfig
 from tfsync.engine.hook_cluster import HookNodes, is_loopback
+from tfsync.job.config import ConfigError, JobConfig
 
 pytestmark = pytest.mark.unit
 

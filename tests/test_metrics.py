@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tfsync.base import usercode
-from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.base.usercode import UserCodeError
+from tfsync.job.config import ConfigError, JobConfig, load_job
 
 MODULE = '''
 import numpy as np

@@ -13,8 +13,8 @@ import types
 import numpy as np
 import pytest
 
-from tfsync.cli import main
 from tfsync.base.progress import Progress
+from tfsync.cli import main
 from tfsync.report import ReportError, load_run, write_report
 from tfsync.report.plots import gapped, smooth
 

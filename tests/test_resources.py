@@ -9,9 +9,9 @@ import time
 import psutil
 import pytest
 
+from tfsync.base.procstats import CpuBusy, ProcessReader, worker_reading
 from tfsync.engine.resources import ResourceMonitor
 from tfsync.policy.lbbsp import resource_reading
-from tfsync.base.procstats import CpuBusy, ProcessReader, worker_reading
 
 pytestmark = pytest.mark.unit
 

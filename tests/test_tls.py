@@ -14,11 +14,11 @@ import pytest
 
 from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
-from tfsync.job.config import ConfigError, JobConfig, load_job
-from tfsync.engine.cluster import free_ports
-from tfsync.hooks.node import serve as serve_hook
 from tfsync.commands.jobrun import hook_nodes
+from tfsync.engine.cluster import free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError
+from tfsync.hooks.node import serve as serve_hook
+from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.manager.store import Store
 
 JOB = linear_job("ctl", "bsp", batch_size=16, epochs=2, checkpoint_every=0)

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from tfsync.inject import TraceDriver, load_trace_csv
 from tfsync.base.traces import CpuTrace, TraceError, TraceRangeError, detect_format, load_cpu_traces
+from tfsync.inject import TraceDriver, load_trace_csv
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from helpers import DATA
-from tfsync.job.config import ConfigError, load_job
 from tfsync.base.usercode import UserCodeError
+from tfsync.job.config import ConfigError, load_job
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
 MODULE = os.path.join(EXAMPLE, "model.py")

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from tfsync.base import safefile
 from tfsync.api import auth
-from tfsync.base.netns import is_loopback
+from tfsync.base import safefile
 from tfsync.base.exits import TfsyncError
+from tfsync.base.netns import is_loopback
 
 logger = logging.getLogger(__name__)
 

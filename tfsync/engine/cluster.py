@@ -20,11 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..base import netns
-from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
-from ..base import safefile
-from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from ..base import netns, safefile
 from ..base.exits import TfsyncError
+from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
+from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
 
 logger = logging.getLogger(__name__)
 

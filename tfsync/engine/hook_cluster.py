@@ -31,13 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from tfsync.base import netns
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.engine.cluster import ClusterError, free_ports
-from tfsync.engine.launcher import HookLauncher, LaunchError, place
+from tfsync.base import netns
 from tfsync.base.netns import is_loopback
 from tfsync.base.procstats import worker_reading
+from tfsync.engine.cluster import ClusterError, free_ports
+from tfsync.engine.launcher import HookLauncher, LaunchError, place
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from tfsync.base import safefile
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.base import safefile
 from tfsync.base.exits import TfsyncError
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ import time
 import grpc
 import psutil
 
-from tfsync.base import safefile
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
+from tfsync.base import safefile
 from tfsync.base.exits import EXIT_BAD_INPUT, fail, interrupt
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name

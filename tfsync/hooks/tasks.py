@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from tfsync.base import netns as netns_
 from tfsync.base import safefile, taskcmd
-from tfsync.hooks import firewall as fw
 from tfsync.base.exits import BadInput, TfsyncError, shown
+from tfsync.hooks import firewall as fw
 
 logger = logging.getLogger(__name__)
 

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import grpc
 
-from tfsync.base import safefile
 from tfsync.api import transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-from tfsync.base.exits import EXIT_DONE, EXIT_INTERRUPTED
-from tfsync.base.exits import shown
+from tfsync.base import safefile
+from tfsync.base.exits import EXIT_DONE, EXIT_INTERRUPTED, shown
 from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, one_line
 from tfsync.manager.store import ManagerLock, Store
 from tfsync.manager.store_types import run_results

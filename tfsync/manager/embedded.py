@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfsync.base import safefile
 from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2_grpc
-from tfsync.hooks.node import serve as serve_hook
+from tfsync.base import safefile
 from tfsync.engine.hook_cluster import HookNodes
+from tfsync.hooks.node import serve as serve_hook
 from tfsync.manager.home import default_store
 from tfsync.manager.link import ManagerLink
 from tfsync.manager.service import ManagerService

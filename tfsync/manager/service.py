@@ -29,12 +29,12 @@ import grpc
 
 from tfsync.api.v1 import manager_pb2
 from tfsync.base.exits import shown
-from tfsync.policy.base import PolicyError
-from tfsync.policy.catalogue import from_numbers
-from tfsync.policy.commands import check_batch_sizes, check_switch
 from tfsync.manager.resources import ResourceBoard, ResourceReports
 from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
+from tfsync.policy.base import PolicyError
+from tfsync.policy.catalogue import from_numbers
+from tfsync.policy.commands import check_batch_sizes, check_switch
 
 logger = logging.getLogger(__name__)
 

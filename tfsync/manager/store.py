@@ -24,8 +24,8 @@ import threading
 import time
 import uuid
 
-from tfsync.manager.store_types import EVENT_KINDS, JOB_STATES, RUN_KINDS, Event, Job, ResourceRecord, Run, StepSummary
 from tfsync.base.exits import TfsyncError
+from tfsync.manager.store_types import EVENT_KINDS, JOB_STATES, RUN_KINDS, Event, Job, ResourceRecord, Run, StepSummary
 
 logger = logging.getLogger(__name__)
 
