@@ -3,6 +3,7 @@ are sent with `tfsync switch` / `tfsync batch-sizes`, to the manager's gRPC API,
 engine's Python API (a Controller's Command): all three ask tfsync.policy.commands."""
 
 import json
+import math
 
 import grpc
 import pytest
@@ -24,6 +25,9 @@ BAD_SWITCHES = [
     (["--to", "bsp", "-o", "staleness=2"], "bsp", {"staleness": 2}, None, "protocol 'bsp' has no option 'staleness'"),
     (["--to", "asp", "--lr-scale", "5000"], "asp", {}, 5000.0, "lr_scale 5000.0; expected a finite number > 0"),
     (["--to", "fluentps", "-o", "probability=2.5"], "fluentps", {"probability": 2.5}, None, "probability = 2.5"),
+    # a true/false option travels as a number: only 0 and 1 are one
+    (["--to", "fluentps", "-o", "average=nan"], "fluentps", {"average": math.nan}, None, "average = nan"),
+    (["--to", "fluentps", "-o", "average=2"], "fluentps", {"average": 2.0}, None, "average = 2.0"),
 ]
 
 

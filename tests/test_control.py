@@ -49,7 +49,7 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         assert bad.returncode == 2 and "unknown protocol 'zipline'" in bad.stderr
 
         bad = tfsync("switch", str(job), "--to", "ssp", "--lr-scale", "nan", env=env)
-        assert bad.returncode == 2 and "lr_scale nan: expected a finite number > 0" in bad.stderr
+        assert bad.returncode == 2 and "lr_scale nan; expected a finite number > 0" in bad.stderr
 
         # refused where it would be carried out, and the caller is told so (not "queued")
         big = tfsync("batch-sizes", str(job), "4", "100000", env=env)

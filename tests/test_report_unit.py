@@ -121,6 +121,19 @@ def test_progress_of_a_resumed_run_shows_its_own_rate_the_sizes_in_force_and_end
     assert "100% 6,300/6,300 samples" in text and "w1 b=32 500/s" in text, text
 
 
+def test_the_live_bar_ends_showing_where_the_run_ended():
+    """On a terminal `tfsync run` draws a live bar; at the end it shows the samples the
+    run trained (the ledger's), capped at the workload."""
+    out = io.StringIO()
+    progress, policy = Progress(stream=out, live=True, interval=0), types.SimpleNamespace(name="bsp")
+    engine = fake_engine(0, 0, started=0.0)
+    engine.ledger.pushes, engine.ledger.samples = 100, 3200
+    progress(engine, policy, 6400)
+    engine.ledger.samples = 6464   # the last round went past the workload while the bar was not redrawn
+    progress.done()
+    assert "6400/6400" in out.getvalue().replace(",", ""), out.getvalue()
+
+
 def test_a_stopped_run_says_stopped_not_done():
     from tfsync.cli import format_summary
     s = {"wall_s": 26.3, "init_s": 5.0, "pushes": 90, "updates": 45, "pushes_per_s": 4.0, "samples_per_s": 128.0,

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,12 +29,20 @@ def _tasks_of(pid):
             if "tfsync.engine.server" in " ".join(p.info["cmdline"] or []) and f"--parent-pid {pid}" in " ".join(p.info["cmdline"])]
 
 
-def test_run_trains_bsp_then_asp_and_writes_its_records(tmp_path):
+@pytest.fixture(scope="module")
+def bsp_then_asp(tmp_path_factory):
+    """One `tfsync run` of half an epoch, BSP then ASP, under umask 022: (summary, run dir).
+    Tests that change its outputs work on a copy."""
+    tmp_path = tmp_path_factory.mktemp("bsp_then_asp")
     job, run_dir = _job(tmp_path, 0.5)
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.umask(0o022))
     assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads(r.stdout)
+    return json.loads(r.stdout), run_dir
+
+
+def test_run_trains_bsp_then_asp_and_writes_its_records(bsp_then_asp):
+    summary, run_dir = bsp_then_asp
     # issue 31 case 2: under umask 022 too, nothing the run wrote is open to other users
     written = [os.path.join(top, n) for top, dirs, files in os.walk(run_dir) for n in [""] + dirs + files]
     assert len(written) > 10 and any("checkpoints" in p for p in written) and any("data" in p for p in written)
@@ -74,15 +83,15 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
     assert _tasks_of(proc.pid) == [], "task processes outlived tfsync run"
 
 
-def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path):
+def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path, bsp_then_asp):
+    first, first_dir = bsp_then_asp
     job, run_dir = _job(tmp_path, 0.1)
+    shutil.copytree(first_dir, run_dir, symlinks=True)   # the first run's outputs, where this job writes
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    summaries = []
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr[-2000:]
-        summaries.append(json.loads(r.stdout))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summaries = [first, json.loads(r.stdout)]
     assert "were moved to" in r.stderr
     (previous,) = (run_dir / "previous").iterdir()
     for path, summary in ((run_dir, summaries[1]), (previous, summaries[0])):

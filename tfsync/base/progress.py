@@ -104,7 +104,7 @@ class Progress:
         it drained were not shown as they came)."""
         if self._bar is not None:
             total = self._bar.tasks[0].total
-            self._bar.update(self._task, completed=min(self._engine.state.samples, total))
+            self._bar.update(self._task, completed=min(self._engine.ledger.samples, total))
             self._bar.stop()
             self._bar = None
 

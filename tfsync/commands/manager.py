@@ -5,14 +5,13 @@ status` of a job no manager answers for reads the job store instead (``commands/
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import uuid
 from pathlib import Path
 
 from tfsync.base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
-from tfsync.commands.lookup import ControlError, NotRunning, locate, run_dir_of
+from tfsync.commands.lookup import ControlError, NotRunning, locate
 
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given

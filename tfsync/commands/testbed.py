@@ -1,4 +1,4 @@
-"""`tfsync testbed up|down|status|set|exec`: separate hosts on one machine (``bed.py``)."""
+"""`tfsync testbed up|down|status|set|exec`: separate hosts on one machine (``tfsync/testbed/bed.py``)."""
 
 from __future__ import annotations
 

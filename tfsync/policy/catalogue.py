@@ -159,15 +159,16 @@ def to_numbers(options: Mapping) -> dict[str, float]:
 
 
 def from_numbers(name: str, values: Mapping[str, float]) -> dict:
-    """A switch request's numbers in ``name``'s declared option types: booleans from 0/1,
-    whole numbers as integers where allowed; undeclared keys whole as integers."""
+    """A switch request's numbers in ``name``'s declared option types: booleans from 0 and
+    1 (any other number is left as it is, for the option's check to refuse), whole numbers
+    as integers where allowed; undeclared keys whole as integers."""
     found = find(name)
     declared = found.options if found is not None else {}
     out = {}
     for key, v in values.items():
         kinds = declared[key].kinds if key in declared else (int, float)
-        if bool in kinds:
-            out[key] = v != 0
+        if bool in kinds and v in (0, 1):
+            out[key] = v == 1
         else:
             out[key] = int(v) if int in kinds and float(v).is_integer() else float(v)
     return out

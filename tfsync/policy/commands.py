@@ -42,8 +42,8 @@ def check_switch(protocol: str, options: Mapping, method: str = "hot", lr_scale:
                              + (", ".join(found.options) or "none"))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and \
                 not (math.isfinite(value) and abs(value) <= MAX_OPTION):
-            raise ValueError(f"protocol {found.name!r}: {key} = {value}: expected a finite number of magnitude at "
-                             f"most {MAX_OPTION:.0f}")
+            raise ValueError(f"protocol {found.name!r}: {key} = {value:.6g}: expected a finite number of magnitude "
+                             f"at most {MAX_OPTION:.0f}")
     options = found.check(options)
     try:
         get(found.name, **options)  # what only the constructor knows (options that must agree)
