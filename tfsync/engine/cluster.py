@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,8 +25,10 @@ from ..base import netns, safefile
 from ..base.exits import TfsyncError
 from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from .forkserver import ForkedTask, ForkServer
 
 logger = logging.getLogger(__name__)
+_fork_lock = threading.Lock()
 
 
 class ClusterError(TfsyncError, RuntimeError):
@@ -139,6 +142,36 @@ def connect_strategy(cluster):
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
 
 
+ENV_FORK = "TFSYNC_FORK_TASKS"   # "0": every task its own process, importing TensorFlow itself
+_fork_server: ForkServer | None = None
+
+
+def _forked(wrap, env: dict, args: list[str], cwd: str | None, log: str | None, timeout: float):
+    """A task forked by this process's fork server (started on first use, where the tasks
+    run: ``wrap`` puts it in their namespace, as their user); None where there is none."""
+    global _fork_server
+    if os.environ.get(ENV_FORK, "1") == "0":
+        return None
+    command = wrap([*SERVER[:-1], "tfsync.engine.forkserver"])
+    with _fork_lock:
+        if _fork_server is None or not _fork_server.alive() or \
+                (_fork_server.command, _fork_server.env) != (command, env):
+            if _fork_server is not None:
+                _fork_server.close()
+            try:
+                _fork_server = ForkServer(command, env)
+            except OSError as e:
+                logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
+                _fork_server = None
+                return None
+            atexit.register(_fork_server.close)
+        try:
+            return _fork_server.fork(args, cwd, log, timeout)
+        except OSError as e:
+            logger.warning("%s: starting the task as a process of its own", e)
+            return None
+
+
 def port_open(host: str, port: int) -> bool:
     """Whether ``host:port`` accepts a TCP connection now (a name that does not resolve
     yet, as a pod's before it runs, does not)."""
@@ -207,19 +240,21 @@ class LocalCluster:
         self.wait_ready()
         return self
 
-    def start_task(self, job: str, index: int, wait: bool = True) -> subprocess.Popen:
+    def start_task(self, job: str, index: int, wait: bool = True) -> subprocess.Popen | ForkedTask:
         cmd = task_command(json.dumps(self.spec), job, index)
-        if self.network is not None:
-            cmd = self.network.command(cmd)
-        env = task_env()
-        out = subprocess.DEVNULL
+        wrap = self.network.command if self.network is not None else list
+        env, log = task_env(), None
         if self.log_dir:
             safefile.make_dir(self.log_dir)
-            out = safefile.open_append(os.path.join(self.log_dir, f"{job}-{index}.log"), binary=True)
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=self.work_dir)
-        if out is not subprocess.DEVNULL:
-            out.close()
+            log = os.path.join(self.log_dir, f"{job}-{index}.log")
+            safefile.open_append(log, binary=True).close()   # created here, by the launcher's rules
+        proc = _forked(wrap, env, cmd[len(SERVER):], self.work_dir, log, self.start_timeout)
+        if proc is None:   # no fork server: a process of its own, which imports TensorFlow itself
+            out = safefile.open_append(log, binary=True) if log else subprocess.DEVNULL
+            proc = subprocess.Popen(wrap(cmd), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.work_dir)
+            if log:
+                out.close()
         self.procs[(job, index)] = proc
         logger.debug("started %s:%d pid %d", job, index, proc.pid)
         if wait:
