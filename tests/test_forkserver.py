@@ -1,8 +1,11 @@
 """A LocalCluster's task processes are forks of one fork server that imported TensorFlow
-once (tfsync.engine.forkserver): they serve, log, report how they ended, and end with the
-process that launched them; TFSYNC_FORK_TASKS=0 starts each as its own process."""
+once (tfsync.engine.forkserver): they serve, log, report how they ended, say why one
+could not start, and end with the process that launched them; a cluster still running
+keeps its tasks when the environment changes; TFSYNC_FORK_TASKS=0 starts each task as a
+process of its own."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -12,8 +15,9 @@ import time
 import psutil
 import pytest
 
+from tfsync.base.taskcmd import SERVER, task_env
 from tfsync.engine.cluster import LocalCluster, port_open
-from tfsync.engine.forkserver import ForkedTask
+from tfsync.engine.forkserver import ForkedTask, ForkServer, _running
 
 pytestmark = pytest.mark.cluster
 
@@ -23,30 +27,51 @@ def _serving(cluster) -> bool:
     return all(port_open(host, int(port)) for host, port in addresses)
 
 
+def _parent(pid: int) -> int:
+    return psutil.Process(pid).ppid()
+
+
 def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_path):
     with LocalCluster(workers=2, ps=1, log_dir=str(tmp_path / "logs")) as cluster:
         procs = list(cluster.procs.values())
         assert all(isinstance(p, ForkedTask) and p.poll() is None for p in procs)
-        parents = {psutil.Process(p.pid).ppid() for p in procs}
+        parents = {_parent(p.pid) for p in procs}
         assert len(parents) == 1 and parents != {os.getpid()}   # one fork server, not this process
         assert _serving(cluster)
         cluster.kill_task("worker", 1)
         assert cluster.dead_tasks() == [("worker", 1, -signal.SIGKILL)]
-        log = (tmp_path / "logs" / "ps-0.log").read_text()
-        assert "tfsync task ps:0 serving at" in log
-        again = LocalCluster(workers=2, ps=1)   # a second cluster: forked by the same server, at once
-        t0 = time.monotonic()
-        again.start()
-        try:
-            assert time.monotonic() - t0 < 5 and {psutil.Process(p).ppid() for p in again.pids} == parents
-        finally:
-            again.stop()
-    assert all(p.poll() is not None and not psutil.pid_exists(p.pid) for p in procs)
+        assert "tfsync task ps:0 serving at" in (tmp_path / "logs" / "ps-0.log").read_text()
+        with LocalCluster(workers=2, ps=1) as again:   # forked by the same server: no import again
+            assert {_parent(p) for p in again.pids} == parents and _serving(again)
+    assert all(p.poll() is not None and not _running(p.pid) for p in procs)
 
 
-def test_tasks_end_with_the_process_that_launched_them(tmp_path):
+def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):
+    server = ForkServer([*SERVER[:-1], "tfsync.engine.forkserver"], task_env())
+    try:
+        log = tmp_path / "task.log"
+        task = server.fork(["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--index", "0"], task_env(),
+                           str(tmp_path / "nowhere"), str(log), None, timeout=120)
+        assert task.wait(timeout=60) == 1
+        assert "FileNotFoundError" in log.read_text() and str(tmp_path / "nowhere") in log.read_text()
+        bad = server.fork(["--job", "chief"], task_env(), None, str(log), None, timeout=60)
+        assert bad.wait(timeout=60) == 2 and "invalid choice: 'chief'" in log.read_text()   # argparse's exit
+    finally:
+        server.close()
+
+
+def test_a_running_cluster_keeps_its_tasks_when_the_environment_changes(monkeypatch):
+    with LocalCluster(workers=1, ps=1) as first:
+        monkeypatch.setenv("TFSYNC_TEST_OTHER_ENV", "1")   # another environment: another fork server
+        with LocalCluster(workers=1, ps=1) as second:
+            assert {_parent(p) for p in second.pids} != {_parent(p) for p in first.pids}
+            time.sleep(1.5)   # tasks whose server had gone would have ended by now (they poll every 0.5 s)
+            assert all(p.poll() is None for p in first.procs.values()) and _serving(first)
+
+
+def test_tasks_end_with_the_process_that_launched_them():
     script = textwrap.dedent("""
-        import sys, time
+        import time
         from tfsync.engine.cluster import LocalCluster
         cluster = LocalCluster(workers=2, ps=1).start()
         print(" ".join(map(str, cluster.pids)), flush=True)
@@ -54,17 +79,16 @@ def test_tasks_end_with_the_process_that_launched_them(tmp_path):
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert select.select([launcher.stdout], [], [], 180)[0], "the cluster did not start"
         pids = [int(p) for p in launcher.stdout.readline().split()]
-        assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
-        server = psutil.Process(pids[0]).ppid()
+        assert len(pids) == 3 and all(_running(p) for p in pids)
+        server = _parent(pids[0])
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                  for p in [*pids, server]) and time.monotonic() < deadline:
+        while any(_running(p) for p in [*pids, server]) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in [*pids, server] if psutil.pid_exists(p)
-                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], "a task outlived its launcher"
+        assert not [p for p in [*pids, server] if _running(p)], "a task outlived its launcher"
     finally:
         launcher.kill()
 
@@ -74,4 +98,4 @@ def test_without_the_fork_server_each_task_is_a_process_of_its_own(monkeypatch):
     with LocalCluster(workers=1, ps=1) as cluster:
         procs = list(cluster.procs.values())
         assert all(isinstance(p, subprocess.Popen) for p in procs) and _serving(cluster)
-        assert {psutil.Process(p.pid).ppid() for p in procs} == {os.getpid()}
+        assert {_parent(p.pid) for p in procs} == {os.getpid()}

@@ -115,10 +115,11 @@ def task_user() -> tuple[int, int] | None:
         return int(uid), int(uid)
 
 
-def command_in(name: str, argv: list[str]) -> list[str]:
+def command_in(name: str, argv: list[str], as_task_user: bool = True) -> list[str]:
     """``argv`` run inside namespace ``name`` (``ip netns exec`` execs it: same pid), as
-    :func:`task_user` where there is one (``setpriv``: no supplementary groups)."""
-    user = task_user()
+    :func:`task_user` where there is one (``setpriv``: no supplementary groups) unless
+    ``as_task_user`` is False (a fork server, whose tasks take that user themselves)."""
+    user = task_user() if as_task_user else None
     drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"] if user else []
     return ["ip", "netns", "exec", name, *drop, *argv]
 

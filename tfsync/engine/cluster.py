@@ -25,7 +25,7 @@ from ..base import netns, safefile
 from ..base.exits import TfsyncError
 from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
-from .forkserver import ForkedTask, ForkServer
+from .forkserver import VOLATILE_ENV, ForkedTask, ForkServer
 
 logger = logging.getLogger(__name__)
 _fork_lock = threading.Lock()
@@ -143,30 +143,33 @@ def connect_strategy(cluster):
 
 
 ENV_FORK = "TFSYNC_FORK_TASKS"   # "0": every task its own process, importing TensorFlow itself
-_fork_server: ForkServer | None = None
+KEEP_SERVERS = 2   # fork servers kept for other environments; more are closed once their tasks end
+_fork_servers: dict[tuple, ForkServer] = {}
 
 
-def _forked(wrap, env: dict, args: list[str], cwd: str | None, log: str | None, timeout: float):
-    """A task forked by this process's fork server (started on first use, where the tasks
-    run: ``wrap`` puts it in their namespace, as their user); None where there is none."""
-    global _fork_server
+def _forked(network, env: dict, args: list[str], cwd: str | None, log: str | None, timeout: float):
+    """A task forked by this process's fork server for ``env`` (started on first use, in
+    ``network``'s namespace; the task takes the user the namespace's tasks run as); None
+    where there is none: then the task starts as a process of its own."""
     if os.environ.get(ENV_FORK, "1") == "0":
         return None
-    command = wrap([*SERVER[:-1], "tfsync.engine.forkserver"])
+    command = [*SERVER[:-1], "tfsync.engine.forkserver"]
+    if network is not None:
+        command = netns.command_in(network.name, command, as_task_user=False)
+    key = (tuple(command), tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
     with _fork_lock:
-        if _fork_server is None or not _fork_server.alive() or \
-                (_fork_server.command, _fork_server.env) != (command, env):
-            if _fork_server is not None:
-                _fork_server.close()
+        server = _fork_servers.get(key)
+        if server is None or not server.alive():
             try:
-                _fork_server = ForkServer(command, env)
+                server = _fork_servers[key] = ForkServer(command, env)
             except OSError as e:
                 logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
-                _fork_server = None
                 return None
-            atexit.register(_fork_server.close)
+            atexit.register(server.close)
+            for other in [k for k, s in _fork_servers.items() if k != key and s.idle()][:-KEEP_SERVERS or None]:
+                _fork_servers.pop(other).close()
         try:
-            return _fork_server.fork(args, cwd, log, timeout)
+            return server.fork(args, env, cwd, log, netns.task_user() if network is not None else None, timeout)
         except OSError as e:
             logger.warning("%s: starting the task as a process of its own", e)
             return None
@@ -248,7 +251,7 @@ class LocalCluster:
             safefile.make_dir(self.log_dir)
             log = os.path.join(self.log_dir, f"{job}-{index}.log")
             safefile.open_append(log, binary=True).close()   # created here, by the launcher's rules
-        proc = _forked(wrap, env, cmd[len(SERVER):], self.work_dir, log, self.start_timeout)
+        proc = _forked(self.network, env, cmd[len(SERVER):], self.work_dir, log, self.start_timeout)
         if proc is None:   # no fork server: a process of its own, which imports TensorFlow itself
             out = safefile.open_append(log, binary=True) if log else subprocess.DEVNULL
             proc = subprocess.Popen(wrap(cmd), env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -4,19 +4,22 @@ tfsync.engine.forkserver``.
 Importing TensorFlow costs a task process about 5 CPU-seconds, most of a local cluster's
 start, and a LocalCluster used to pay it once per task and per generation (every restart
 switch and recovery). The fork server imports it once; each task is a fork of it that
-sets its own session, log, working directory and arguments and runs the task's server
-(``tfsync.engine.server``). Forking after the import, before any TensorFlow context,
-channel or thread pool exists, is what makes it safe: the child builds all of those
-itself. Where a fork server cannot be started, tasks start as their own processes.
+takes its own session, environment, log, working directory and user, and runs the task's
+server (``tfsync.engine.server``). Forking after the import, before any TensorFlow
+context, channel or thread pool exists, is what makes it safe: the child builds all of
+those itself. Where no fork server can be started, tasks start as processes of their own.
 
-Protocol (JSON lines): the launcher writes ``{"args": [...], "cwd": ..., "log": ...}``;
-the server answers ``{"pid": N}`` and, when a task ends, ``{"exit": N, "code": C}`` (a
-signal as ``-SIG``, as ``subprocess`` does). It exits when its stdin closes or its
-parent is gone, and its tasks follow it (they watch for their parent).
+Protocol, JSON lines: the launcher writes ``{"id": I, "args": [...], "env": {...}, "cwd":
+..., "log": ..., "user": [uid, gid] | null}``; the server answers ``{"id": I, "pid": N}``
+(or ``{"id": I, "error": ...}``) and, when that task ends, ``{"id": I, "code": C}`` (a
+signal as ``-SIG``, as ``subprocess`` does). Its answers go out on a descriptor of their
+own, so nothing TensorFlow prints can break them. It exits when its stdin closes or its
+launcher is gone, and its tasks follow it (they watch their parent).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -24,25 +27,32 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+
+import psutil
+
+# Environment variables that change while a launcher runs without changing what a task
+# does (pytest names the running test in one): one fork server serves across them.
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 
 
 # -- the server (its own process) --------------------------------------------------------------
-def _serve() -> int:
+def _serve(launcher: int) -> int:
+    answers = os.dup(1)        # the protocol's own descriptor; what else is printed goes to stderr
+    os.dup2(2, 1)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow  # noqa: F401  (once, for every task this server forks)
 
     from tfsync.base import safefile
     from tfsync.engine import server
 
-    out = sys.stdout.buffer
-    lock = threading.RLock()   # SIGCHLD's handler runs in this thread, maybe inside say()
+    server.exit_with_parent(launcher)
+    ids: dict[int, int] = {}   # pid -> request id
 
-    def say(message: dict) -> None:
-        with lock:
-            out.write(json.dumps(message).encode() + b"\n")
-            out.flush()
+    def say(message: dict) -> None:   # one write of a short line: whole, also from the handler
+        os.write(answers, json.dumps(message).encode() + b"\n")
 
-    def reap(*_):
+    def reap(*_) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -50,46 +60,70 @@ def _serve() -> int:
                 return
             if pid == 0:
                 return
-            say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            if pid in ids:
+                say({"id": ids.pop(pid), "code": os.waitstatus_to_exitcode(status)})
 
     signal.signal(signal.SIGCHLD, reap)
+    parent = os.getpid()
     for line in sys.stdin.buffer:
         task = json.loads(line)
-        pid = os.fork()
-        if pid == 0:   # the task
-            code = 1
-            try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.setsid()
-                with open(os.devnull, "rb") as null:
-                    os.dup2(null.fileno(), 0)
-                if task.get("log"):
-                    with safefile.open_append(task["log"], binary=True) as log:
-                        os.dup2(log.fileno(), 1)
-                        os.dup2(log.fileno(), 2)
-                else:
-                    with open(os.devnull, "wb") as null:
-                        os.dup2(null.fileno(), 1)
-                        os.dup2(null.fileno(), 2)
-                if task.get("cwd"):
-                    os.chdir(task["cwd"])
-                code = server.main([*task["args"], "--parent-pid", str(os.getppid())])
-            finally:
-                os._exit(code)
-        say({"pid": pid})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})   # its exit after its pid
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _task(task, parent, answers, safefile, server)
+            ids[pid] = task["id"]
+            say({"id": task["id"], "pid": pid})
+        except OSError as e:
+            say({"id": task["id"], "error": str(e)})
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     return 0
+
+
+def _task(task: dict, parent: int, answers: int, safefile, server) -> None:
+    """In the forked child: become the task, run its server, never return."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        os.close(answers)
+        os.setsid()
+        with open(os.devnull, "rb") as null:
+            os.dup2(null.fileno(), 0)
+        with (safefile.open_append(task["log"], binary=True) if task.get("log") else open(os.devnull, "wb")) as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        os.environ.clear()
+        os.environ.update(task["env"])
+        if task.get("cwd"):
+            os.chdir(task["cwd"])
+        if task.get("user"):   # as `setpriv --reuid --regid --clear-groups` would
+            uid, gid = task["user"]
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        code = server.main([*task["args"], "--parent-pid", str(parent)])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the task's log says why it could not start
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 # -- the launcher's side ------------------------------------------------------------------------
 class ForkedTask:
     """A task forked by a :class:`ForkServer`, with what LocalCluster uses of a Popen."""
 
-    def __init__(self, pid: int, server: "ForkServer"):
-        self.pid, self._server, self.returncode = pid, server, None
+    def __init__(self, pid: int, request: int, server: "ForkServer"):
+        self.pid, self._request, self._server, self.returncode = pid, request, server, None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid)
+            self.returncode = self._server.exit_code(self._request, self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -112,69 +146,90 @@ class ForkedTask:
 
 
 class ForkServer:
-    """One fork server of this process, started with ``command`` (the program, wrapped to run
-    where the tasks run) and ``env``; ``fork`` asks it for a task."""
+    """One fork server, started with ``command`` (the program, in the tasks' network
+    namespace) and ``env``; ``fork`` asks it for a task."""
 
     def __init__(self, command: list[str], env: dict):
         self.command, self.env = command, env
-        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        self._exits: dict[int, int] = {}
-        self._pids: list[int] = []
+        self.proc = subprocess.Popen([*command, "--launcher", str(os.getpid())], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._answers: dict[int, dict] = {}
+        self._codes: dict[int, int] = {}
+        self._live: set[int] = set()   # requests whose task runs
+        self._ids = itertools.count(1)
+        self._eof = False
         self._cond = threading.Condition()
         threading.Thread(target=self._read, name="tfsync-forkserver", daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            message = json.loads(line)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
             with self._cond:
-                if "pid" in message:
-                    self._pids.append(message["pid"])
+                if "code" in message:
+                    self._codes[message["id"]] = message["code"]
+                    self._live.discard(message["id"])
                 else:
-                    self._exits[message["exit"]] = message["code"]
+                    self._answers[message["id"]] = message
                 self._cond.notify_all()
-        with self._cond:   # the server is gone: so are its tasks (they watch their parent)
-            self.proc.wait()
+        with self._cond:   # the server is gone, and its tasks with it (they watch their parent)
+            self._eof = True
             self._cond.notify_all()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self._eof and self.proc.poll() is None
 
-    def fork(self, args: list[str], cwd: str | None, log: str | None, timeout: float) -> ForkedTask:
-        """A task running ``tfsync.engine.server`` with ``args``; OSError if the server is gone."""
+    def idle(self) -> bool:
+        """Whether every task it forked has ended (or it has)."""
         with self._cond:
-            self.proc.stdin.write(json.dumps({"args": args, "cwd": cwd, "log": log}).encode() + b"\n")
-            self.proc.stdin.flush()
-            if not self._cond.wait_for(lambda: self._pids or not self.alive(), timeout):
-                raise OSError(f"the fork server (pid {self.proc.pid}) did not fork a task in {timeout:.0f} s")
-            if not self._pids:
-                raise OSError(f"the fork server (pid {self.proc.pid}) has ended")
-            return ForkedTask(self._pids.pop(0), self)
+            return not self.alive() or not self._live
 
-    def exit_code(self, pid: int) -> int | None:
+
+    def fork(self, args: list[str], env: dict, cwd: str | None, log: str | None, user, timeout: float) -> ForkedTask:
+        """A task running ``tfsync.engine.server`` with ``args``; OSError where the server
+        cannot fork one (then it is closed: an answer that comes late is no task of ours)."""
         with self._cond:
-            if pid in self._exits:
-                return self._exits[pid]
-            if not self.alive():
-                return -signal.SIGKILL if _gone(pid) else None
-        return None
+            request = next(self._ids)
+            try:
+                self.proc.stdin.write(json.dumps({"id": request, "args": args, "env": env, "cwd": cwd, "log": log,
+                                                  "user": user}).encode() + b"\n")
+                self.proc.stdin.flush()
+            except OSError as e:
+                raise OSError(f"the fork server (pid {self.proc.pid}) has ended: {e}") from None
+            self._cond.wait_for(lambda: request in self._answers or self._eof, timeout)
+            answer = self._answers.pop(request, None)
+            if answer is not None and "pid" in answer and request not in self._codes:
+                self._live.add(request)
+        if answer is None or "pid" not in answer:
+            self.close()
+            why = answer["error"] if answer else ("has ended" if self._eof else f"did not answer in {timeout:.0f} s")
+            raise OSError(f"the fork server (pid {self.proc.pid}) could not fork a task: {why}")
+        return ForkedTask(answer["pid"], request, self)
+
+    def exit_code(self, request: int, pid: int) -> int | None:
+        with self._cond:
+            if request in self._codes:
+                return self._codes.pop(request)
+            if not self._eof:
+                return None
+        return None if _running(pid) else -signal.SIGKILL   # its server is gone: so is it, soon
 
     def close(self) -> None:
-        if self.alive():
-            self.proc.stdin.close()
+        """Stop the server; its tasks end with it."""
+        if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
+        self.proc.stdin.close()
 
 
-def _gone(pid: int) -> bool:
+def _running(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return False
 
 
 if __name__ == "__main__":
-    sys.exit(_serve())
+    sys.exit(_serve(int(sys.argv[sys.argv.index("--launcher") + 1])))

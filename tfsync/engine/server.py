@@ -16,7 +16,7 @@ import threading
 import time
 
 
-def _exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
+def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
     def watch():
         while True:
             if os.getppid() != parent_pid:
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     elif args.job is None or args.index is None:
         p.exit(2, "tfsync task: --cluster needs --job and --index\n")
     if args.parent_pid:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
