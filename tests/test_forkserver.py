@@ -93,6 +93,16 @@ def test_tasks_end_with_the_process_that_launched_them():
         launcher.kill()
 
 
+def test_a_fork_setting_that_is_neither_0_nor_1_is_refused_naming_it(monkeypatch):
+    from tfsync.engine.cluster import ClusterError
+
+    monkeypatch.setenv("TFSYNC_FORK_TASKS", "yes")
+    cluster = LocalCluster(workers=1, ps=1)
+    with pytest.raises(ClusterError, match=r"^TFSYNC_FORK_TASKS='yes': expected 1 .* or 0 "):
+        cluster.start()
+    assert cluster.procs == {}   # nothing started
+
+
 def test_without_the_fork_server_each_task_is_a_process_of_its_own(monkeypatch):
     monkeypatch.setenv("TFSYNC_FORK_TASKS", "0")
     with LocalCluster(workers=1, ps=1) as cluster:

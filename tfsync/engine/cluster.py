@@ -151,7 +151,11 @@ def _forked(network, env: dict, args: list[str], cwd: str | None, log: str | Non
     """A task forked by this process's fork server for ``env`` (started on first use, in
     ``network``'s namespace; the task takes the user the namespace's tasks run as); None
     where there is none: then the task starts as a process of its own."""
-    if os.environ.get(ENV_FORK, "1") == "0":
+    fork = os.environ.get(ENV_FORK, "1")
+    if fork not in ("0", "1"):
+        raise ClusterError(f"{ENV_FORK}={fork!r}: expected 1 (fork tasks from one TensorFlow import, the default) "
+                           "or 0 (each task a process of its own)")
+    if fork == "0":
         return None
     command = [*SERVER[:-1], "tfsync.engine.forkserver"]
     if network is not None:
