@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from tfsync.base import netns
 from tfsync.base.taskcmd import SERVER, task_env
 from tfsync.engine.cluster import LocalCluster, port_open
 from tfsync.engine.forkserver import ForkedTask, ForkServer, _running
@@ -91,6 +92,10 @@ def test_tasks_end_with_the_process_that_launched_them():
         assert not [p for p in [*pids, server] if _running(p)], "a task outlived its launcher"
     finally:
         launcher.kill()
+        launcher.wait()
+        netns.remove_stale()   # the killed launcher's private network (it had no atexit to remove it)
+    left = os.listdir(netns.NETNS_DIR) if os.path.isdir(netns.NETNS_DIR) else []
+    assert not [n for n in left if n.startswith(f"tfsync-{launcher.pid}-")], "its network namespace was left behind"
 
 
 def test_a_fork_setting_that_is_neither_0_nor_1_is_refused_naming_it(monkeypatch):
