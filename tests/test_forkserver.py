@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from tfsync.base import netns
-from tfsync.base.taskcmd import SERVER, task_env
+from tfsync.base.taskcmd import task_env
 from tfsync.engine.cluster import LocalCluster, port_open
-from tfsync.engine.forkserver import ForkedTask, ForkServer, _running
+from tfsync.engine.forkserver import COMMAND, ForkedTask, ForkServer, _running
 
 pytestmark = pytest.mark.cluster
 
@@ -48,7 +48,7 @@ def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_p
 
 
 def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):
-    server = ForkServer([*SERVER[:-1], "tfsync.engine.forkserver"], task_env())
+    server = ForkServer(list(COMMAND), task_env())
     try:
         log = tmp_path / "task.log"
         task = server.fork(["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--index", "0"], task_env(),

@@ -25,6 +25,7 @@ from ..base import netns, safefile
 from ..base.exits import TfsyncError
 from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from .forkserver import COMMAND as FORK_SERVER
 from .forkserver import VOLATILE_ENV, ForkedTask, ForkServer
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def _forked(network, env: dict, args: list[str], cwd: str | None, log: str | Non
                            "or 0 (each task a process of its own)")
     if fork == "0":
         return None
-    command = [*SERVER[:-1], "tfsync.engine.forkserver"]
+    command = list(FORK_SERVER)
     if network is not None:
         command = netns.command_in(network.name, command, as_task_user=False)
     key = (tuple(command), tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))

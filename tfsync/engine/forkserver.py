@@ -31,6 +31,8 @@ import traceback
 
 import psutil
 
+COMMAND = (sys.executable, "-m", "tfsync.engine.forkserver")   # a fork server (wrapped where the tasks run)
+
 # Environment variables that change while a launcher runs without changing what a task
 # does (pytest names the running test in one): one fork server serves across them.
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
@@ -103,7 +105,7 @@ def _task(task: dict, parent: int, answers: int, safefile, server) -> None:
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
-        code = server.main([*task["args"], "--parent-pid", str(parent)])
+        code = server.main([*task["args"], "--parent-pid", str(parent)])   # the last --parent-pid counts
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - the task's log says why it could not start

@@ -19,28 +19,19 @@ import grpc
 
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.commands import Command, CommandResult, Controller
-from tfsync.manager.service import SWITCH_METHODS
-from tfsync.policy.catalogue import from_numbers
+from tfsync.manager.service import switch_fields
 
 logger = logging.getLogger(__name__)
 
 _DONE = object()
 
 
-def policy_options(request: manager_pb2.SwitchRequest) -> dict:
-    """A SwitchRequest's numbers in the types the target protocol declares (catalogue);
-    undeclared ones (``lr_scale``, the engine's) whole as int."""
-    return from_numbers(request.protocol, request.options)
-
-
 def to_command(msg: manager_pb2.Command) -> Command:
     kind = msg.WhichOneof("kind")
     if kind == "switch":
-        sw = msg.switch
-        options = policy_options(sw)
-        lr_scale = options.pop("lr_scale", None)
-        return Command(msg.command_id, "switch", protocol=sw.protocol, options=options,
-                       method=SWITCH_METHODS.get(sw.method, "hot"), lr_scale=lr_scale)
+        options, method, lr_scale = switch_fields(msg.switch)
+        return Command(msg.command_id, "switch", protocol=msg.switch.protocol, options=options, method=method,
+                       lr_scale=lr_scale)
     if kind == "set_batch_sizes":
         return Command(msg.command_id, "batch_sizes", batch_sizes=tuple(msg.set_batch_sizes.batch_sizes))
     if kind == "checkpoint":

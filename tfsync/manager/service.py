@@ -46,6 +46,17 @@ MAX_DETAIL = 64 * 1024  # characters of a run event's detail_json
 SWITCH_METHODS = {manager_pb2.SWITCH_METHOD_HOT: "hot", manager_pb2.SWITCH_METHOD_RESTART: "restart"}
 
 
+def switch_fields(request: manager_pb2.SwitchRequest) -> tuple[dict, str, float | None]:
+    """A SwitchRequest read off the wire: (the options in the types the protocol declares,
+    the method, the learning-rate factor or None); an unset method is hot. The manager checks
+    these before queuing the switch, the coordinator's link hands them to the engine."""
+    options = from_numbers(request.protocol, request.options)
+    lr_scale = options.pop("lr_scale", None)  # the engine's, not the policy's
+    method = "hot" if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED else \
+        SWITCH_METHODS.get(request.method, str(request.method))
+    return options, method, None if lr_scale is None else float(lr_scale)
+
+
 def one_line(text: str, limit: int = 300) -> str:
     """The first line of ``text``, at most ``limit`` characters."""
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
@@ -216,11 +227,8 @@ class ManagerService(ResourceReports):
         # engine checks it (tfsync.policy.commands), so every way in says the same
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
-        method = SWITCH_METHODS.get(request.method, str(request.method))
-        options = from_numbers(request.protocol, request.options)
-        lr_scale = options.pop("lr_scale", None)  # the engine's, not the policy's
         try:
-            check_switch(request.protocol, options, method, None if lr_scale is None else float(lr_scale))
+            check_switch(request.protocol, *switch_fields(request))
         except (ValueError, PolicyError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         return self._issue(request, context, "switch")
