@@ -96,11 +96,10 @@ def wait_for(what, check, timeout=90.0):
 
 def kill_worker(run_pid, index):
     """SIGKILL the task process of worker ``index`` under the `tfsync run` process ``run_pid``."""
-    for p in psutil.Process(run_pid).children(recursive=True):
-        cmd = p.cmdline()
-        if "--job" in cmd and cmd[cmd.index("--job") + 1] == "worker" and cmd[cmd.index("--index") + 1] == str(index):
-            p.send_signal(signal.SIGKILL)
-            return p.pid
+    for pid, name in tasks_under(run_pid).items():
+        if name == f"tfsync-worker{index}":
+            os.kill(pid, signal.SIGKILL)
+            return pid
     raise AssertionError(f"no task process for worker {index}")
 
 
@@ -187,10 +186,20 @@ def start_hook(tmp_path, name, token_file, port):
     return proc
 
 
+def tasks_under(pid: int) -> dict[int, str]:
+    """``{pid: name}`` of the TF task processes below process ``pid`` (forked by its fork
+    server or started by it): ``ps`` shows each as ``tfsync-ps0``, ``tfsync-worker1``, ..."""
+    out = {}
+    for p in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.name().startswith(("tfsync-ps", "tfsync-worker")):
+                out[p.pid] = p.name()
+    return out
+
+
 def task_children(hook):
-    """``{pid: command line}`` of the TF task processes a hook process runs."""
-    return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(hook.pid).children()
-            if "tfsync.engine.server" in " ".join(p.cmdline())}
+    """``{pid: name}`` of the TF task processes a hook process runs."""
+    return tasks_under(hook.pid)
 
 
 # -- managers -------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """A LocalCluster's task processes are forks of one fork server that imported TensorFlow
-once (tfsync.engine.forkserver): they serve, log, report how they ended, say why one
+once (tfsync.base.forkserver): they serve, log, report how they ended, say why one
 could not start, and end with the process that launched them; a cluster still running
 keeps its tasks when the environment changes; TFSYNC_FORK_TASKS=0 starts each task as a
 process of its own."""
@@ -18,7 +18,7 @@ import pytest
 from tfsync.base import netns
 from tfsync.base.taskcmd import task_env
 from tfsync.engine.cluster import LocalCluster, port_open
-from tfsync.engine.forkserver import COMMAND, ForkedTask, ForkServer, _running
+from tfsync.base.forkserver import COMMAND, ForkedTask, ForkServer, running
 
 pytestmark = pytest.mark.cluster
 
@@ -44,7 +44,7 @@ def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_p
         assert "tfsync task ps:0 serving at" in (tmp_path / "logs" / "ps-0.log").read_text()
         with LocalCluster(workers=2, ps=1) as again:   # forked by the same server: no import again
             assert {_parent(p) for p in again.pids} == parents and _serving(again)
-    assert all(p.poll() is not None and not _running(p.pid) for p in procs)
+    assert all(p.poll() is not None and not running(p.pid) for p in procs)
 
 
 def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):
@@ -82,14 +82,14 @@ def test_tasks_end_with_the_process_that_launched_them():
     try:
         assert select.select([launcher.stdout], [], [], 180)[0], "the cluster did not start"
         pids = [int(p) for p in launcher.stdout.readline().split()]
-        assert len(pids) == 3 and all(_running(p) for p in pids)
+        assert len(pids) == 3 and all(running(p) for p in pids)
         server = _parent(pids[0])
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20
-        while any(_running(p) for p in [*pids, server]) and time.monotonic() < deadline:
+        while any(running(p) for p in [*pids, server]) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in [*pids, server] if _running(p)], "a task outlived its launcher"
+        assert not [p for p in [*pids, server] if running(p)], "a task outlived its launcher"
     finally:
         launcher.kill()
         launcher.wait()

@@ -6,6 +6,7 @@ import json
 import signal
 import time
 
+import psutil
 import pytest
 
 from helpers import linear_job, records, start_hook, task_children, tfsync_run, wait_for
@@ -33,6 +34,8 @@ def test_a_hook_restarted_in_place_keeps_its_tasks_and_the_job_goes_on(tmp_path)
             wait_for("the hook back", lambda: out_file.read_text().count("listening") == 2, timeout=60)
             back = time.time()
             assert task_children(hook) == before   # the same processes, still the hook's
+            wait_for("its tasks its own children (their fork server ended at the exec)",
+                     lambda: set(before) <= {p.pid for p in psutil.Process(hook.pid).children()})
             out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-2000:]
         summary = json.loads(out)

@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
-from helpers import (CHECKPOINTED_JOB, DATA, check_ps_recovered, start_hook, task_children, tfsync_run,
+from helpers import (CHECKPOINTED_JOB, DATA, check_ps_recovered, start_hook, task_children, tasks_under, tfsync_run,
                      wait_for_checkpoints)
 from tfsync.api import auth
 from tfsync.engine.cluster import free_ports
@@ -51,11 +50,10 @@ def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(
         wait_for_checkpoints(run_dir)
         # round-robin, PS first: node0 runs ps:0 and worker:1, node1 runs worker:0
         first = [task_children(h) for h in hooks]
-        assert sorted("--job ps" in c for c in first[0].values()) == [False, True]
-        assert ["--job worker --index 0" in c for c in first[1].values()] == [True]
-        assert not [p for p in psutil.Process(run.pid).children(recursive=True)
-                    if "tfsync.engine.server" in " ".join(p.cmdline())]  # no task of its own
-        (ps,) = [pid for pid, c in first[0].items() if "--job ps" in c]
+        assert sorted(first[0].values()) == ["tfsync-ps0", "tfsync-worker1"]
+        assert list(first[1].values()) == ["tfsync-worker0"]
+        assert not tasks_under(run.pid)  # no task of its own
+        (ps,) = [pid for pid, name in first[0].items() if name == "tfsync-ps0"]
         os.kill(ps, signal.SIGKILL)
         out, err = run.communicate(timeout=300)
     check_ps_recovered(run, out, err, run_dir)

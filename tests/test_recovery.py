@@ -5,10 +5,9 @@ checkpoint interval."""
 import os
 import signal
 
-import psutil
 import pytest
 
-from helpers import CHECKPOINTED_JOB, check_ps_recovered, records, tfsync_run, wait_for_checkpoints
+from helpers import CHECKPOINTED_JOB, check_ps_recovered, records, tasks_under, tfsync_run, wait_for_checkpoints
 
 pytestmark = pytest.mark.cluster
 
@@ -17,9 +16,8 @@ def test_a_killed_ps_is_restarted_from_the_last_checkpoint(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     with tfsync_run(tmp_path, CHECKPOINTED_JOB, env=env) as (run, run_dir, _):
         wait_for_checkpoints(run_dir)
-        (ps,) = [p for p in psutil.Process(run.pid).children(recursive=True)
-                 if "--job ps" in " ".join(p.cmdline())]
-        ps.send_signal(signal.SIGKILL)
+        (ps,) = [pid for pid, name in tasks_under(run.pid).items() if name == "tfsync-ps0"]
+        os.kill(ps, signal.SIGKILL)
         killed_at = max(r["samples"] for r in records(run_dir) if "worker" in r)
         out, err = run.communicate(timeout=300)
     rec = check_ps_recovered(run, out, err, run_dir)

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from helpers import DATA, default_sigint, linear_job
+from helpers import DATA, default_sigint, linear_job, tasks_under
 
 pytestmark = pytest.mark.cluster
 
@@ -22,11 +22,6 @@ def _job(tmp_path, epochs):
     job.write_text(linear_job("t", {"name": "bsp", "until": 0.5}, "asp", epochs=epochs, checkpoint_every=50)
                    .format(run_dir=run_dir))
     return job, run_dir
-
-
-def _tasks_of(pid):
-    return [p for p in psutil.process_iter(["cmdline"])
-            if "tfsync.engine.server" in " ".join(p.info["cmdline"] or []) and f"--parent-pid {pid}" in " ".join(p.info["cmdline"])]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +66,8 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
             if metrics.exists() and '"worker"' in metrics.read_text():
                 break
             time.sleep(0.5)
-        assert len(_tasks_of(proc.pid)) == 3
+        assert len(tasks_under(proc.pid)) == 3
+        below = psutil.Process(proc.pid).children(recursive=True)   # the tasks, and what forked them
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -79,8 +75,8 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("tfsync: error: interrupted")
-    time.sleep(1)
-    assert _tasks_of(proc.pid) == [], "task processes outlived tfsync run"
+    gone, alive = psutil.wait_procs(below, timeout=15)
+    assert not alive, "task processes outlived tfsync run"
 
 
 def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path, bsp_then_asp):

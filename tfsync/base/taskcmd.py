@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 # The program of a task: the TF server of one PS or worker. Launchers append the
 # arguments ``task_command`` builds (the hook's tests run a stand-in program instead).
@@ -34,3 +36,17 @@ def task_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     return env
+
+
+def exit_with_parent(parents, interval: float = 0.5) -> None:
+    """Exit as soon as this process's parent is none of ``parents`` (a pid or several):
+    the launcher is gone and this process was handed to another."""
+    parents = {parents} if isinstance(parents, int) else set(parents)
+
+    def watch():
+        while True:
+            if os.getppid() not in parents:
+                os._exit(0)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

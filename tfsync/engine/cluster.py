@@ -16,20 +16,17 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..base import netns, safefile
+from ..base import forkserver, netns, safefile
 from ..base.exits import TfsyncError
+from ..base.forkserver import ForkedTask
 from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
 from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
-from .forkserver import COMMAND as FORK_SERVER
-from .forkserver import VOLATILE_ENV, ForkedTask, ForkServer
 
 logger = logging.getLogger(__name__)
-_fork_lock = threading.Lock()
 
 
 class ClusterError(TfsyncError, RuntimeError):
@@ -143,43 +140,6 @@ def connect_strategy(cluster):
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
 
 
-ENV_FORK = "TFSYNC_FORK_TASKS"   # "0": every task its own process, importing TensorFlow itself
-KEEP_SERVERS = 2   # fork servers kept for other environments; more are closed once their tasks end
-_fork_servers: dict[tuple, ForkServer] = {}
-
-
-def _forked(network, env: dict, args: list[str], cwd: str | None, log: str | None, timeout: float):
-    """A task forked by this process's fork server for ``env`` (started on first use, in
-    ``network``'s namespace; the task takes the user the namespace's tasks run as); None
-    where there is none: then the task starts as a process of its own."""
-    fork = os.environ.get(ENV_FORK, "1")
-    if fork not in ("0", "1"):
-        raise ClusterError(f"{ENV_FORK}={fork!r}: expected 1 (fork tasks from one TensorFlow import, the default) "
-                           "or 0 (each task a process of its own)")
-    if fork == "0":
-        return None
-    command = list(FORK_SERVER)
-    if network is not None:
-        command = netns.command_in(network.name, command, as_task_user=False)
-    key = (tuple(command), tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
-    with _fork_lock:
-        server = _fork_servers.get(key)
-        if server is None or not server.alive():
-            try:
-                server = _fork_servers[key] = ForkServer(command, env)
-            except OSError as e:
-                logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
-                return None
-            atexit.register(server.close)
-            for other in [k for k, s in _fork_servers.items() if k != key and s.idle()][:-KEEP_SERVERS or None]:
-                _fork_servers.pop(other).close()
-        try:
-            return server.fork(args, env, cwd, log, netns.task_user() if network is not None else None, timeout)
-        except OSError as e:
-            logger.warning("%s: starting the task as a process of its own", e)
-            return None
-
-
 def port_open(host: str, port: int) -> bool:
     """Whether ``host:port`` accepts a TCP connection now (a name that does not resolve
     yet, as a pod's before it runs, does not)."""
@@ -256,7 +216,11 @@ class LocalCluster:
             safefile.make_dir(self.log_dir)
             log = os.path.join(self.log_dir, f"{job}-{index}.log")
             safefile.open_append(log, binary=True).close()   # created here, by the launcher's rules
-        proc = _forked(self.network, env, cmd[len(SERVER):], self.work_dir, log, self.start_timeout)
+        try:
+            proc = forkserver.fork(cmd[len(SERVER):], env, self.work_dir, log, self.start_timeout,
+                                   *((self.network.name, netns.task_user()) if self.network is not None else ()))
+        except forkserver.ForkSettingError as e:
+            raise ClusterError(str(e)) from None
         if proc is None:   # no fork server: a process of its own, which imports TensorFlow itself
             out = safefile.open_append(log, binary=True) if log else subprocess.DEVNULL
             proc = subprocess.Popen(wrap(cmd), env=env, stdout=out, stderr=subprocess.STDOUT,

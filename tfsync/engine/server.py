@@ -1,7 +1,8 @@
 """Entry point of one TF task process (a PS or a worker): ``python -m tfsync.engine.server``.
 
 The process runs a ``tf.distribute.Server`` until it is killed, and exits by itself when
-its parent (the launcher) dies, so a crashed coordinator never leaves orphans. Started by
+its parent (the launcher) dies, so a crashed coordinator never leaves orphans. ``ps`` shows
+it as ``tfsync-ps0``, ``tfsync-worker1``, ... Started by
 a platform (a Kubernetes TFJob, a Slurm script) with no arguments, it serves the task that
 TF_CONFIG names (tfsync.base.tfconfig).
 """
@@ -9,21 +10,20 @@ TF_CONFIG names (tfsync.base.tfconfig).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-import threading
-import time
+
+from tfsync.base.taskcmd import exit_with_parent
 
 
-def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
-    def watch():
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(0)
-            time.sleep(interval)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+def name_process(name: str) -> None:
+    """Show ``name`` (at most 15 characters) for this process in ``ps``/``top`` instead of
+    "python" (Linux; elsewhere nothing)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
 
 
 def main(argv=None) -> int:
@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--cluster", help="cluster spec as JSON: {job: [host:port, ...]}")
     p.add_argument("--job", choices=("ps", "worker"))
     p.add_argument("--index", type=int)
-    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    p.add_argument("--parent-pid", type=int, action="append", default=[],
+                   help="exit when its parent is not this process (given twice: neither of them)")
     args = p.parse_args(argv)
     if args.cluster is None:
         from tfsync.base import tfconfig
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
         p.exit(2, "tfsync task: --cluster needs --job and --index\n")
     if args.parent_pid:
         exit_with_parent(args.parent_pid)
+    name_process(f"tfsync-{args.job}{args.index}")
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf

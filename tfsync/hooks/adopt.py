@@ -1,12 +1,14 @@
 """A hook restarted in place (SIGHUP: it re-executes itself, same process id) keeps its
 tasks: before the exec it writes its task table beside its logs, and the new program
 adopts the tasks listed there that still run. They are still its children (an exec keeps
-them) and their ``--parent-pid`` still names it, so nothing about them changes; the
+them; a forked task's fork server ends at the exec, and the hook, a subreaper, becomes its
+parent) and their ``--parent-pid`` still names it, so nothing about them changes; the
 coordinator sees their ports answer meanwhile (tfsync.engine.hook_cluster) and goes on.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -15,9 +17,11 @@ import subprocess
 import time
 
 from tfsync.base import safefile
+from tfsync.base import forkserver
 
 logger = logging.getLogger(__name__)
 
+PR_SET_CHILD_SUBREAPER = 36   # prctl(2)
 ENV = "TFSYNC_HOOK_ADOPT"   # set across the exec: the task table to adopt
 FIELDS = ("job_id", "job", "index", "spec_json", "env", "address", "log_path", "netns", "cwd", "started",
           "restarts", "sources", "ready")
@@ -34,8 +38,9 @@ class Adopted:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:   # reaped already, or not ours
-                self.returncode = -1
+            except ChildProcessError:   # reaped already, or not ours yet (its fork server is ending)
+                if not forkserver.running(self.pid):
+                    self.returncode = -1
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
@@ -55,6 +60,16 @@ class Adopted:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def become_subreaper() -> None:
+    """Make this process the parent of its descendants that lose theirs (Linux; kept
+    across exec): a task forked by a fork server (``tfsync.base.forkserver``) that ends
+    when this process re-executes itself becomes its child, which it adopts."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        logger.warning("tfsync hook: cannot become a subreaper (%s): forked tasks end at the restart",
+                       os.strerror(ctypes.get_errno()))
 
 
 def save(path: str, tasks) -> str:

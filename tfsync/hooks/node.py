@@ -217,6 +217,7 @@ class HookServer:
         table for the program that replaces this one; returns its path."""
         self._stopping.set()
         self.grpc_server.stop(grace).wait(timeout=grace + 5)
+        adopt.become_subreaper()
         return adopt.save(os.path.join(self.supervisor.log_dir, "hook-tasks.json"), self.supervisor.tasks())
 
 

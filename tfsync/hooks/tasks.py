@@ -3,7 +3,9 @@
 Commands are built here, never received: a request names a cluster spec, a job name and
 an index, and the hook runs ``python -m tfsync.engine.server`` for it with the command
 line and environment ``tfsync.base.taskcmd`` builds for ``tfsync.engine.cluster.LocalCluster``
-too (own session, log file, ``--parent-pid`` so a task exits when its hook dies). Only
+too (own session, log file, ``--parent-pid`` so a task exits when its hook dies), forked
+like LocalCluster's from one TensorFlow import (``tfsync.base.forkserver``) where the
+program is the TF server. Only
 processes started here are ever signalled. Tasks in the hook's own network namespace are
 behind its firewall where it has one (``tfsync.hooks.firewall``): only the hosts of their
 cluster spec reach their ports.
@@ -25,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from tfsync.base import netns as netns_
-from tfsync.base import safefile, taskcmd
+from tfsync.base import forkserver, safefile, taskcmd
 from tfsync.base.exits import BadInput, TfsyncError, shown
 from tfsync.hooks import firewall as fw
 
@@ -42,6 +44,7 @@ _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")  # a DNS name
 TASK_COMMAND = taskcmd.SERVER
 # The spec travels as one command-line argument: Linux takes at most 128 KiB in one.
 MAX_SPEC_BYTES = 120 * 1024
+FORK_TIMEOUT = 60.0   # for a fork server's answer (its first includes importing TensorFlow)
 MAX_SPEC_NAMES = 256   # host names of one spec the firewall resolves (addresses: no limit)
 
 
@@ -328,9 +331,11 @@ class TaskSupervisor:
                 f"only {', '.join(sources)} (nftables table inet {self.firewall.table})")
 
     def _launch(self, job_id, job, index, spec_json, env, address, netns="", cwd=None) -> Task:
+        try:
+            forking = self.task_command == TASK_COMMAND and forkserver.enabled()
+        except forkserver.ForkSettingError as e:
+            raise TaskLaunchError(str(e)) from None
         cmd = taskcmd.task_command(spec_json, job, index, program=self.task_command)
-        if netns:
-            cmd = netns_.command_in(netns, cmd)
         full_env = taskcmd.task_env(env)
         log_dir = os.path.join(self.log_dir, job_id)
         made_dir = not os.path.isdir(log_dir)
@@ -339,8 +344,10 @@ class TaskSupervisor:
         made_log = not os.path.lexists(log_path)
         try:
             with safefile.open_append(log_path, binary=True) as out:
-                proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
+                proc = (forking and forkserver.fork(cmd[len(TASK_COMMAND):], full_env, cwd, log_path, FORK_TIMEOUT,
+                                                    netns, netns_.task_user() if netns else None)) or subprocess.Popen(
+                    netns_.command_in(netns, cmd) if netns else cmd, env=full_env, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
         except OSError as e:  # nothing of a task that never ran stays behind
             with contextlib.suppress(OSError):
                 if made_log:

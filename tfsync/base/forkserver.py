@@ -1,26 +1,37 @@
 """Task processes forked from one that imported TensorFlow once: ``python -m
-tfsync.engine.forkserver``.
+tfsync.base.forkserver tfsync.engine.server``.
 
 Importing TensorFlow costs a task process about 5 CPU-seconds, most of a local cluster's
 start, and a LocalCluster used to pay it once per task and per generation (every restart
 switch and recovery). The fork server imports it once; each task is a fork of it that
 takes its own session, environment, log, working directory and user, and runs the task's
-server (``tfsync.engine.server``). Forking after the import, before any TensorFlow
+server (``tfsync.engine.server``, the module the server is started with: imported, it
+imports TensorFlow; the launchers import neither). Forking after the import, before any TensorFlow
 context, channel or thread pool exists, is what makes it safe: the child builds all of
 those itself. Where no fork server can be started, tasks start as processes of their own.
+
+Both launchers use it: the engine's LocalCluster and the node hook (``tfsync.hooks.tasks``),
+through :func:`fork`, which keeps one server per environment and network namespace.
+``TFSYNC_FORK_TASKS=0`` starts every task as a process of its own instead.
 
 Protocol, JSON lines: the launcher writes ``{"id": I, "args": [...], "env": {...}, "cwd":
 ..., "log": ..., "user": [uid, gid] | null}``; the server answers ``{"id": I, "pid": N}``
 (or ``{"id": I, "error": ...}``) and, when that task ends, ``{"id": I, "code": C}`` (a
 signal as ``-SIG``, as ``subprocess`` does). Its answers go out on a descriptor of their
 own, so nothing TensorFlow prints can break them. It exits when its stdin closes or its
-launcher is gone, and its tasks follow it (they watch their parent).
+launcher is gone. A task exits when its parent is neither the server nor the launcher: the
+server gone with the launcher, the task follows; the server gone while the launcher lives
+(a hook re-executing itself closes the server's stdin) and the launcher a subreaper, the
+task is the launcher's own child from then on and goes on.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -31,7 +42,14 @@ import traceback
 
 import psutil
 
-COMMAND = (sys.executable, "-m", "tfsync.engine.forkserver")   # a fork server (wrapped where the tasks run)
+from tfsync.base import netns as netns_
+from tfsync.base import safefile, taskcmd
+from tfsync.base.exits import BadInput
+
+logger = logging.getLogger(__name__)
+
+# A fork server of task processes (wrapped where the tasks run): the tasks' program module
+COMMAND = (sys.executable, "-m", "tfsync.base.forkserver", taskcmd.SERVER[-1])
 
 # Environment variables that change while a launcher runs without changing what a task
 # does (pytest names the running test in one): one fork server serves across them.
@@ -39,20 +57,20 @@ VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 
 
 # -- the server (its own process) --------------------------------------------------------------
-def _serve(launcher: int) -> int:
+def _serve(program: str, launcher: int) -> None:
     answers = os.dup(1)        # the protocol's own descriptor; what else is printed goes to stderr
     os.dup2(2, 1)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow  # noqa: F401  (once, for every task this server forks)
+    server = importlib.import_module(program)   # TensorFlow, once for every task this server forks
 
-    from tfsync.base import safefile
-    from tfsync.engine import server
-
-    server.exit_with_parent(launcher)
+    taskcmd.exit_with_parent(launcher)
     ids: dict[int, int] = {}   # pid -> request id
 
     def say(message: dict) -> None:   # one write of a short line: whole, also from the handler
-        os.write(answers, json.dumps(message).encode() + b"\n")
+        try:
+            os.write(answers, json.dumps(message).encode() + b"\n")
+        except OSError:   # the launcher has closed its end (it re-executes itself): no one to tell
+            pass
 
     def reap(*_) -> None:
         while True:
@@ -73,17 +91,17 @@ def _serve(launcher: int) -> int:
         try:
             pid = os.fork()
             if pid == 0:
-                _task(task, parent, answers, safefile, server)
+                _task(task, parent, answers, server)
             ids[pid] = task["id"]
             say({"id": task["id"], "pid": pid})
         except OSError as e:
             say({"id": task["id"], "error": str(e)})
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-    return 0
+    os._exit(0)   # at once, without TensorFlow's slow teardown: a re-executing hook adopts the tasks
 
 
-def _task(task: dict, parent: int, answers: int, safefile, server) -> None:
+def _task(task: dict, parent: int, answers: int, server) -> None:
     """In the forked child: become the task, run its server, never return."""
     code = 1
     try:
@@ -105,7 +123,7 @@ def _task(task: dict, parent: int, answers: int, safefile, server) -> None:
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
-        code = server.main([*task["args"], "--parent-pid", str(parent)])   # the last --parent-pid counts
+        code = server.main([*task["args"], "--parent-pid", str(parent)])   # the launcher's or this server
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - the task's log says why it could not start
@@ -216,7 +234,7 @@ class ForkServer:
                 return self._codes.pop(request)
             if not self._eof:
                 return None
-        return None if _running(pid) else -signal.SIGKILL   # its server is gone: so is it, soon
+        return None if running(pid) else -signal.SIGKILL   # its server is gone: so is it, soon
 
     def close(self) -> None:
         """Stop the server; its tasks end with it."""
@@ -226,7 +244,57 @@ class ForkServer:
         self.proc.stdin.close()
 
 
-def _running(pid: int) -> bool:
+# -- the fork servers of this process, one per environment and namespace ----------------------------------
+ENV_FORK = "TFSYNC_FORK_TASKS"   # "0": every task its own process, importing TensorFlow itself
+KEEP_SERVERS = 2   # fork servers kept for other environments; more are closed once their tasks end
+_servers: dict[tuple, ForkServer] = {}
+_lock = threading.Lock()
+
+
+class ForkSettingError(BadInput, ValueError):
+    """TFSYNC_FORK_TASKS is neither 0 nor 1."""
+
+
+def enabled() -> bool:
+    """Whether tasks are forked (``TFSYNC_FORK_TASKS``, 1 by default); ForkSettingError
+    naming it otherwise."""
+    fork = os.environ.get(ENV_FORK, "1")
+    if fork not in ("0", "1"):
+        raise ForkSettingError(f"{ENV_FORK}={fork!r}: expected 1 (fork tasks from one TensorFlow import, the "
+                               "default) or 0 (each task a process of its own)")
+    return fork == "1"
+
+
+def fork(args: list[str], env: dict, cwd: str | None, log: str | None, timeout: float,
+         netns: str = "", user=None) -> ForkedTask | None:
+    """A task running ``tfsync.engine.server`` with ``args``, forked by this process's
+    fork server for ``env`` in network namespace ``netns`` (started on first use) as
+    ``user`` (``(uid, gid)``, None: this process's); None where forking is off or no
+    server can fork: then the caller starts the task as a process of its own."""
+    if not enabled():
+        return None
+    command = netns_.command_in(netns, list(COMMAND), as_task_user=False) if netns else list(COMMAND)
+    key = (tuple(command), tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
+    with _lock:
+        server = _servers.get(key)
+        if server is None or not server.alive():
+            try:
+                server = _servers[key] = ForkServer(command, env)
+            except OSError as e:
+                logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
+                return None
+            atexit.register(server.close)
+            for other in [k for k, s in _servers.items() if k != key and s.idle()][:-KEEP_SERVERS or None]:
+                _servers.pop(other).close()
+        try:
+            return server.fork(args, env, cwd, log, user, timeout)
+        except OSError as e:
+            logger.warning("%s: starting the task as a process of its own", e)
+            return None
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and is no zombie)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -234,4 +302,4 @@ def _running(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(int(sys.argv[sys.argv.index("--launcher") + 1])))
+    _serve(sys.argv[1], int(sys.argv[sys.argv.index("--launcher") + 1]))
