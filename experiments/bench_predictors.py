@@ -49,6 +49,7 @@ import psutil  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
+from tfsync.base.taskcmd import task_of_name  # noqa: E402
 from tfsync.engine.commands import Command, Controller  # noqa: E402
 from tfsync.engine.resources import ResourceMonitor  # noqa: E402
 
@@ -78,8 +79,7 @@ def cpu_of(worker: int) -> int:
 
 
 class WorkerPinner:
-    """Pins each worker task process this process starts (``tfsync.engine.server --job
-    worker --index i``) to ``cpu_of(i)`` as soon as it appears, every thread of it
+    """Pins each worker task process this process starts (named ``tfsync-worker<i>``) to ``cpu_of(i)`` as soon as it appears, every thread of it
     (``os.sched_setaffinity`` sets one thread; threads started later inherit it), and
     calls ``on_pids({worker: pid})`` when the set of live workers changes."""
 
@@ -104,14 +104,14 @@ class WorkerPinner:
         me = psutil.Process()
         while not self._stop.wait(self.poll):
             live = {}
-            for child in me.children():
+            for child in me.children(recursive=True):   # forked by a fork server, or not
                 try:
-                    cmd = child.cmdline()
+                    task = task_of_name(child.name())
                 except psutil.Error:
                     continue
-                if "tfsync.engine.server" not in cmd or cmd[cmd.index("--job") + 1] != "worker":
-                    continue  # a burner, or a task process still before its exec
-                i = int(cmd[cmd.index("--index") + 1])
+                if task is None or task[0] != "worker":
+                    continue  # a burner, a fork server, or a task not yet named
+                i = task[1]
                 live[i] = child.pid
                 first = self._seen.setdefault(child.pid, time.monotonic())
                 if time.monotonic() - first < 5.0:  # again for 5 s: threads started meanwhile

@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import testbed_bench  # noqa: E402
 from testbed_bench import write_csv  # noqa: E402
 
+from tfsync.base.taskcmd import task_of_name  # noqa: E402
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
 SWITCH_PARTS = ("drain_s", "save_s", "stop_old_s", "wait_tasks_s", "connect_build_s", "restore_s", "trace_s")
@@ -89,11 +90,11 @@ def kill_task(bed: Testbed, job: str) -> str:
         pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
         for pid in map(int, pids):
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/comm") as f:
+                    task = task_of_name(f.read().strip())
             except OSError:
                 continue
-            if b"tfsync.engine.server" in argv and b"--job" in argv and argv[argv.index(b"--job") + 1] == job.encode():
+            if task is not None and task[0] == job:
                 os.kill(pid, signal.SIGKILL)
                 return name
     raise RuntimeError(f"no {job} task found on the testbed's nodes")

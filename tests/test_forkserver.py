@@ -4,6 +4,7 @@ could not start, and end with the process that launched them; a cluster still ru
 keeps its tasks when the environment changes; TFSYNC_FORK_TASKS=0 starts each task as a
 process of its own."""
 
+import json
 import os
 import select
 import signal
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from tfsync.base import netns
+from tfsync.base.ports import free_ports
 from tfsync.base.taskcmd import task_env
 from tfsync.engine.cluster import LocalCluster, port_open
 from tfsync.base.forkserver import COMMAND, ForkedTask, ForkServer, running
@@ -38,6 +40,8 @@ def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_p
         assert all(isinstance(p, ForkedTask) and p.poll() is None for p in procs)
         parents = {_parent(p.pid) for p in procs}
         assert len(parents) == 1 and parents != {os.getpid()}   # one fork server, not this process
+        assert sorted(psutil.Process(p.pid).name() for p in procs) == ["tfsync-ps0", "tfsync-worker0",
+                                                                      "tfsync-worker1"]   # as ps shows them
         assert _serving(cluster)
         cluster.kill_task("worker", 1)
         assert cluster.dead_tasks() == [("worker", 1, -signal.SIGKILL)]
@@ -45,6 +49,28 @@ def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_p
         with LocalCluster(workers=2, ps=1) as again:   # forked by the same server: no import again
             assert {_parent(p) for p in again.pids} == parents and _serving(again)
     assert all(p.poll() is not None and not running(p.pid) for p in procs)
+
+
+def test_a_task_forked_after_its_launcher_gave_up_is_killed_and_the_server_goes_on():
+    server = ForkServer(list(COMMAND), task_env())
+    try:
+        args = lambda port: ["--cluster", json.dumps({"ps": [f"127.0.0.1:{port}"]}), "--job", "ps", "--index", "0"]  # noqa: E731
+        with pytest.raises(OSError, match="could not fork a task: did not answer in 0 s"):
+            server.fork(args(free_ports(1)[0]), task_env(), None, None, None, timeout=0.01)   # it imports TF first
+        port = free_ports(1)[0]
+        task = server.fork(args(port), task_env(), None, None, None, timeout=120)   # the server still forks
+        deadline = time.monotonic() + 60   # answered in turn: the late task's answer came first
+        while {c.pid for c in psutil.Process(server.proc.pid).children() if c.status() != psutil.STATUS_ZOMBIE} \
+                != {task.pid}:
+            assert time.monotonic() < deadline, "the late task still runs"
+            time.sleep(0.1)
+        while not port_open("127.0.0.1", port):
+            assert time.monotonic() < deadline and task.poll() is None
+            time.sleep(0.1)
+        task.kill()
+        assert task.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.close()
 
 
 def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):

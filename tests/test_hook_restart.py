@@ -36,6 +36,8 @@ def test_a_hook_restarted_in_place_keeps_its_tasks_and_the_job_goes_on(tmp_path)
             assert task_children(hook) == before   # the same processes, still the hook's
             wait_for("its tasks its own children (their fork server ended at the exec)",
                      lambda: set(before) <= {p.pid for p in psutil.Process(hook.pid).children()})
+            wait_for("no zombie left of the program before the exec", lambda: not [
+                p for p in psutil.Process(hook.pid).children() if p.status() == psutil.STATUS_ZOMBIE])
             out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-2000:]
         summary = json.loads(out)

@@ -125,7 +125,9 @@ def test_a_report_shows_lbbsp_a_restart_switch_and_a_recovery(tmp_path):
     proc, run_dir = start(tmp_path, LBBSP_RESTART, "--json")
     try:
         pushed = lambda: [r for r in records(run_dir) if "worker" in r and "event" not in r]  # noqa: E731
-        wait_for("40 LB-BSP steps", lambda: len(pushed()) >= 40, 180)
+        # early in the LB-BSP phase: a task killed while the restart switch connects to the
+        # next generation's tasks would hang TensorFlow's connect
+        wait_for("10 LB-BSP steps", lambda: len(pushed()) >= 10, 180)
         kill_worker(proc.pid, 1)
     finally:
         out, _ = finish(proc)

@@ -28,6 +28,7 @@ task is the launcher's own child from then on and goes on.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import itertools
 import json
@@ -85,6 +86,7 @@ def _serve(program: str, launcher: int) -> None:
 
     signal.signal(signal.SIGCHLD, reap)
     parent = os.getpid()
+    say({"ready": True})
     for line in sys.stdin.buffer:
         task = json.loads(line)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})   # its exit after its pid
@@ -118,11 +120,12 @@ def _task(task: dict, parent: int, answers: int, server) -> None:
         os.environ.update(task["env"])
         if task.get("cwd"):
             os.chdir(task["cwd"])
-        if task.get("user"):   # as `setpriv --reuid --regid --clear-groups` would
+        if task.get("user"):   # as `setpriv --reuid --regid --clear-groups` would, and its exec:
             uid, gid = task["user"]
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            taskcmd.prctl(taskcmd.PR_SET_DUMPABLE, 1)   # its /proc files the user's (a uid change clears it)
         code = server.main([*task["args"], "--parent-pid", str(parent)])   # the launcher's or this server
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -176,8 +179,9 @@ class ForkServer:
         self._answers: dict[int, dict] = {}
         self._codes: dict[int, int] = {}
         self._live: set[int] = set()   # requests whose task runs
+        self._dropped: set[int] = set()   # requests given up on: a task forked for one late is killed
         self._ids = itertools.count(1)
-        self._eof = False
+        self._eof = self._ready = False
         self._cond = threading.Condition()
         threading.Thread(target=self._read, name="tfsync-forkserver", daemon=True).start()
 
@@ -188,18 +192,31 @@ class ForkServer:
             except ValueError:
                 continue
             with self._cond:
-                if "code" in message:
+                if "ready" in message:
+                    self._ready = True
+                elif "code" in message:
                     self._codes[message["id"]] = message["code"]
                     self._live.discard(message["id"])
+                elif message["id"] in self._dropped:
+                    self._dropped.discard(message["id"])
+                    if "pid" in message:
+                        with contextlib.suppress(OSError):
+                            os.kill(message["pid"], signal.SIGKILL)
                 else:
                     self._answers[message["id"]] = message
                 self._cond.notify_all()
-        with self._cond:   # the server is gone, and its tasks with it (they watch their parent)
+        with self._cond:   # the server is gone (its tasks follow it, unless the launcher adopts them)
             self._eof = True
             self._cond.notify_all()
 
     def alive(self) -> bool:
         return not self._eof and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether it has imported the tasks' program (and TensorFlow), waiting at most
+        ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._ready or self._eof, timeout) and self._ready
 
     def idle(self) -> bool:
         """Whether every task it forked has ended (or it has)."""
@@ -209,7 +226,7 @@ class ForkServer:
 
     def fork(self, args: list[str], env: dict, cwd: str | None, log: str | None, user, timeout: float) -> ForkedTask:
         """A task running ``tfsync.engine.server`` with ``args``; OSError where the server
-        cannot fork one (then it is closed: an answer that comes late is no task of ours)."""
+        cannot fork one (a task it forks after ``timeout`` is killed: no task of ours)."""
         with self._cond:
             request = next(self._ids)
             try:
@@ -220,10 +237,11 @@ class ForkServer:
                 raise OSError(f"the fork server (pid {self.proc.pid}) has ended: {e}") from None
             self._cond.wait_for(lambda: request in self._answers or self._eof, timeout)
             answer = self._answers.pop(request, None)
-            if answer is not None and "pid" in answer and request not in self._codes:
+            if answer is None:
+                self._dropped.add(request)
+            elif "pid" in answer and request not in self._codes:
                 self._live.add(request)
         if answer is None or "pid" not in answer:
-            self.close()
             why = answer["error"] if answer else ("has ended" if self._eof else f"did not answer in {timeout:.0f} s")
             raise OSError(f"the fork server (pid {self.proc.pid}) could not fork a task: {why}")
         return ForkedTask(answer["pid"], request, self)
@@ -234,10 +252,14 @@ class ForkServer:
                 return self._codes.pop(request)
             if not self._eof:
                 return None
-        return None if running(pid) else -signal.SIGKILL   # its server is gone: so is it, soon
+        if running(pid):   # its server is gone: so is it soon, unless this process adopted it
+            return None
+        with contextlib.suppress(ChildProcessError):   # adopted (a subreaper): reaped here
+            os.waitpid(pid, os.WNOHANG)
+        return -signal.SIGKILL
 
     def close(self) -> None:
-        """Stop the server; its tasks end with it."""
+        """Stop the server; its tasks end with it (unless this process is a subreaper)."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -265,16 +287,17 @@ def enabled() -> bool:
     return fork == "1"
 
 
-def fork(args: list[str], env: dict, cwd: str | None, log: str | None, timeout: float,
-         netns: str = "", user=None) -> ForkedTask | None:
-    """A task running ``tfsync.engine.server`` with ``args``, forked by this process's
-    fork server for ``env`` in network namespace ``netns`` (started on first use) as
-    ``user`` (``(uid, gid)``, None: this process's); None where forking is off or no
-    server can fork: then the caller starts the task as a process of its own."""
+def server_for(env: dict, netns: str = "") -> ForkServer | None:
+    """This process's fork server for ``env`` in network namespace ``netns`` (started
+    here where there is none yet); None where forking is off or none can start."""
     if not enabled():
         return None
     command = netns_.command_in(netns, list(COMMAND), as_task_user=False) if netns else list(COMMAND)
-    key = (tuple(command), tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
+    try:   # this namespace, not a later one of the same name
+        where = os.stat(os.path.join(netns_.NETNS_DIR, netns)).st_ino if netns else 0
+    except OSError:
+        return None
+    key = (tuple(command), where, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
     with _lock:
         server = _servers.get(key)
         if server is None or not server.alive():
@@ -286,11 +309,23 @@ def fork(args: list[str], env: dict, cwd: str | None, log: str | None, timeout: 
             atexit.register(server.close)
             for other in [k for k, s in _servers.items() if k != key and s.idle()][:-KEEP_SERVERS or None]:
                 _servers.pop(other).close()
-        try:
-            return server.fork(args, env, cwd, log, user, timeout)
-        except OSError as e:
-            logger.warning("%s: starting the task as a process of its own", e)
-            return None
+        return server
+
+
+def fork(args: list[str], env: dict, cwd: str | None, log: str | None, timeout: float,
+         netns: str = "", user=None) -> ForkedTask | None:
+    """A task running ``tfsync.engine.server`` with ``args``, forked by this process's
+    fork server for ``env`` in network namespace ``netns`` (:func:`server_for`) as
+    ``user`` (``(uid, gid)``, None: this process's); None where forking is off or no
+    server can fork: then the caller starts the task as a process of its own."""
+    server = server_for(env, netns)
+    if server is None:
+        return None
+    try:
+        return server.fork(args, env, cwd, log, user, timeout)
+    except OSError as e:
+        logger.warning("%s: starting the task as a process of its own", e)
+        return None
 
 
 def running(pid: int) -> bool:

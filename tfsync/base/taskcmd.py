@@ -7,7 +7,9 @@ TF-free and tfsync-free (standard library only), so the lowest layer can import 
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import sys
 import threading
 import time
@@ -50,3 +52,29 @@ def exit_with_parent(parents, interval: float = 0.5) -> None:
             time.sleep(interval)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+PR_SET_NAME, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 15, 4, 36   # prctl(2)
+_NAME = re.compile(r"tfsync-(ps|worker|p|w)(\d+)")
+
+
+def prctl(option: int, value) -> bool:
+    """prctl(2) on this process (Linux); False where it failed or there is none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def process_name(job: str, index: int) -> str:
+    """What ``ps`` and ``top`` show for task ``job``:``index``: ``tfsync-ps0``,
+    ``tfsync-worker1`` (``tfsync-w100`` where that is over Linux's 15 characters)."""
+    name = f"tfsync-{job}{index}"
+    return name if len(name) <= 15 else f"tfsync-{job[0]}{index}"
+
+
+def task_of_name(name: str) -> tuple[str, int] | None:
+    """``(job, index)`` of a task process named by :func:`process_name`; None for any
+    other process."""
+    m = _NAME.fullmatch(name)
+    return ({"p": "ps", "w": "worker"}.get(m.group(1), m.group(1)), int(m.group(2))) if m else None

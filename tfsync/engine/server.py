@@ -10,20 +10,12 @@ TF_CONFIG names (tfsync.base.tfconfig).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 
+from tfsync.base import taskcmd
 from tfsync.base.taskcmd import exit_with_parent
-
-
-def name_process(name: str) -> None:
-    """Show ``name`` (at most 15 characters) for this process in ``ps``/``top`` instead of
-    "python" (Linux; elsewhere nothing)."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/comm", "w") as f:
-            f.write(name[:15])
 
 
 def main(argv=None) -> int:
@@ -48,7 +40,7 @@ def main(argv=None) -> int:
         p.exit(2, "tfsync task: --cluster needs --job and --index\n")
     if args.parent_pid:
         exit_with_parent(args.parent_pid)
-    name_process(f"tfsync-{args.job}{args.index}")
+    taskcmd.prctl(taskcmd.PR_SET_NAME, taskcmd.process_name(args.job, args.index).encode())
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf

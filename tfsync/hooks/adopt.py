@@ -8,20 +8,22 @@ coordinator sees their ports answer meanwhile (tfsync.engine.hook_cluster) and g
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 
-from tfsync.base import safefile
-from tfsync.base import forkserver
+import psutil
+
+from tfsync.base import safefile, taskcmd
 
 logger = logging.getLogger(__name__)
 
-PR_SET_CHILD_SUBREAPER = 36   # prctl(2)
 ENV = "TFSYNC_HOOK_ADOPT"   # set across the exec: the task table to adopt
 FIELDS = ("job_id", "job", "index", "spec_json", "env", "address", "log_path", "netns", "cwd", "started",
           "restarts", "sources", "ready")
@@ -31,15 +33,15 @@ class Adopted:
     """The ``subprocess.Popen`` calls the supervisor makes, for a child this program did
     not start (its parent before the exec did)."""
 
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+    def __init__(self, pid: int, created: float):
+        self.pid, self.created, self.returncode = pid, created, None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:   # reaped already, or not ours yet (its fork server is ending)
-                if not forkserver.running(self.pid):
+                if not self._same():
                     self.returncode = -1
                 return self.returncode
             if pid:
@@ -54,6 +56,15 @@ class Adopted:
             time.sleep(0.02)
         return self.returncode
 
+    def _same(self) -> bool:
+        """Whether the process that has its pid runs and is the one adopted (not a new one
+        that reuses the pid)."""
+        try:
+            p = psutil.Process(self.pid)
+            return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - self.created) < 0.01
+        except psutil.Error:
+            return False
+
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, sig)
@@ -66,15 +77,33 @@ def become_subreaper() -> None:
     """Make this process the parent of its descendants that lose theirs (Linux; kept
     across exec): a task forked by a fork server (``tfsync.base.forkserver``) that ends
     when this process re-executes itself becomes its child, which it adopts."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if not taskcmd.prctl(taskcmd.PR_SET_CHILD_SUBREAPER, 1):
         logger.warning("tfsync hook: cannot become a subreaper (%s): forked tasks end at the restart",
                        os.strerror(ctypes.get_errno()))
 
 
+def reap_leftovers(keep) -> None:
+    """Reap, as they end, this process's children other than ``keep`` (pids): after the
+    exec, what the program before it started and no one else waits for (its fork
+    servers)."""
+    for child in psutil.Process().children():
+        if child.pid not in keep:
+            threading.Thread(target=_reap, args=(child.pid,), name="tfsync-reap", daemon=True).start()
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
 def save(path: str, tasks) -> str:
     """Write the live tasks' table (JSON) to ``path``."""
-    rows = [{**{k: getattr(t, k) for k in FIELDS}, "pid": t.proc.pid} for t in tasks if t.proc.poll() is None]
+    rows = []
+    for t in tasks:
+        with contextlib.suppress(psutil.Error):   # ended meanwhile: not handed over
+            if t.proc.poll() is None:
+                rows.append({**{k: getattr(t, k) for k in FIELDS}, "pid": t.proc.pid,
+                             "created": psutil.Process(t.proc.pid).create_time()})
     safefile.write(path, json.dumps(rows), mode=0o600)
     return path
 

@@ -103,11 +103,11 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
 
     @_guard
     def StartTasks(self, request, context):
-        wait = _wait(request.wait_ready_s)
+        wait, began = _wait(request.wait_ready_s), time.monotonic()
         tasks, notes = self.supervisor.start(request.job_id, request.cluster_spec_json, _refs(request.tasks),
                                              dict(request.env), request.netns, self._workdir(request))
-        if wait > 0:
-            self.supervisor.wait_ready(tasks, wait)
+        if wait > 0:   # the start counts (a fork server's first import of TensorFlow)
+            self.supervisor.wait_ready(tasks, wait - (time.monotonic() - began))
         return node_hook_pb2.TasksResponse(tasks=[_status(t) for t in tasks], messages=notes,
                                            task_ports=self.supervisor.protection(tasks))
 
@@ -139,10 +139,10 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
     @_guard
     def RestartTask(self, request, context):
         (job, index), = _refs([request.task])
-        wait = _wait(request.wait_ready_s)
+        wait, began = _wait(request.wait_ready_s), time.monotonic()
         task = self.supervisor.restart(request.job_id, job, index, request.expected_pid)
         if wait > 0:
-            self.supervisor.wait_ready([task], wait)
+            self.supervisor.wait_ready([task], wait - (time.monotonic() - began))
         return _status(task)
 
     @_guard
@@ -301,7 +301,10 @@ def main(argv=None) -> int:
             print(f"tfsync hook: wrote a new token to {args.token_file} (mode 0600); the job's "
                   "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
-        rows = adopt.load(os.environ.pop(adopt.ENV)) if os.environ.get(adopt.ENV) else []
+        rows = []
+        if os.environ.get(adopt.ENV):   # re-executed: the tasks to adopt, and what else ran
+            rows = adopt.load(os.environ.pop(adopt.ENV))
+            adopt.reap_leftovers({row["pid"] for row in rows})
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
                              node=args.node, task_allow=args.task_allow, adopt_rows=rows)
     except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:

@@ -186,7 +186,7 @@ class Task:
     env: dict
     address: str
     log_path: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | forkserver.ForkedTask   # or an adopted one (tfsync.hooks.adopt.Adopted)
     netns: str = ""           # the network namespace it runs in ("": the hook's)
     cwd: str | None = None    # its working directory (a job's stage, or the coordinator's run dir)
     started: float = field(default_factory=time.time)
@@ -265,6 +265,7 @@ class TaskSupervisor:
             raise TaskRequestError("StartTasks names no tasks; expected at least one (job, index) of the spec")
         addresses = [check_task(spec, job, index) for job, index in refs]
         env, canonical = check_env(env), json.dumps(spec, sort_keys=True)
+        self._warm(env, netns)
         sources, notes = spec_sources(spec) if self.firewall is not None and not netns else ((), [])
         out = []
         with self._lock:
@@ -330,11 +331,21 @@ class TaskSupervisor:
         return (f"firewalled: port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))} of this node accept "
                 f"only {', '.join(sources)} (nftables table inet {self.firewall.table})")
 
-    def _launch(self, job_id, job, index, spec_json, env, address, netns="", cwd=None) -> Task:
+    def _forking(self) -> bool:
         try:
-            forking = self.task_command == TASK_COMMAND and forkserver.enabled()
+            return self.task_command == TASK_COMMAND and forkserver.enabled()
         except forkserver.ForkSettingError as e:
             raise TaskLaunchError(str(e)) from None
+
+    def _warm(self, env: dict, netns: str) -> None:
+        """Have the fork server of ``env`` and ``netns`` import TensorFlow now, without the
+        lock (calls such as Health take it meanwhile), so that a task forks at once."""
+        server = forkserver.server_for(taskcmd.task_env(env), netns) if self._forking() else None
+        if server is not None:
+            server.wait_ready(FORK_TIMEOUT)
+
+    def _launch(self, job_id, job, index, spec_json, env, address, netns="", cwd=None) -> Task:
+        forking = self._forking()
         cmd = taskcmd.task_command(spec_json, job, index, program=self.task_command)
         full_env = taskcmd.task_env(env)
         log_dir = os.path.join(self.log_dir, job_id)
@@ -393,6 +404,10 @@ class TaskSupervisor:
         check_job_id(job_id)
         with self._lock:
             old = self._tasks.get((job_id, job, index))
+        if old is not None:
+            self._warm(old.env, old.netns)
+        with self._lock:
+            old = self._tasks.get((job_id, job, index))
             if old is None:
                 raise KeyError(f"task {job}:{index} of job {job_id!r} was not started by this hook; "
                                "StartTasks it first")
@@ -440,7 +455,7 @@ class TaskSupervisor:
         adopted = []
         with self._lock:
             for row in rows:
-                proc = Adopted(int(row["pid"]))
+                proc = Adopted(int(row["pid"]), float(row["created"]))
                 if proc.poll() is not None:
                     continue
                 task = Task(**{k: row[k] for k in FIELDS if k != "sources"}, proc=proc,
