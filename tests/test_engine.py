@@ -11,6 +11,7 @@ import tf_keras as keras
 
 from tfsync.base import arrays
 from tfsync.engine.callbacks import Callback
+from tfsync.engine.cluster import LocalCluster
 from tfsync.engine.generation import TrainSetup
 from tfsync.engine.trainer import Engine, EngineError, Phase
 from tfsync.policy import ASP, BSP, SSP, FixedSizer
@@ -43,6 +44,38 @@ def _engine(problem, run_dir, **kw):
     x, y, model_fn, optimizer_fn, loss_fn = problem
     setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=M, shuffle=False)
     return Engine(setup, run_dir=str(run_dir), tensorboard=False, timeout_s=120, **kw)
+
+
+class _DiesAfterListening(LocalCluster):
+    """A generation whose worker 1 dies once every task listens, before the coordinator
+    has connected to them (as when it is killed while a restart switch connects)."""
+    doomed = False
+
+    def wait_ready(self, tasks=None) -> None:
+        super().wait_ready(tasks)
+        if self.doomed:
+            self.doomed = False
+            self.kill_task("worker", 1)
+            self.procs[("worker", 1)].wait(timeout=30)
+
+
+def test_a_task_that_dies_while_a_restart_switch_connects_costs_a_fresh_start_of_that_generation(
+        tiny_problem, tmp_path, caplog):
+    made = []
+
+    def factory(*args, **kw):
+        made.append(_DiesAfterListening(*args, **kw))
+        made[-1].doomed = len(made) == 2   # the switch's generation
+        return made[-1]
+
+    ref = _reference(tiny_problem, [0, 1, 2, 0, 1, 2], (5, 11))
+    engine = _engine(tiny_problem, tmp_path, cluster_factory=factory)
+    phases = [Phase(BSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch="restart")]
+    summary = engine.run(phases, total_samples=6 * 16)   # (TensorFlow's connect waited for ever on it)
+    assert summary["updates"] == 6 and len(made) == 3
+    assert [r.levelname for r in caplog.records if "a task did not answer" in r.getMessage()] == ["WARNING"]
+    for got, want in zip(engine.final_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("switch", ["hot", "restart"])

@@ -7,6 +7,7 @@ TF-free and tfsync-free (standard library only), so the lowest layer can import 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -30,10 +31,34 @@ def task_command(spec_json: str, job: str, index: int, program=SERVER) -> list[s
             "--parent-pid", str(os.getpid())]
 
 
+_SCOPED: dict[str, str | None] = {}   # variables set for a while here (scoped_env): their values before
+
+
+@contextlib.contextmanager
+def scoped_env(name: str, value: str):
+    """``name=value`` in this process's environment for the ``with`` block (for a library
+    that reads it there); tasks started meanwhile get the value from before."""
+    _SCOPED[name] = old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        del _SCOPED[name]
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def task_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a task: TF's info logs off, no GPU, no TF_CONFIG
     (the spec is on the command line), ``extra`` added, tfsync first on PYTHONPATH."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    for name, old in list(_SCOPED.items()):
+        if old is None:
+            env.pop(name, None)
+        else:
+            env[name] = old
     env.pop("TF_CONFIG", None)
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))

@@ -10,6 +10,7 @@ interpreter exit, and (from the child's side) when the parent dies.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -24,9 +25,10 @@ from ..base import forkserver, netns, safefile
 from ..base.exits import TfsyncError
 from ..base.forkserver import ForkedTask
 from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
-from ..base.taskcmd import PACKAGE_ROOT, SERVER, task_command, task_env
+from ..base.taskcmd import PACKAGE_ROOT, SERVER, scoped_env, task_command, task_env
 
 logger = logging.getLogger(__name__)
+FAIL_FAST_ENV = "GRPC_FAIL_FAST"   # TF's: "true", "false" or "use_caller" (the call's own choice)
 
 
 class ClusterError(TfsyncError, RuntimeError):
@@ -129,15 +131,24 @@ def connect_strategy(cluster):
         with LocalCluster(workers=2) as cluster:
             strategy = connect_strategy(cluster)
     """
-    import contextlib
-
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster.spec), task_type="chief", task_id=0, rpc_layer="grpc")
     network = getattr(cluster, "network", None)
-    with network.entered() if network is not None else contextlib.nullcontext():
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    # TF's RPCs made meanwhile fail at once on a task that does not answer (GRPC_FAIL_FAST,
+    # read as each is made) instead of waiting for it: the connect's device lookup would wait
+    # for ever on a task that died after it listened. Only here: tasks' registration waits.
+    with network.entered() if network is not None else contextlib.nullcontext(), scoped_env(FAIL_FAST_ENV, "true"):
+        try:
+            return tf.distribute.experimental.ParameterServerStrategy(resolver)
+        except tf.errors.OpError as e:
+            raise ConnectError(f"connecting to the cluster failed, a task did not answer: "
+                               f"{str(e).splitlines()[0][:300]}") from None
+
+
+class ConnectError(ClusterError):
+    """A task of the cluster did not answer while the coordinator connected to it."""
 
 
 def port_open(host: str, port: int) -> bool:

@@ -14,6 +14,7 @@ daemons never block the interpreter's exit).
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import queue
 import threading
@@ -23,12 +24,14 @@ from typing import Callable
 import tensorflow as tf
 
 from .channel import PSChannel
-from .cluster import LocalCluster
+from .cluster import ConnectError, LocalCluster
 from .control import noop_rows
 from .cut import bound_redials, cut
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
 
+logger = logging.getLogger(__name__)
 STANDING_PER_WORKER = 2
+CONNECT_TRIES = 3   # connects to a generation whose task died after it listened (each time anew)
 
 
 class Lifecycle:
@@ -61,10 +64,20 @@ class Lifecycle:
         """Connect to ``cluster``, build (and restore) the model there, trace the
         functions; returns the generation and its timings. ``stand`` starts its closures."""
         t0 = time.time()
-        cluster.wait_ready()
-        t1 = time.time()
-        cut(getattr(cluster, "cut_off", ()))   # tasks of old generations behind a partition (tfsync.engine.cut)
-        gen = Generation(cluster, self.setup, self.records)
+        for attempt in range(1, CONNECT_TRIES + 1):
+            cluster.wait_ready()
+            t1 = time.time()
+            cut(getattr(cluster, "cut_off", ()))   # tasks of old generations behind a partition (tfsync.engine.cut)
+            try:
+                gen = Generation(cluster, self.setup, self.records)
+                break
+            except ConnectError as e:   # a task died after it listened: its generation again, fresh
+                if attempt == CONNECT_TRIES:
+                    raise
+                logger.warning("%s; starting the generation's tasks again (try %d of %d)", e, attempt + 1,
+                               CONNECT_TRIES)
+                cluster.stop()
+                cluster = self.launch()
         t2 = time.time()
         if restore:
             gen.checkpoint.restore(restore, options=checkpoint_io()).assert_existing_objects_matched()

@@ -111,8 +111,8 @@ class Engine:
     def open_generation(self, cluster, restore: str | None = None) -> dict:
         """Connect to ``cluster``, build (and restore) the model there; returns timings."""
         gen, timings = self.lifecycle.open(cluster, restore, self.ledger.round)
-        self.monitor.set_pids(cluster.worker_pids())
-        self.monitor.set_remote(getattr(cluster, "resource_readings", None))  # workers on other nodes
+        self.monitor.set_pids(gen.cluster.worker_pids())   # (another cluster where a connect failed)
+        self.monitor.set_remote(getattr(gen.cluster, "resource_readings", None))  # workers on other nodes
         self.monitor.start()
         if self.base_lr is None:
             self.base_lr = gen.learning_rate  # None under a schedule
