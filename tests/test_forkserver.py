@@ -73,6 +73,23 @@ def test_a_task_forked_after_its_launcher_gave_up_is_killed_and_the_server_goes_
         server.close()
 
 
+def test_importing_tensorflow_leaves_the_environment_a_fork_server_is_chosen_by():
+    """`tfsync run` starts its fork server before it imports TensorFlow, which sets
+    variables of its own: the tasks must still come from that server."""
+    code = textwrap.dedent("""
+        from tfsync.base import forkserver, taskcmd
+        before = forkserver.env_key(taskcmd.task_env())
+        import tfsync.commands.jobrun
+        from tfsync.engine import cut
+        cut.bound_redials()
+        after = forkserver.env_key(taskcmd.task_env())
+        print(sorted(set(after) ^ set(before)))
+    """)
+    clean = {"PATH": os.environ["PATH"]}   # not this process's: importing TensorFlow here set its variables
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr[-2000:]
+
+
 def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):
     server = ForkServer(list(COMMAND), task_env())
     try:

@@ -4,18 +4,19 @@ tfsync.base.forkserver tfsync.engine.server``.
 Importing TensorFlow costs a task process about 5 CPU-seconds, most of a local cluster's
 start, and a LocalCluster used to pay it once per task and per generation (every restart
 switch and recovery). The fork server imports it once; each task is a fork of it that
-takes its own session, environment, log, working directory and user, and runs the task's
-server (``tfsync.engine.server``, the module the server is started with: imported, it
-imports TensorFlow; the launchers import neither). Forking after the import, before any TensorFlow
-context, channel or thread pool exists, is what makes it safe: the child builds all of
-those itself. Where no fork server can be started, tasks start as processes of their own.
+takes its own session, environment, log, network namespace, working directory and user,
+and runs the task's server (``tfsync.engine.server``, the module the server is started
+with: imported, it imports TensorFlow; the launchers import neither). Forking after the
+import, before any TensorFlow context, channel or thread pool exists, is what makes it
+safe: the child builds all of those itself. Where no fork server can be started, tasks start as processes of their own.
 
 Both launchers use it: the engine's LocalCluster and the node hook (``tfsync.hooks.tasks``),
-through :func:`fork`, which keeps one server per environment and network namespace.
-``TFSYNC_FORK_TASKS=0`` starts every task as a process of its own instead.
+through :func:`fork`, which keeps one server per environment; ``tfsync run`` starts its
+server first thing (:func:`prestart`), so that it imports TensorFlow while the coordinator
+does. ``TFSYNC_FORK_TASKS=0`` starts every task as a process of its own instead.
 
 Protocol, JSON lines: the launcher writes ``{"id": I, "args": [...], "env": {...}, "cwd":
-..., "log": ..., "user": [uid, gid] | null}``; the server answers ``{"id": I, "pid": N}``
+..., "log": ..., "user": [uid, gid] | null, "netns": name | ""}``; the server answers ``{"id": I, "pid": N}``
 (or ``{"id": I, "error": ...}``) and, when that task ends, ``{"id": I, "code": C}`` (a
 signal as ``-SIG``, as ``subprocess`` does). Its answers go out on a descriptor of their
 own, so nothing TensorFlow prints can break them. It exits when its stdin closes or its
@@ -49,12 +50,18 @@ from tfsync.base.exits import BadInput
 
 logger = logging.getLogger(__name__)
 
-# A fork server of task processes (wrapped where the tasks run): the tasks' program module
+# A fork server of task processes: the tasks' program module is its argument
 COMMAND = (sys.executable, "-m", "tfsync.base.forkserver", taskcmd.SERVER[-1])
 
-# Environment variables that change while a launcher runs without changing what a task
-# does (pytest names the running test in one): one fork server serves across them.
-VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
+# Environment variables that change while a launcher runs without changing what the fork
+# server imports: one fork server serves across them, and each task gets the launcher's
+# values. pytest names the running test in one; TF reads its gRPC options when a process
+# makes its first channel (a task: after the fork); importing TensorFlow sets the others
+# (in the fork server too).
+VOLATILE_ENV = frozenset({
+    "PYTEST_CURRENT_TEST", "TF_GRPC_DEFAULT_OPTIONS",
+    "GRPC_VERBOSITY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "TF2_BEHAVIOR", "KMP_DUPLICATE_LIB_OK",
+    "HDF5_PLUGIN_PATH", "ENABLE_RUNTIME_UPTIME_TELEMETRY"})
 
 
 # -- the server (its own process) --------------------------------------------------------------
@@ -118,6 +125,8 @@ def _task(task: dict, parent: int, answers: int, server) -> None:
             os.dup2(out.fileno(), 2)
         os.environ.clear()
         os.environ.update(task["env"])
+        if task.get("netns"):   # the tasks' private network (tfsync.base.netns), as root
+            netns_.join(task["netns"])
         if task.get("cwd"):
             os.chdir(task["cwd"])
         if task.get("user"):   # as `setpriv --reuid --regid --clear-groups` would, and its exec:
@@ -169,8 +178,8 @@ class ForkedTask:
 
 
 class ForkServer:
-    """One fork server, started with ``command`` (the program, in the tasks' network
-    namespace) and ``env``; ``fork`` asks it for a task."""
+    """One fork server, started with ``command`` (:data:`COMMAND`) and ``env``; ``fork``
+    asks it for a task."""
 
     def __init__(self, command: list[str], env: dict):
         self.command, self.env = command, env
@@ -224,14 +233,15 @@ class ForkServer:
             return not self.alive() or not self._live
 
 
-    def fork(self, args: list[str], env: dict, cwd: str | None, log: str | None, user, timeout: float) -> ForkedTask:
+    def fork(self, args: list[str], env: dict, cwd: str | None, log: str | None, user, timeout: float,
+             netns: str = "") -> ForkedTask:
         """A task running ``tfsync.engine.server`` with ``args``; OSError where the server
         cannot fork one (a task it forks after ``timeout`` is killed: no task of ours)."""
         with self._cond:
             request = next(self._ids)
             try:
                 self.proc.stdin.write(json.dumps({"id": request, "args": args, "env": env, "cwd": cwd, "log": log,
-                                                  "user": user}).encode() + b"\n")
+                                                  "user": user, "netns": netns}).encode() + b"\n")
                 self.proc.stdin.flush()
             except OSError as e:
                 raise OSError(f"the fork server (pid {self.proc.pid}) has ended: {e}") from None
@@ -287,22 +297,22 @@ def enabled() -> bool:
     return fork == "1"
 
 
-def server_for(env: dict, netns: str = "") -> ForkServer | None:
-    """This process's fork server for ``env`` in network namespace ``netns`` (started
-    here where there is none yet); None where forking is off or none can start."""
+def env_key(env: dict) -> tuple:
+    """What of ``env`` makes a fork server: all but :data:`VOLATILE_ENV`."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV))
+
+
+def server_for(env: dict) -> ForkServer | None:
+    """This process's fork server for ``env`` (started here where there is none yet);
+    None where forking is off or none can start."""
     if not enabled():
         return None
-    command = netns_.command_in(netns, list(COMMAND), as_task_user=False) if netns else list(COMMAND)
-    try:   # this namespace, not a later one of the same name
-        where = os.stat(os.path.join(netns_.NETNS_DIR, netns)).st_ino if netns else 0
-    except OSError:
-        return None
-    key = (tuple(command), where, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)))
+    key = env_key(env)
     with _lock:
         server = _servers.get(key)
         if server is None or not server.alive():
             try:
-                server = _servers[key] = ForkServer(command, env)
+                server = _servers[key] = ForkServer(list(COMMAND), env)
             except OSError as e:
                 logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
                 return None
@@ -312,17 +322,26 @@ def server_for(env: dict, netns: str = "") -> ForkServer | None:
         return server
 
 
+def prestart() -> None:
+    """Start the fork server of a task with this process's environment now, so that it
+    imports TensorFlow while this process does (a launcher about to import it)."""
+    try:
+        server_for(taskcmd.task_env())
+    except ForkSettingError:
+        pass   # said where a task is started
+
+
 def fork(args: list[str], env: dict, cwd: str | None, log: str | None, timeout: float,
          netns: str = "", user=None) -> ForkedTask | None:
     """A task running ``tfsync.engine.server`` with ``args``, forked by this process's
-    fork server for ``env`` in network namespace ``netns`` (:func:`server_for`) as
+    fork server for ``env`` (:func:`server_for`), in network namespace ``netns``, as
     ``user`` (``(uid, gid)``, None: this process's); None where forking is off or no
     server can fork: then the caller starts the task as a process of its own."""
-    server = server_for(env, netns)
+    server = server_for(env)
     if server is None:
         return None
     try:
-        return server.fork(args, env, cwd, log, user, timeout)
+        return server.fork(args, env, cwd, log, user, timeout, netns)
     except OSError as e:
         logger.warning("%s: starting the task as a process of its own", e)
         return None

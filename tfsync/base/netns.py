@@ -80,6 +80,12 @@ def _setns(path: str) -> None:
         os.close(fd)
 
 
+def join(name: str) -> None:
+    """Move the calling thread (a process's only one, after a fork) into network
+    namespace ``name`` for good (root)."""
+    _setns(os.path.join(NETNS_DIR, name))
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

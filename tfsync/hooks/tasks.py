@@ -265,7 +265,7 @@ class TaskSupervisor:
             raise TaskRequestError("StartTasks names no tasks; expected at least one (job, index) of the spec")
         addresses = [check_task(spec, job, index) for job, index in refs]
         env, canonical = check_env(env), json.dumps(spec, sort_keys=True)
-        self._warm(env, netns)
+        self._warm(env)
         sources, notes = spec_sources(spec) if self.firewall is not None and not netns else ((), [])
         out = []
         with self._lock:
@@ -337,10 +337,10 @@ class TaskSupervisor:
         except forkserver.ForkSettingError as e:
             raise TaskLaunchError(str(e)) from None
 
-    def _warm(self, env: dict, netns: str) -> None:
-        """Have the fork server of ``env`` and ``netns`` import TensorFlow now, without the
+    def _warm(self, env: dict) -> None:
+        """Have the fork server of ``env`` import TensorFlow now, without the
         lock (calls such as Health take it meanwhile), so that a task forks at once."""
-        server = forkserver.server_for(taskcmd.task_env(env), netns) if self._forking() else None
+        server = forkserver.server_for(taskcmd.task_env(env)) if self._forking() else None
         if server is not None:
             server.wait_ready(FORK_TIMEOUT)
 
@@ -405,7 +405,7 @@ class TaskSupervisor:
         with self._lock:
             old = self._tasks.get((job_id, job, index))
         if old is not None:
-            self._warm(old.env, old.netns)
+            self._warm(old.env)
         with self._lock:
             old = self._tasks.get((job_id, job, index))
             if old is None:
