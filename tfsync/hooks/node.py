@@ -28,7 +28,7 @@ import psutil
 
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.base import safefile
+from tfsync.base import forkserver, safefile
 from tfsync.base.exits import EXIT_BAD_INPUT, fail, interrupt
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
@@ -313,6 +313,7 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C
     signal.signal(signal.SIGHUP, _restart)
+    forkserver.prestart()   # TensorFlow imported before the first job asks for tasks
     try:
         print(f"tfsync hook listening on port {port}", flush=True)
         server.wait_for_termination()
