@@ -26,3 +26,16 @@ def test_env_has_no_tf_config_no_gpu_and_this_tfsync_first(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(taskcmd.__file__))))
     assert env["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])
     assert os.path.isdir(os.path.join(env["PYTHONPATH"].split(os.pathsep)[0], "tfsync"))
+
+
+def test_a_scoped_variable_is_not_handed_to_tasks_and_is_never_removed(monkeypatch):
+    monkeypatch.delenv("TFSYNC_TEST_SCOPED", raising=False)
+    with taskcmd.scoped_env("TFSYNC_TEST_SCOPED", "true", "default"):
+        with taskcmd.scoped_env("TFSYNC_TEST_SCOPED", "true", "default"):   # overlapping uses
+            assert os.environ["TFSYNC_TEST_SCOPED"] == "true"
+            assert "TFSYNC_TEST_SCOPED" not in taskcmd.task_env()   # the value from before: none
+        assert os.environ["TFSYNC_TEST_SCOPED"] == "true"
+    assert os.environ["TFSYNC_TEST_SCOPED"] == "default"   # other threads may read it: not removed
+    with taskcmd.scoped_env("TFSYNC_TEST_SCOPED", "true", "other"):
+        assert taskcmd.task_env()["TFSYNC_TEST_SCOPED"] == "default"
+    assert os.environ["TFSYNC_TEST_SCOPED"] == "default"

@@ -56,10 +56,10 @@ COMMAND = (sys.executable, "-m", "tfsync.base.forkserver", taskcmd.SERVER[-1])
 # Environment variables that change while a launcher runs without changing what the fork
 # server imports: one fork server serves across them, and each task gets the launcher's
 # values. pytest names the running test in one; TF reads its gRPC options when a process
-# makes its first channel (a task: after the fork); importing TensorFlow sets the others
+# makes its first channel and GRPC_FAIL_FAST as it makes an RPC (a task: after the fork); importing TensorFlow sets the others
 # (in the fork server too).
 VOLATILE_ENV = frozenset({
-    "PYTEST_CURRENT_TEST", "TF_GRPC_DEFAULT_OPTIONS",
+    "PYTEST_CURRENT_TEST", "TF_GRPC_DEFAULT_OPTIONS", "GRPC_FAIL_FAST",
     "GRPC_VERBOSITY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "TF2_BEHAVIOR", "KMP_DUPLICATE_LIB_OK",
     "HDF5_PLUGIN_PATH", "ENABLE_RUNTIME_UPTIME_TELEMETRY"})
 
@@ -276,7 +276,7 @@ class ForkServer:
         self.proc.stdin.close()
 
 
-# -- the fork servers of this process, one per environment and namespace ----------------------------------
+# -- the fork servers of this process, one per environment ----------------------------------------------
 ENV_FORK = "TFSYNC_FORK_TASKS"   # "0": every task its own process, importing TensorFlow itself
 KEEP_SERVERS = 2   # fork servers kept for other environments; more are closed once their tasks end
 _servers: dict[tuple, ForkServer] = {}

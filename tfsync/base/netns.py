@@ -121,11 +121,10 @@ def task_user() -> tuple[int, int] | None:
         return int(uid), int(uid)
 
 
-def command_in(name: str, argv: list[str], as_task_user: bool = True) -> list[str]:
+def command_in(name: str, argv: list[str]) -> list[str]:
     """``argv`` run inside namespace ``name`` (``ip netns exec`` execs it: same pid), as
-    :func:`task_user` where there is one (``setpriv``: no supplementary groups) unless
-    ``as_task_user`` is False (a fork server, whose tasks take that user themselves)."""
-    user = task_user() if as_task_user else None
+    :func:`task_user` where there is one (``setpriv``: no supplementary groups)."""
+    user = task_user()
     drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"] if user else []
     return ["ip", "netns", "exec", name, *drop, *argv]
 

@@ -31,34 +31,42 @@ def task_command(spec_json: str, job: str, index: int, program=SERVER) -> list[s
             "--parent-pid", str(os.getpid())]
 
 
-_SCOPED: dict[str, str | None] = {}   # variables set for a while here (scoped_env): their values before
+_SCOPED: dict[str, tuple[int, str | None]] = {}   # scoped_env's variables: (depth, the value before)
+_scoped_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def scoped_env(name: str, value: str):
+def scoped_env(name: str, value: str, default: str):
     """``name=value`` in this process's environment for the ``with`` block (for a library
-    that reads it there); tasks started meanwhile get the value from before."""
-    _SCOPED[name] = old = os.environ.get(name)
-    os.environ[name] = value
+    that reads it there, from other threads too); tasks started meanwhile get the value
+    from before. Where it had none, it is ``default`` (the library's) afterwards: a
+    variable is never removed while other threads may read the environment."""
+    with _scoped_lock:
+        depth, old = _SCOPED.get(name, (0, os.environ.get(name)))
+        _SCOPED[name] = (depth + 1, old)
+        os.environ[name] = value
     try:
         yield
     finally:
-        del _SCOPED[name]
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+        with _scoped_lock:
+            depth, old = _SCOPED[name]
+            if depth == 1:
+                os.environ[name] = default if old is None else old
+                del _SCOPED[name]
+            else:
+                _SCOPED[name] = (depth - 1, old)
 
 
 def task_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a task: TF's info logs off, no GPU, no TF_CONFIG
     (the spec is on the command line), ``extra`` added, tfsync first on PYTHONPATH."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    for name, old in list(_SCOPED.items()):
-        if old is None:
-            env.pop(name, None)
-        else:
-            env[name] = old
+    with _scoped_lock:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        for name, (_, old) in _SCOPED.items():
+            if old is None:
+                env.pop(name, None)
+            else:
+                env[name] = old
     env.pop("TF_CONFIG", None)
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))

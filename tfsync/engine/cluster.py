@@ -139,7 +139,7 @@ def connect_strategy(cluster):
     # TF's RPCs made meanwhile fail at once on a task that does not answer (GRPC_FAIL_FAST,
     # read as each is made) instead of waiting for it: the connect's device lookup would wait
     # for ever on a task that died after it listened. Only here: tasks' registration waits.
-    with network.entered() if network is not None else contextlib.nullcontext(), scoped_env(FAIL_FAST_ENV, "true"):
+    with network.entered() if network is not None else contextlib.nullcontext(), scoped_env(FAIL_FAST_ENV, "true", "use_caller"):
         try:
             return tf.distribute.experimental.ParameterServerStrategy(resolver)
         except tf.errors.OpError as e:

@@ -24,14 +24,14 @@ from typing import Callable
 import tensorflow as tf
 
 from .channel import PSChannel
-from .cluster import ConnectError, LocalCluster
+from .cluster import ClusterError, LocalCluster
 from .control import noop_rows
 from .cut import bound_redials, cut
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
 
 logger = logging.getLogger(__name__)
 STANDING_PER_WORKER = 2
-CONNECT_TRIES = 3   # connects to a generation whose task died after it listened (each time anew)
+CONNECT_TRIES = 3   # tries to start and connect to a generation whose task died (each time anew)
 
 
 class Lifecycle:
@@ -65,19 +65,21 @@ class Lifecycle:
         functions; returns the generation and its timings. ``stand`` starts its closures."""
         t0 = time.time()
         for attempt in range(1, CONNECT_TRIES + 1):
-            cluster.wait_ready()
-            t1 = time.time()
-            cut(getattr(cluster, "cut_off", ()))   # tasks of old generations behind a partition (tfsync.engine.cut)
             try:
+                cluster.wait_ready()
+                t1 = time.time()
+                cut(getattr(cluster, "cut_off", ()))   # tasks of old generations behind a partition (tfsync.engine.cut)
                 gen = Generation(cluster, self.setup, self.records)
                 break
-            except ConnectError as e:   # a task died after it listened: its generation again, fresh
+            except ClusterError as e:   # a task died (after it listened: ConnectError): the generation again
                 if attempt == CONNECT_TRIES:
                     raise
-                logger.warning("%s; starting the generation's tasks again (try %d of %d)", e, attempt + 1,
-                               CONNECT_TRIES)
-                cluster.stop()
-                cluster = self.launch()
+                restartable = getattr(cluster, "restartable", True)
+                logger.warning("%s; %s (try %d of %d)", e, "starting the generation's tasks again" if restartable
+                               else "connecting again once the platform has restarted it", attempt + 1, CONNECT_TRIES)
+                if restartable:
+                    cluster.stop()
+                    cluster = self.launch()
         t2 = time.time()
         if restore:
             gen.checkpoint.restore(restore, options=checkpoint_io()).assert_existing_objects_matched()
