@@ -5,10 +5,9 @@ an index, and the hook runs ``python -m tfsync.engine.server`` for it with the c
 line and environment ``tfsync.base.taskcmd`` builds for ``tfsync.engine.cluster.LocalCluster``
 too (own session, log file, ``--parent-pid`` so a task exits when its hook dies), forked
 like LocalCluster's from one TensorFlow import (``tfsync.base.forkserver``) where the
-program is the TF server. Only
-processes started here are ever signalled. Tasks in the hook's own network namespace are
-behind its firewall where it has one (``tfsync.hooks.firewall``): only the hosts of their
-cluster spec reach their ports.
+program is the TF server. Only processes started here are ever signalled. Tasks in the
+hook's own network namespace are behind its firewall where it has one
+(``tfsync.hooks.firewall``): only the hosts of their cluster spec reach their ports.
 """
 
 from __future__ import annotations
