@@ -8,7 +8,8 @@ takes its own session, environment, log, network namespace, working directory an
 and runs the task's server (``tfsync.engine.server``, the module the server is started
 with: imported, it imports TensorFlow; the launchers import neither). Forking after the
 import, before any TensorFlow context, channel or thread pool exists, is what makes it
-safe: the child builds all of those itself. Where no fork server can be started, tasks start as processes of their own.
+safe: the child builds all of those itself. Where no fork server can be started, tasks
+start as processes of their own.
 
 Both launchers use it: the engine's LocalCluster and the node hook (``tfsync.hooks.tasks``),
 through :func:`fork`, which keeps one server per environment; ``tfsync run`` starts its
@@ -16,8 +17,9 @@ server first thing (:func:`prestart`), so that it imports TensorFlow while the c
 does. ``TFSYNC_FORK_TASKS=0`` starts every task as a process of its own instead.
 
 Protocol, JSON lines: the launcher writes ``{"id": I, "args": [...], "env": {...}, "cwd":
-..., "log": ..., "user": [uid, gid] | null, "netns": name | ""}``; the server answers ``{"id": I, "pid": N}``
-(or ``{"id": I, "error": ...}``) and, when that task ends, ``{"id": I, "code": C}`` (a
+..., "log": ..., "user": [uid, gid] | null, "netns": name | ""}``; the server answers
+``{"ready": true}`` once it has imported, then ``{"id": I, "pid": N}`` (or ``{"id": I,
+"error": ...}``) and, when that task ends, ``{"id": I, "code": C}`` (a
 signal as ``-SIG``, as ``subprocess`` does). Its answers go out on a descriptor of their
 own, so nothing TensorFlow prints can break them. It exits when its stdin closes or its
 launcher is gone. A task exits when its parent is neither the server nor the launcher: the
@@ -56,8 +58,8 @@ COMMAND = (sys.executable, "-m", "tfsync.base.forkserver", taskcmd.SERVER[-1])
 # Environment variables that change while a launcher runs without changing what the fork
 # server imports: one fork server serves across them, and each task gets the launcher's
 # values. pytest names the running test in one; TF reads its gRPC options when a process
-# makes its first channel and GRPC_FAIL_FAST as it makes an RPC (a task: after the fork); importing TensorFlow sets the others
-# (in the fork server too).
+# makes its first channel and GRPC_FAIL_FAST as it makes an RPC (a task: after the fork);
+# importing TensorFlow sets the others (in the fork server too).
 VOLATILE_ENV = frozenset({
     "PYTEST_CURRENT_TEST", "TF_GRPC_DEFAULT_OPTIONS", "GRPC_FAIL_FAST",
     "GRPC_VERBOSITY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "TF2_BEHAVIOR", "KMP_DUPLICATE_LIB_OK",
@@ -147,16 +149,15 @@ def _task(task: dict, parent: int, answers: int, server) -> None:
 
 
 # -- the launcher's side ------------------------------------------------------------------------
-class ForkedTask:
-    """A task forked by a :class:`ForkServer`, with what LocalCluster uses of a Popen."""
+class PolledProcess:
+    """What a launcher uses of a ``subprocess.Popen``, for a process it learns the end of
+    by ``poll`` (its own way, in a subclass): wait, signal, kill."""
 
-    def __init__(self, pid: int, request: int, server: "ForkServer"):
-        self.pid, self._request, self._server, self.returncode = pid, request, server, None
+    pid: int
+    returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._server.exit_code(self._request, self.pid)
-        return self.returncode
+        raise NotImplementedError
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -168,13 +169,23 @@ class ForkedTask:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):   # it ended since
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+class ForkedTask(PolledProcess):
+    """A task forked by a :class:`ForkServer`; its end is what the server reports."""
+
+    def __init__(self, pid: int, request: int, server: "ForkServer"):
+        self.pid, self._request, self._server, self.returncode = pid, request, server, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self._request, self.pid)
+        return self.returncode
 
 
 class ForkServer:
@@ -182,7 +193,6 @@ class ForkServer:
     asks it for a task."""
 
     def __init__(self, command: list[str], env: dict):
-        self.command, self.env = command, env
         self.proc = subprocess.Popen([*command, "--launcher", str(os.getpid())], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self._answers: dict[int, dict] = {}
@@ -231,7 +241,6 @@ class ForkServer:
         """Whether every task it forked has ended (or it has)."""
         with self._cond:
             return not self.alive() or not self._live
-
 
     def fork(self, args: list[str], env: dict, cwd: str | None, log: str | None, user, timeout: float,
              netns: str = "") -> ForkedTask:

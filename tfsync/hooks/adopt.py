@@ -13,14 +13,11 @@ import ctypes
 import json
 import logging
 import os
-import signal
-import subprocess
 import threading
-import time
 
 import psutil
 
-from tfsync.base import safefile, taskcmd
+from tfsync.base import forkserver, safefile, taskcmd
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +26,9 @@ FIELDS = ("job_id", "job", "index", "spec_json", "env", "address", "log_path", "
           "restarts", "sources", "ready")
 
 
-class Adopted:
-    """The ``subprocess.Popen`` calls the supervisor makes, for a child this program did
-    not start (its parent before the exec did)."""
+class Adopted(forkserver.PolledProcess):
+    """A child this program did not start (its parent before the exec did), as the
+    supervisor uses a ``subprocess.Popen``."""
 
     def __init__(self, pid: int, created: float):
         self.pid, self.created, self.returncode = pid, created, None
@@ -48,14 +45,6 @@ class Adopted:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.02)
-        return self.returncode
-
     def _same(self) -> bool:
         """Whether the process that has its pid runs and is the one adopted (not a new one
         that reuses the pid)."""
@@ -64,13 +53,6 @@ class Adopted:
             return p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - self.created) < 0.01
         except psutil.Error:
             return False
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def become_subreaper() -> None:

@@ -185,7 +185,7 @@ class Task:
     env: dict
     address: str
     log_path: str
-    proc: subprocess.Popen | forkserver.ForkedTask   # or an adopted one (tfsync.hooks.adopt.Adopted)
+    proc: subprocess.Popen | forkserver.PolledProcess   # forked, or adopted (tfsync.hooks.adopt.Adopted)
     netns: str = ""           # the network namespace it runs in ("": the hook's)
     cwd: str | None = None    # its working directory (a job's stage, or the coordinator's run dir)
     started: float = field(default_factory=time.time)
