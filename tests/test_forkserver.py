@@ -52,7 +52,7 @@ def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_p
 
 
 def test_a_task_forked_after_its_launcher_gave_up_is_killed_and_the_server_goes_on():
-    server = ForkServer(list(COMMAND), task_env())
+    server = ForkServer.start(task_env())
     try:
         args = lambda port: ["--cluster", json.dumps({"ps": [f"127.0.0.1:{port}"]}), "--job", "ps", "--index", "0"]  # noqa: E731
         with pytest.raises(OSError, match="could not fork a task: did not answer in 0 s"):
@@ -91,7 +91,7 @@ def test_importing_tensorflow_leaves_the_environment_a_fork_server_is_chosen_by(
 
 
 def test_a_task_that_cannot_start_ends_with_its_reason_in_its_log(tmp_path):
-    server = ForkServer(list(COMMAND), task_env())
+    server = ForkServer.start(task_env())
     try:
         log = tmp_path / "task.log"
         task = server.fork(["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--index", "0"], task_env(),
@@ -113,20 +113,33 @@ def test_a_running_cluster_keeps_its_tasks_when_the_environment_changes(monkeypa
             assert all(p.poll() is None for p in first.procs.values()) and _serving(first)
 
 
-def test_tasks_end_with_the_process_that_launched_them():
+def test_a_launcher_that_imported_tensorflow_forks_its_server_and_its_tasks_end_with_it():
+    """As `tfsync run` does: the launcher imports TensorFlow, then forks its fork server
+    from itself (one import, not two); the server keeps none of the launcher's files (a
+    pipe it holds would keep a caller reading the launcher's output waiting); the tasks
+    and the server end with the launcher."""
     script = textwrap.dedent("""
-        import time
+        import os, time
+        from tfsync.base import forkserver
         from tfsync.engine.cluster import LocalCluster
+        kept, _ = os.pipe()
+        forkserver.prestart(here=True)
         cluster = LocalCluster(workers=2, ps=1).start()
-        print(" ".join(map(str, cluster.pids)), flush=True)
+        print(os.readlink(f"/proc/self/fd/{kept}"), " ".join(map(str, cluster.pids)), flush=True)
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([launcher.stdout], [], [], 180)[0], "the cluster did not start"
-        pids = [int(p) for p in launcher.stdout.readline().split()]
+        kept, *pids = launcher.stdout.readline().split()
+        pids = [int(p) for p in pids]
         assert len(pids) == 3 and all(running(p) for p in pids)
         server = _parent(pids[0])
+        assert {_parent(p) for p in pids} == {server} and _parent(server) == launcher.pid
+        assert psutil.Process(server).cmdline() == psutil.Process(launcher.pid).cmdline()   # forked, not started
+        assert psutil.Process(server).name() == "tfsync-forks"
+        held = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
+        assert kept.startswith("pipe:") and kept not in held
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20

@@ -85,10 +85,8 @@ def _run(args, cfg, found) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    if not cfg.cluster.hooks and "TF_CONFIG" not in os.environ:   # its tasks: forks of a server that imports
-        from .base import forkserver                                # TensorFlow beside this process
-        forkserver.prestart()
-    from .commands.jobrun import run_job
+    from .commands.jobrun import fork_tasks_here, run_job
+    fork_tasks_here(cfg)
     from .base.usercode import UserCodeError
 
     resume = None

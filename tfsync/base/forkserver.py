@@ -12,9 +12,12 @@ safe: the child builds all of those itself. Where no fork server can be started,
 start as processes of their own.
 
 Both launchers use it: the engine's LocalCluster and the node hook (``tfsync.hooks.tasks``),
-through :func:`fork`, which keeps one server per environment; ``tfsync run`` starts its
-server first thing (:func:`prestart`), so that it imports TensorFlow while the coordinator
-does. ``TFSYNC_FORK_TASKS=0`` starts every task as a process of its own instead.
+through :func:`fork`, which keeps one server per environment. A server is a process of its
+own (``python -m tfsync.base.forkserver``), or, for a command that imports TensorFlow
+itself (``tfsync run``, ``resume``, ``search``), a fork of that command made right after
+its import, before any TensorFlow context (:func:`prestart` with ``here``): TensorFlow is
+then imported once per command, not twice. ``TFSYNC_FORK_TASKS=0`` starts every task as a
+process of its own instead.
 
 Protocol, JSON lines: the launcher writes ``{"id": I, "args": [...], "env": {...}, "cwd":
 ..., "log": ..., "user": [uid, gid] | null, "netns": name | ""}``; the server answers
@@ -67,7 +70,8 @@ VOLATILE_ENV = frozenset({
 
 
 # -- the server (its own process) --------------------------------------------------------------
-def _serve(program: str, launcher: int) -> None:
+def _serve(program: str, launcher: int, requests=None) -> None:
+    """Serve fork requests read from ``requests`` (stdin) until it closes; never returns."""
     answers = os.dup(1)        # the protocol's own descriptor; what else is printed goes to stderr
     os.dup2(2, 1)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -96,7 +100,7 @@ def _serve(program: str, launcher: int) -> None:
     signal.signal(signal.SIGCHLD, reap)
     parent = os.getpid()
     say({"ready": True})
-    for line in sys.stdin.buffer:
+    for line in requests or sys.stdin.buffer:
         task = json.loads(line)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})   # its exit after its pid
         try:
@@ -188,13 +192,67 @@ class ForkedTask(PolledProcess):
         return self.returncode
 
 
-class ForkServer:
-    """One fork server, started with ``command`` (:data:`COMMAND`) and ``env``; ``fork``
-    asks it for a task."""
+class ForkedServer(PolledProcess):
+    """What :class:`ForkServer` uses of a ``Popen``, for a server forked from this process
+    (:func:`fork_here`): its pid, the ends of its pipes, its exit status."""
 
-    def __init__(self, command: list[str], env: dict):
-        self.proc = subprocess.Popen([*command, "--launcher", str(os.getpid())], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:   # reaped elsewhere
+                self.returncode = -signal.SIGKILL
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def fork_here(env: dict) -> ForkedServer:
+    """A fork server forked from this process, which has imported the tasks' program
+    (:data:`COMMAND`'s last argument: TensorFlow) and made no TensorFlow context, channel
+    or thread yet: the state a server reaches by importing it itself. It takes ``env``
+    as its environment, as a started one would."""
+    program = importlib.import_module(COMMAND[-1])
+    requests, to_server = os.pipe()
+    from_server, answers = os.pipe()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:   # the server: its own session, the pipes as stdin and stdout, no file of the command's
+        try:
+            os.setsid()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            os.dup2(requests, 0)
+            os.dup2(answers, 1)
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # (TensorFlow's import keeps none open)
+            os.environ.clear()
+            os.environ.update(env)
+            taskcmd.prctl(taskcmd.PR_SET_NAME, b"tfsync-forks")
+            _serve(program.__name__, launcher, os.fdopen(0, "rb", closefd=False))
+        finally:
+            os._exit(1)
+    os.close(requests)
+    os.close(answers)
+    return ForkedServer(pid, os.fdopen(to_server, "wb"), os.fdopen(from_server, "rb"))
+
+
+class ForkServer:
+    """One fork server: ``proc``, a ``Popen`` of :data:`COMMAND` (:meth:`start`) or a
+    :class:`ForkedServer`; ``fork`` asks it for a task."""
+
+    @classmethod
+    def start(cls, env: dict) -> "ForkServer":
+        return cls(subprocess.Popen([*COMMAND, "--launcher", str(os.getpid())], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def __init__(self, proc: "subprocess.Popen | ForkedServer"):
+        self.proc = proc
         self._answers: dict[int, dict] = {}
         self._codes: dict[int, int] = {}
         self._live: set[int] = set()   # requests whose task runs
@@ -311,9 +369,10 @@ def env_key(env: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV))
 
 
-def server_for(env: dict) -> ForkServer | None:
-    """This process's fork server for ``env`` (started here where there is none yet);
-    None where forking is off or none can start."""
+def server_for(env: dict, here: bool = False) -> ForkServer | None:
+    """This process's fork server for ``env`` (started where there is none yet: forked
+    from this process with ``here``, see :func:`fork_here`); None where forking is off or
+    none can start."""
     if not enabled():
         return None
     key = env_key(env)
@@ -321,7 +380,8 @@ def server_for(env: dict) -> ForkServer | None:
         server = _servers.get(key)
         if server is None or not server.alive():
             try:
-                server = _servers[key] = ForkServer(list(COMMAND), env)
+                here = here and threading.active_count() == 1   # a fork copies only the thread that forks
+                server = _servers[key] = ForkServer(fork_here(env)) if here else ForkServer.start(env)
             except OSError as e:
                 logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
                 return None
@@ -331,11 +391,13 @@ def server_for(env: dict) -> ForkServer | None:
         return server
 
 
-def prestart() -> None:
-    """Start the fork server of a task with this process's environment now, so that it
-    imports TensorFlow while this process does (a launcher about to import it)."""
+def prestart(here: bool = False) -> None:
+    """Start the fork server of a task with this process's environment now: a process
+    that imports TensorFlow while this one goes on (a launcher that imports it later or
+    never), or with ``here`` a fork of this process after it imported the tasks' program
+    (:func:`fork_here`: call it before this process makes any TensorFlow context)."""
     try:
-        server_for(taskcmd.task_env())
+        server_for(taskcmd.task_env(), here)
     except ForkSettingError:
         pass   # said where a task is started
 

@@ -149,6 +149,16 @@ def platform_cluster(cfg: JobConfig):
     return PlatformCluster.factory(tc.spec)
 
 
+def fork_tasks_here(cfg: JobConfig) -> None:
+    """Where the job's tasks run on this machine (no hooks, no TF_CONFIG): import
+    TensorFlow and fork the tasks' fork server from this process now, so that one import
+    serves both (``tfsync.base.forkserver.fork_here``). A command calls it before it makes
+    any TensorFlow context."""
+    if not cfg.cluster.hooks and "TF_CONFIG" not in os.environ:
+        from ..base import forkserver
+        forkserver.prestart(here=True)
+
+
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
             resume: dict | None = None, evals_per_run: int = 0, cluster_factory=None) -> dict:
     """Train the job; returns the summary (also in run_dir/summary.json). The tasks run on

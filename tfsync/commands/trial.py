@@ -26,10 +26,12 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
     from ..job.config import JobConfig
-    from .jobrun import run_job
+    from .jobrun import fork_tasks_here, run_job
     request = json.load(sys.stdin)
     try:
-        summary = run_job(JobConfig.from_dict(request["config"]), data_path=request.get("data"),
+        cfg = JobConfig.from_dict(request["config"])
+        fork_tasks_here(cfg)
+        summary = run_job(cfg, data_path=request.get("data"),
                           evals_per_run=int(request.get("evals_per_run") or 0))
     except Exception as e:  # reported to the search in one line
         print(f"tfsync trial: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
