@@ -85,8 +85,9 @@ def _run(args, cfg, found) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    from .commands.jobrun import fork_tasks_here, run_job
+    from .commands.jobrun import command_imports_done, fork_tasks_here, run_job
     fork_tasks_here(cfg)
+    command_imports_done()
     from .base.usercode import UserCodeError
 
     resume = None

@@ -159,6 +159,16 @@ def fork_tasks_here(cfg: JobConfig) -> None:
         forkserver.prestart(here=True)
 
 
+def command_imports_done() -> None:
+    """In a command's own process (not a user's), once it has imported TensorFlow: what
+    the imports made lives as long as the process, so Python's full collections (every
+    generation's close makes one, and training makes garbage) skip it (``gc.freeze``:
+    0.2 s a collection less)."""
+    import gc
+    import tensorflow  # noqa: F401
+    gc.freeze()
+
+
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
             resume: dict | None = None, evals_per_run: int = 0, cluster_factory=None) -> dict:
     """Train the job; returns the summary (also in run_dir/summary.json). The tasks run on
