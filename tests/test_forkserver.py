@@ -113,25 +113,32 @@ def test_a_running_cluster_keeps_its_tasks_when_the_environment_changes(monkeypa
             assert all(p.poll() is None for p in first.procs.values()) and _serving(first)
 
 
-def test_a_launcher_that_imported_tensorflow_forks_its_server_and_its_tasks_end_with_it():
-    """As `tfsync run` does: the launcher imports TensorFlow, then forks its fork server
-    from itself (one import, not two); the server keeps none of the launcher's files (a
-    pipe it holds would keep a caller reading the launcher's output waiting); the tasks
-    and the server end with the launcher."""
-    script = textwrap.dedent("""
-        import os, time
-        from tfsync.base import forkserver
-        from tfsync.engine.cluster import LocalCluster
+def test_a_launcher_that_imports_tensorflow_forks_its_server_and_its_tasks_end_with_it(tmp_path):
+    """As `tfsync run` does: the launcher (its stderr moved off descriptor 2, logging on
+    it) imports TensorFlow, then forks its fork server from itself (one import, not two);
+    the server keeps none of the launcher's files (a pipe it holds would keep a caller
+    reading the launcher's output waiting); a task that cannot start says why in its own
+    log; the tasks and the server end with the launcher."""
+    log = tmp_path / "failed.log"
+    script = textwrap.dedent(f"""
+        import logging, os, time
+        from tfsync.base import forkserver, taskcmd
+        from tfsync.base.quiet import native_logs_off
+        native_logs_off()
+        logging.basicConfig()
         kept, _ = os.pipe()
         forkserver.prestart(here=True)
+        from tfsync.engine.cluster import LocalCluster
         cluster = LocalCluster(workers=2, ps=1).start()
-        print(os.readlink(f"/proc/self/fd/{kept}"), " ".join(map(str, cluster.pids)), flush=True)
+        failed = forkserver.fork(["--cluster", '{{"ps": ["127.0.0.1:1"]}}', "--job", "ps", "--index", "0"],
+                                 taskcmd.task_env(), "/nonexistent", {str(log)!r}, 60)
+        print(failed.wait(60), os.readlink(f"/proc/self/fd/{{kept}}"), " ".join(map(str, cluster.pids)), flush=True)
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([launcher.stdout], [], [], 180)[0], "the cluster did not start"
-        kept, *pids = launcher.stdout.readline().split()
+        code, kept, *pids = launcher.stdout.readline().split()
         pids = [int(p) for p in pids]
         assert len(pids) == 3 and all(running(p) for p in pids)
         server = _parent(pids[0])
@@ -140,6 +147,7 @@ def test_a_launcher_that_imported_tensorflow_forks_its_server_and_its_tasks_end_
         assert psutil.Process(server).name() == "tfsync-forks"
         held = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
         assert kept.startswith("pipe:") and kept not in held
+        assert code == "1" and "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent'" in log.read_text()
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20

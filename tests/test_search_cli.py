@@ -55,9 +55,13 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "resume" in err
-    time.sleep(1.0)
-    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    assert left == [], "the interrupted trial left processes behind"
+    def left():   # the trial's fork server and tasks (forks of it: its command line) end with it
+        return [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left() == [], "the interrupted trial left processes behind"
     done_before = stored_trials(db, signature)
     assert [s["fraction"] for s, _ in done_before] == [1.0]
 

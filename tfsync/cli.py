@@ -85,9 +85,9 @@ def _run(args, cfg, found) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
         print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    from .commands.jobrun import command_imports_done, fork_tasks_here, run_job
-    fork_tasks_here(cfg)
-    command_imports_done()
+    from .commands.jobrun import own_process_imports, run_job
+    if args.own_process:
+        own_process_imports(cfg)
     from .base.usercode import UserCodeError
 
     resume = None
@@ -280,13 +280,14 @@ def main(argv=None) -> int:
         return hook_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.own_process = from_command_line   # tfsync's process: not a program (or a test) calling main()
     # SIGTERM (kill, timeout, a batch system) ends a run as Ctrl-C does: every task stopped,
     # a paused (injected) worker continued first, the job store told
     signal.signal(signal.SIGTERM, interrupt)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if args.verbose else "3")
     if args.verbose:  # TF's start-up lines and gRPC logs too (tfsync.base.quiet)
         os.environ[ENV_VERBOSE] = "1"
-    if from_command_line:  # the process is tfsync's: not a program (or a test) calling main()
+    if from_command_line:
         native_logs_off()
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

@@ -211,12 +211,31 @@ class ForkedServer(PolledProcess):
         return self.returncode
 
 
-def fork_here(env: dict) -> ForkedServer:
-    """A fork server forked from this process, which has imported the tasks' program
-    (:data:`COMMAND`'s last argument: TensorFlow) and made no TensorFlow context, channel
-    or thread yet: the state a server reaches by importing it itself. It takes ``env``
-    as its environment, as a started one would."""
-    program = importlib.import_module(COMMAND[-1])
+LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"   # TensorFlow's native logging reads it once, at its first line (its import)
+
+
+def fork_here(env: dict) -> ForkedServer | None:
+    """A fork server forked from this process after it imported the tasks' program
+    (:data:`COMMAND`'s last argument: TensorFlow), before it made any TensorFlow context,
+    channel or thread: the state a server reaches by importing it itself. It takes
+    ``env`` as its environment, as a started one would. TensorFlow is imported here with
+    ``env``'s native log level (the tasks' logs keep its errors; a command's own native
+    output goes to /dev/null unless verbose, at that level then). None where this process
+    cannot be forked so: it runs other threads, or imported TensorFlow at another level."""
+    level = env.get(LOG_LEVEL)
+    if "tensorflow" in sys.modules and os.environ.get(LOG_LEVEL) != level:
+        return None
+    own = os.environ.get(LOG_LEVEL)
+    _set_env(LOG_LEVEL, level)
+    try:
+        program = importlib.import_module(COMMAND[-1])
+    finally:
+        _set_env(LOG_LEVEL, own)
+    if threading.active_count() > 1:   # a fork copies only the thread that forks
+        return None
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):   # nothing printed twice
+        if stream is not None:
+            stream.flush()
     requests, to_server = os.pipe()
     from_server, answers = os.pipe()
     launcher = os.getpid()
@@ -228,9 +247,7 @@ def fork_here(env: dict) -> ForkedServer:
                 signal.signal(sig, signal.SIG_DFL)
             os.dup2(requests, 0)
             os.dup2(answers, 1)
-            with open(os.devnull, "wb") as null:
-                os.dup2(null.fileno(), 2)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))   # (TensorFlow's import keeps none open)
+            _only_stdio(keep=(0, 1))
             os.environ.clear()
             os.environ.update(env)
             taskcmd.prctl(taskcmd.PR_SET_NAME, b"tfsync-forks")
@@ -240,6 +257,34 @@ def fork_here(env: dict) -> ForkedServer:
     os.close(requests)
     os.close(answers)
     return ForkedServer(pid, os.fdopen(to_server, "wb"), os.fdopen(from_server, "rb"))
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _only_stdio(keep) -> None:
+    """In a process forked from a command: descriptors 0-2 only (2 on /dev/null), and
+    Python's stdio and log handlers on them. Every other descriptor goes to /dev/null, not
+    closed: an object of the command's that still writes to one (its stderr after
+    ``tfsync.base.quiet.native_logs_off``, a log handler on it) would write into whatever
+    reused the number, and the command's own files (a pipe a caller reads to its end)
+    would stay open."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in sorted(int(f) for f in os.listdir("/proc/self/fd")):
+        if fd not in keep and fd != null:
+            with contextlib.suppress(OSError):   # (the listing's own descriptor, closed by now)
+                os.dup2(null, fd)
+    os.close(null)
+    moved = {id(sys.stdout): sys.__stdout__, id(sys.stderr): sys.__stderr__}   # objects on fds 1 and 2
+    for logger in [logging.getLogger(), *logging.root.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", ()):
+            if type(handler) is logging.StreamHandler and id(handler.stream) in moved:
+                handler.setStream(moved[id(handler.stream)])
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
 
 
 class ForkServer:
@@ -380,8 +425,8 @@ def server_for(env: dict, here: bool = False) -> ForkServer | None:
         server = _servers.get(key)
         if server is None or not server.alive():
             try:
-                here = here and threading.active_count() == 1   # a fork copies only the thread that forks
-                server = _servers[key] = ForkServer(fork_here(env)) if here else ForkServer.start(env)
+                forked = fork_here(env) if here else None
+                server = _servers[key] = ForkServer(forked) if forked else ForkServer.start(env)
             except OSError as e:
                 logger.warning("no fork server for task processes (%s): each imports TensorFlow itself", e)
                 return None

@@ -149,23 +149,19 @@ def platform_cluster(cfg: JobConfig):
     return PlatformCluster.factory(tc.spec)
 
 
-def fork_tasks_here(cfg: JobConfig) -> None:
-    """Where the job's tasks run on this machine (no hooks, no TF_CONFIG): import
-    TensorFlow and fork the tasks' fork server from this process now, so that one import
-    serves both (``tfsync.base.forkserver.fork_here``). A command calls it before it makes
-    any TensorFlow context."""
+def own_process_imports(cfg: JobConfig) -> None:
+    """In a command's own process (not a program calling ``tfsync.cli.main``), before any
+    TensorFlow context: import TensorFlow and, where the job's tasks run on this machine
+    (no hooks, no TF_CONFIG), fork the tasks' fork server from this process, so that one
+    import serves both (``tfsync.base.forkserver.fork_here``). What the imports made lives
+    as long as the process: Python's full collections skip it from now on (``gc.freeze``,
+    0.2 s a collection less; each generation's close makes one)."""
+    import gc
     if not cfg.cluster.hooks and "TF_CONFIG" not in os.environ:
         from ..base import forkserver
         forkserver.prestart(here=True)
-
-
-def command_imports_done() -> None:
-    """In a command's own process (not a user's), once it has imported TensorFlow: what
-    the imports made lives as long as the process, so Python's full collections (every
-    generation's close makes one, and training makes garbage) skip it (``gc.freeze``:
-    0.2 s a collection less)."""
-    import gc
     import tensorflow  # noqa: F401
+    gc.collect()
     gc.freeze()
 
 

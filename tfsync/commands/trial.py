@@ -26,12 +26,11 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
     from ..job.config import JobConfig
-    from .jobrun import command_imports_done, fork_tasks_here, run_job
+    from .jobrun import own_process_imports, run_job
     request = json.load(sys.stdin)
     try:
         cfg = JobConfig.from_dict(request["config"])
-        fork_tasks_here(cfg)
-        command_imports_done()
+        own_process_imports(cfg)
         summary = run_job(cfg, data_path=request.get("data"),
                           evals_per_run=int(request.get("evals_per_run") or 0))
     except Exception as e:  # reported to the search in one line
