@@ -127,15 +127,29 @@ def test_bsp_with_adam_and_a_decaying_schedule_equals_single_process_adam_across
     assert len({r["lr"] for r in recs}) == 6
 
 
-def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_problem, tmp_path):
-    """BSP (x2 rate, aggregated) then ASP (applied on arrival) by a hot switch, with a rate
-    that decays every update: each BSP push records 2 x schedule(its update), and the ASP
-    pushes, applied in whatever order they reach the PS, record schedule(k) for exactly the
-    update numbers k that follow the switch, once each."""
-    import tf_keras as keras
+class _Decay(keras.optimizers.schedules.LearningRateSchedule):
+    """0.05 x 0.8^step, a user's schedule that loops and branches in Python on the step
+    (converted by autograph where the engine calls it)."""
 
-    def schedule():
-        return keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=0.8)
+    def __call__(self, step):
+        rate = tf.constant(0.05)
+        for _ in tf.range(tf.cast(step, tf.int32)):
+            rate = rate * 0.8
+        if step < 0:
+            rate = rate * 0.0
+        return rate
+
+    def get_config(self):
+        return {}
+
+
+def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_problem, tmp_path):
+    """BSP (x2 rate, aggregated, rounds the PS closes) then ASP (applied on arrival) by a
+    hot switch, with a user's rate schedule that decays every update: each BSP push
+    records 2 x schedule(its update), and the ASP pushes, applied in whatever order they
+    reach the PS, record schedule(k) for exactly the update numbers k that follow the
+    switch, once each."""
+    schedule = _Decay
 
     problem = (*tiny_problem[:3], lambda: keras.optimizers.SGD(schedule(), momentum=0.5), tiny_problem[4])
     engine = _engine(problem, tmp_path)
@@ -377,20 +391,41 @@ def test_shuffled_workers_read_different_examples_with_a_global_seed(tiny_proble
     assert len(pairs) >= 10 and sum(a == b for a, b in pairs) <= 1, pairs
 
 
-def test_regularization_losses_are_trained_as_model_fit_trains_them(tiny_problem, tmp_path):
+def test_regularization_losses_and_python_control_flow_are_trained_as_model_fit_trains_them(tiny_problem,
+                                                                                             tmp_path):
     """A kernel_regularizer's loss (model.losses) is added to every step's loss, as
-    model.fit adds it; it was left out in silence. BSP (5, 11) equals single-process SGD
-    on the regularized loss."""
+    model.fit adds it (it was left out in silence); a layer, a loss and an optimizer's
+    update_step that branch and loop in Python on tensors are converted by autograph (the
+    engine's own step is not). BSP (5, 11) equals single-process SGD on the regularized loss."""
     import tf_keras as keras
 
     x, y, _, _, loss_fn = tiny_problem
 
+    class Branchy(keras.layers.Layer):
+        def call(self, h):   # (each example alone: a worker's batch gives what the union gives)
+            for _ in tf.range(2):
+                h = h - 0.5
+            if tf.shape(h)[-1] > 2:
+                return h * 2.0
+            return h
+
+    def branchy_loss(labels, logits):
+        per_example = loss_fn(labels, logits)
+        if tf.reduce_any(tf.math.is_nan(per_example)):
+            per_example = tf.zeros_like(per_example)
+        return per_example
+
+    class FiniteSGD(keras.optimizers.SGD):
+        def update_step(self, gradient, variable):
+            if tf.reduce_all(tf.math.is_finite(gradient)):
+                keras.optimizers.SGD.update_step(self, gradient, variable)
+
     def model_fn():
         return keras.Sequential([keras.layers.Input((5,)), keras.layers.Dense(
             3, kernel_initializer=keras.initializers.GlorotUniform(seed=1),
-            kernel_regularizer=keras.regularizers.L2(0.5))])
+            kernel_regularizer=keras.regularizers.L2(0.5)), Branchy()])
 
-    problem = (x, y, model_fn, lambda: keras.optimizers.SGD(0.1), loss_fn)
+    problem = (x, y, model_fn, lambda: FiniteSGD(0.1), branchy_loss)
     ref = _reference(problem, [0, 1, 2, 3], (5, 11))
     engine = _engine(problem, tmp_path)
     engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=4 * 16)

@@ -19,6 +19,8 @@ only then passes the rows, and a marker row saying what it did, on to the coordi
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -54,6 +56,18 @@ def check_optimizer(optimizer) -> None:
                          "apply_gradients, which tfsync cannot call); remove it")
 
 
+def _converted(fn, *args):
+    return fn(*args)
+
+
+# ``fn(*args)`` converted by autograph: a user's function (a layer's call, a loss, a rate
+# schedule, an optimizer's update_step) may branch and loop in Python on tensors, as
+# model.fit allows; TensorFlow's and tf_keras's own code runs as it is. The engine's own
+# traced functions write their tf.while_loop and tf.cond out and are not converted
+# (converting them cost a generation about 1 s of tracing).
+converted = tf.autograph.to_graph(_converted)
+
+
 def apply_update(optimizer, grads, variables, rate):
     """One optimizer update without ``apply_gradients`` (its merge_call cannot run inside
     ``tf.cond`` under ParameterServerStrategy); the math runs beside each variable. It
@@ -67,7 +81,7 @@ def apply_update(optimizer, grads, variables, rate):
     tfcompat.apply_weight_decay(optimizer, variables)
     for g, v in zip(grads, variables):
         with tf.device(v.device):
-            optimizer.update_step(g, v)
+            converted(optimizer.update_step, g, v)
     optimizer.iterations.assign_add(1)
     return used
 
@@ -86,7 +100,7 @@ class LearningRate:
         self.scale = tf.Variable(float(scale), trainable=False, name="lr_scale")
 
     def __call__(self):
-        base = self.schedule(self.optimizer.iterations) if self.schedule is not None else self.base
+        base = converted(self.schedule, self.optimizer.iterations) if self.schedule is not None else self.base
         return tf.cast(base, tf.float32) * self.scale
 
 
@@ -119,11 +133,12 @@ class PSControl:
             self.halted = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="rounds_halted")
         self.device = device
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
-        self.release = tf.function(self._release, input_signature=[spec])
-        self.barrier = tf.function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
-        self.drain = tf.function(self._drain, input_signature=[])
-        self.close_finished = tf.function(self._close_finished, input_signature=[])
-        self.rounds = tf.function(self._rounds, input_signature=[
+        function = functools.partial(tf.function, autograph=False)   # (user code inside: ``converted``)
+        self.release = function(self._release, input_signature=[spec])
+        self.barrier = function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+        self.drain = function(self._drain, input_signature=[])
+        self.close_finished = function(self._close_finished, input_signature=[])
+        self.rounds = function(self._rounds, input_signature=[
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec])
 
     # -- worker side (called inside the step function) ---------------------------------

@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl, converted
 
 STEPS_PER_CLOSURE = 32
 
 
 def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOSURE):
     variables = control.variables
+
+    def forward(x, y):   # the user's model and loss (called through control.converted)
+        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+        if model.losses:  # kernel_regularizer, add_loss: as model.fit adds them
+            loss += tf.add_n(model.losses)
+        return loss
 
     def one_step(worker_index, iterator, token):
         with tf.control_dependencies([token]):
@@ -43,9 +49,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
         x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
         with tf.control_dependencies([token]):  # the weights are read after the grant
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-                if model.losses:  # kernel_regularizer, add_loss: as model.fit adds them
-                    loss += tf.add_n(model.losses)
+                loss = converted(forward, x, y)
         grads = tape.gradient(loss, variables)
         rate = tf.cond(token[MODE] >= MODE_AGGREGATE,   # AGGREGATE or ROUND
                        lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
@@ -57,7 +61,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
                                    tf.cast(rate, tf.float64)])], 0)
         return control.finished(row, token[MODE])
 
-    @tf.function
+    @tf.function(autograph=False)   # tf.while_loop and tf.cond written out: no conversion needed
     def run(worker_index, iterator):
         def body(i, stopped):
             with tf.device(control.device):  # the token stays on the PS for the reads that wait on it
