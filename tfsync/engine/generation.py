@@ -159,7 +159,7 @@ def make_dataset_fn(setup: TrainSetup, records: dict, workers: int):
             # at its own offset in it, or BSP would average the same gradient n times.
             ds = ds.skip(tf.cast(worker_index(), tf.int64) * (n // workers))
         ds = ds.batch(setup.max_batch_size, drop_remainder=True)
-        return ds.map(decode).prefetch(2)
+        return ds.map(tf.autograph.experimental.do_not_convert(decode)).prefetch(2)   # (plain ops: 0.15 s less)
 
     return dataset_fn
 
