@@ -321,6 +321,19 @@ def test_a_step_that_fails_midway_through_a_closure_ends_the_run_at_once_with_it
     assert 1 <= len(_records(tmp_path)) < len(y) * 4 // M
 
 
+def test_an_error_in_the_users_code_while_tracing_names_its_file_and_line(tiny_problem, tmp_path):
+    """The step is traced with autograph converting only the user's code: a mistake there
+    is told as autograph tells it under model.fit, by the user's file and line."""
+    def loss_fn(labels, logits):
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return losses * undefined_weight  # noqa: F821 - the user's mistake
+
+    engine = _engine((*tiny_problem[:4], loss_fn), tmp_path)
+    told = r"(?s)in user code:.*test_engine\.py\", line \d+, in loss_fn.*undefined_weight"
+    with pytest.raises(NameError, match=told):
+        engine.run([Phase(ASP(FixedSizer([M, M])))], total_samples=4 * M)
+
+
 def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_and_no_orphans(tiny_problem,
                                                                                           tmp_path):
     engine = _engine(tiny_problem, tmp_path)

@@ -20,11 +20,14 @@ only then passes the rows, and a marker row saying what it did, on to the coordi
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import tensorflow as tf
 
 from . import tfcompat
+
+logger = logging.getLogger(__name__)
 
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
@@ -56,16 +59,39 @@ def check_optimizer(optimizer) -> None:
                          "apply_gradients, which tfsync cannot call); remove it")
 
 
-def _converted(fn, *args):
+def _call(fn, *args):
     return fn(*args)
 
 
-# ``fn(*args)`` converted by autograph: a user's function (a layer's call, a loss, a rate
-# schedule, an optimizer's update_step) may branch and loop in Python on tensors, as
-# model.fit allows; TensorFlow's and tf_keras's own code runs as it is. The engine's own
-# traced functions write their tf.while_loop and tf.cond out and are not converted
-# (converting them cost a generation about 1 s of tracing).
-converted = tf.autograph.to_graph(_converted)
+_CONVERTER: list = []   # _call converted by autograph, made at the first trace that needs it
+
+
+def converted(fn, *args):
+    """``fn(*args)``, converted by autograph while a function is traced: a user's function
+    (a layer's call and a loss, as under model.fit; a rate schedule and an optimizer's
+    update_step, which model.fit leaves as they are) may branch and loop in Python on
+    tensors; TensorFlow's and tf_keras's own code runs as it is. The engine's own traced
+    functions write their tf.while_loop and tf.cond out and are not converted (converting
+    them cost a generation about 1.5 s of tracing). Eagerly, a plain call. An error in
+    the user's code names its file and line (autograph's own message). Where autograph
+    cannot convert (no source, no temporary file), ``fn`` runs as it is, as autograph
+    itself does then."""
+    if tf.executing_eagerly():
+        return fn(*args)
+    if not _CONVERTER:
+        try:
+            _CONVERTER.append(tf.autograph.to_graph(_call))
+        except Exception as e:  # noqa: BLE001 - autograph's own fallback: unconverted, said once
+            logger.warning("autograph cannot convert the user's code (%s): it runs as it is", e)
+            _CONVERTER.append(_call)
+    try:
+        return _CONVERTER[0](fn, *args)
+    except Exception as e:
+        metadata = getattr(e, "ag_error_metadata", None)   # as tf.function with autograph says it
+        better = metadata.create_exception(e) if metadata is not None else None
+        if better is None:
+            raise
+        raise better from None
 
 
 def apply_update(optimizer, grads, variables, rate):
