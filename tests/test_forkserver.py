@@ -4,6 +4,7 @@ could not start, and end with the process that launched them; a cluster still ru
 keeps its tasks when the environment changes; TFSYNC_FORK_TASKS=0 starts each task as a
 process of its own."""
 
+import contextlib
 import json
 import os
 import select
@@ -34,6 +35,16 @@ def _parent(pid: int) -> int:
     return psutil.Process(pid).ppid()
 
 
+def _live_children(pid: int) -> set[int]:
+    """The children of ``pid`` that run (one may end while they are listed)."""
+    live = set()
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error, OSError):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                live.add(child.pid)
+    return live
+
+
 def test_tasks_are_forks_of_one_server_that_serve_log_and_report_their_end(tmp_path):
     with LocalCluster(workers=2, ps=1, log_dir=str(tmp_path / "logs")) as cluster:
         procs = list(cluster.procs.values())
@@ -60,8 +71,7 @@ def test_a_task_forked_after_its_launcher_gave_up_is_killed_and_the_server_goes_
         port = free_ports(1)[0]
         task = server.fork(args(port), task_env(), None, None, None, timeout=120)   # the server still forks
         deadline = time.monotonic() + 60   # answered in turn: the late task's answer came first
-        while {c.pid for c in psutil.Process(server.proc.pid).children() if c.status() != psutil.STATUS_ZOMBIE} \
-                != {task.pid}:
+        while _live_children(server.proc.pid) != {task.pid}:
             assert time.monotonic() < deadline, "the late task still runs"
             time.sleep(0.1)
         while not port_open("127.0.0.1", port):
