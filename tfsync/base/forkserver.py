@@ -163,6 +163,13 @@ class PolledProcess:
     def poll(self) -> int | None:
         raise NotImplementedError
 
+    def _waitpid(self) -> None:
+        """Take its exit status where it has ended (ChildProcessError: not a child of this
+        process, or reaped already)."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
@@ -202,16 +209,14 @@ class ForkedServer(PolledProcess):
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                self._waitpid()
             except ChildProcessError:   # reaped elsewhere
                 self.returncode = -signal.SIGKILL
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
 
-LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"   # TensorFlow's native logging reads it once, at its first line (its import)
+# TensorFlow's native logging reads it once, at its first line (its import); unset: "0"
+LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 
 
 def fork_here(env: dict) -> ForkedServer | None:
@@ -222,15 +227,11 @@ def fork_here(env: dict) -> ForkedServer | None:
     ``env``'s native log level (the tasks' logs keep its errors; a command's own native
     output goes to /dev/null unless verbose, at that level then). None where this process
     cannot be forked so: it runs other threads, or imported TensorFlow at another level."""
-    level = env.get(LOG_LEVEL)
-    if "tensorflow" in sys.modules and os.environ.get(LOG_LEVEL) != level:
+    level = env.get(LOG_LEVEL, "0")
+    if "tensorflow" in sys.modules and os.environ.get(LOG_LEVEL, "0") != level:
         return None
-    own = os.environ.get(LOG_LEVEL)
-    _set_env(LOG_LEVEL, level)
-    try:
+    with taskcmd.scoped_env(LOG_LEVEL, level, "0"):
         program = importlib.import_module(COMMAND[-1])
-    finally:
-        _set_env(LOG_LEVEL, own)
     if threading.active_count() > 1:   # a fork copies only the thread that forks
         return None
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):   # nothing printed twice
@@ -257,13 +258,6 @@ def fork_here(env: dict) -> ForkedServer | None:
     os.close(requests)
     os.close(answers)
     return ForkedServer(pid, os.fdopen(to_server, "wb"), os.fdopen(from_server, "rb"))
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def _only_stdio(keep) -> None:

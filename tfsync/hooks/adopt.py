@@ -36,13 +36,10 @@ class Adopted(forkserver.PolledProcess):
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                self._waitpid()
             except ChildProcessError:   # reaped already, or not ours yet (its fork server is ending)
                 if not self._same():
                     self.returncode = -1
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def _same(self) -> bool:
