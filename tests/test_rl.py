@@ -125,7 +125,7 @@ def test_q_learning_finds_the_known_optimum_of_a_tiny_mdp():
 
     A, B = _onehot(0), _onehot(5)
     agent = DQNAgent(DQNConfig(seed=0, epsilon=0.3))
-    for _ in range(1500):
+    for _ in range(600):
         a = agent.act(A)
         if a == 2:
             agent.observe(A, 2, -1.0, B)
