@@ -100,7 +100,7 @@ def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_free
 
         filler.unlink()
         r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
-                            "--set", "train.epochs=2"],   # the rest of a shorter workload
+                            "--set", "train.epochs=1"],   # the rest of a shorter workload
                            capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr
         done = json.loads((run_dir / "summary.json").read_text())

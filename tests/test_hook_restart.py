@@ -23,7 +23,7 @@ def test_a_hook_restarted_in_place_keeps_its_tasks_and_the_job_goes_on(tmp_path)
     address = f"127.0.0.1:{free_ports(1)[0]}"
     hook = start_hook(tmp_path, "node0", token_file, int(address.rsplit(":", 1)[1]))
     out_file = tmp_path / "node0.out"
-    job = linear_job("hr", {"name": "bsp", "until": 0.3}, "asp", epochs=8,
+    job = linear_job("hr", {"name": "bsp", "until": 0.3}, "asp", epochs=5,
                      extra=f'[cluster]\nhooks = ["{address}"]\ntoken_file = "{token_file}"\n')
     try:
         with tfsync_run(tmp_path, job) as (run, run_dir, _):

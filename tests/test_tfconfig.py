@@ -62,7 +62,7 @@ def test_a_job_trains_on_tasks_a_platform_started_from_their_tf_config(tmp_path)
     TF_CONFIG from `tfsync tfconfig`, working directory the shared run directory); `tfsync
     run` with the chief's TF_CONFIG trains on them and leaves them running (not its own)."""
     job, run_dir = tmp_path / "job.toml", tmp_path / "run"
-    job.write_text(linear_job("tc", {"name": "bsp", "until": 0.5}, "asp", epochs=1).format(run_dir=run_dir))
+    job.write_text(linear_job("tc", {"name": "bsp", "until": 0.5}, "asp", epochs=0.5).format(run_dir=run_dir))
     chief, ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(4))
     out = tfsync("tfconfig", str(job), "--chief", chief, "--ps", ps, "--workers", f"{w0},{w1}", "--json")
     assert out.returncode == 0, out.stderr

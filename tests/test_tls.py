@@ -21,7 +21,7 @@ from tfsync.hooks.node import serve as serve_hook
 from tfsync.job.config import ConfigError, JobConfig, load_job
 from tfsync.manager.store import Store
 
-JOB = linear_job("ctl", "bsp", batch_size=16, epochs=2, checkpoint_every=0)
+JOB = linear_job("ctl", "bsp", batch_size=16, epochs=1, checkpoint_every=0)
 
 
 def make_cert(folder, name="server"):
@@ -258,7 +258,7 @@ def test_a_submitted_job_runs_over_tls_only(tmp_path):
                      timeout=300)
             assert store.job(job_id).state == "done", (tmp_path / "home" / "jobs" / job_id / "coordinator.log").read_text()
             (run,) = store.runs(job_id)
-            assert store.results(run.id)["samples"] >= 2 * 6000  # the whole workload
+            assert store.results(run.id)["samples"] >= 6000  # the whole workload
         assert os.listdir(tmp_path / "node")  # the tasks ran on the TLS hook (their logs)
     finally:
         for p in reversed(procs):

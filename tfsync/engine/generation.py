@@ -210,7 +210,7 @@ class Generation:
 
     def warm_up(self) -> None:
         """Trace the step, control and checkpoint functions now, not on the first step."""
-        self.step_fn.get_concrete_function(self.worker_ids, self.iterator)
+        tfcompat.trace_as_scheduled(self.coordinator, self.step_fn, self.worker_ids, self.iterator)
         self.control.drain.get_concrete_function()
         self.control.rounds.get_concrete_function()
         self._save_fn.get_concrete_function(tf.TensorSpec([], tf.string))

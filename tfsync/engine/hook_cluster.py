@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
+RECHECK_TIMEOUT_S = 1.0       # Health of a hook the generation just found silent for HEALTH_TIMEOUT_S
 REJOIN_PROBE_S = 2.0          # how often a node left out of a generation is asked whether it is back
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
 
@@ -83,6 +84,7 @@ class HookNodes:
         self._answering: set[int] = set()    # ... of which the probe has heard since
         self._left_running: dict[int, list[str]] = {}   # hook -> job ids whose tasks it may still run
         self._cut_off: list[str] = []        # their addresses, until the next generation has connected
+        self._silent: set[int] = set()       # hooks a generation found silent (dead_tasks), until the next asks
         self._probe_lock = threading.Lock()
         self._prober: threading.Thread | None = None
         self._closed = threading.Event()
@@ -167,12 +169,19 @@ class HookNodes:
                                self.hooks[hook][0], e.code().name)
             return False
 
+    def found_silent(self, hook: int) -> None:
+        """A generation waited ``HEALTH_TIMEOUT_S`` for ``hook`` in vain: the next
+        ``live_hooks`` asks it for ``RECHECK_TIMEOUT_S`` only."""
+        self._silent.add(hook)
+
     def live_hooks(self) -> list[int]:
         """The hooks that answer Health now (a node that died or lost its link does not):
         a new generation's tasks go to these only, so a job outlives a node. ClusterError
         if none answers."""
+        silent, self._silent = self._silent, set()   # already waited for: asked again briefly
+        timeouts = [RECHECK_TIMEOUT_S if h in silent else HEALTH_TIMEOUT_S for h in range(len(self.hooks))]
         with ThreadPoolExecutor(len(self.hooks)) as pool:
-            live = [h for h, ok in enumerate(pool.map(self._answers, range(len(self.hooks)))) if ok]
+            live = [h for h, ok in enumerate(pool.map(self._answers, range(len(self.hooks)), timeouts)) if ok]
         if not live:
             raise ClusterError(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
         return live
@@ -347,6 +356,7 @@ class HookCluster:
                 except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
                     logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
                     self._unreachable.add(h)
+                    self.nodes.found_silent(h)
                     for task in mine:
                         self._dead.setdefault(task, -1)
                     continue

@@ -87,8 +87,11 @@ class Lifecycle:
         t3 = time.time()
         gen.warm_up()
         self.current, self.channel = gen, PSChannel(gen.control)
-        return gen, {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
-                     "trace_s": time.time() - t3}
+        timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
+                   "trace_s": time.time() - t3}
+        logger.info("generation %d open in %.2f s: %s", len(self.clusters), time.time() - t0,
+                    ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in timings.items()))
+        return gen, timings
 
     def stand(self) -> None:
         """Every worker's standing closures, the threads that wait on them, and the thread

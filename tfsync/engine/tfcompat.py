@@ -40,16 +40,39 @@ def worker_index_values(coordinator, num_workers: int):
     return coordinator_values.PerWorkerValues(tuple(remote))
 
 
+def trace_as_scheduled(coordinator, function, *args) -> None:
+    """Trace ``function`` as ``coordinator.schedule(function, args)`` traces it (in the
+    strategy's scope, marked as being scheduled, on worker 0's slice of per-worker values
+    with remote values as their type specs), so that the first closure runs this trace,
+    not a second one (0.4 s a generation)."""
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+    as_spec = getattr(cluster_coordinator, "_maybe_as_type_spec", None)
+    worker_slice = getattr(cluster_coordinator, "_select_worker_slice", None)
+    extended = coordinator.strategy.extended
+    if as_spec is None or worker_slice is None or not hasattr(extended, "_being_scheduled"):
+        return   # another TF: the first schedule traces
+    with coordinator.strategy.scope():
+        extended._being_scheduled = True
+        try:
+            function.get_concrete_function(*tf.nest.map_structure(as_spec, worker_slice(0, args)))
+        finally:
+            extended._being_scheduled = False
+
+
 def stop_coordinator(coordinator, timeout: float = 5.0) -> bool:
     """Stop the coordinator's closure-processing threads (daemons). After a worker died,
     ``Cluster.stop`` blocks on a lock its preemption handler holds while it waits for the
-    worker to come back, so stop from a daemon thread and wait at most ``timeout``."""
+    worker to come back (which a new generation's cluster never does), so stop from a
+    daemon thread; wait at most ``timeout``, and not at all while the handler recovers a
+    worker (that wait would only ever end at the timeout: 5 s of every worker loss)."""
     cluster = getattr(coordinator, "_cluster", None)
     if cluster is None:
         return True
+    due = getattr(getattr(cluster, "failure_handler", None), "_cluster_due_for_update_or_finish", None)
+    recovering = due is not None and due.is_set()   # read before stop, which sets it too
     t = threading.Thread(target=cluster.stop, name="tfsync-stop-coordinator", daemon=True)
     t.start()
-    t.join(timeout)
+    t.join(0.1 if recovering else timeout)
     return not t.is_alive()
 
 
