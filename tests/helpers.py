@@ -37,7 +37,7 @@ def linear_job(name: str, *protocols, extra: str = "", **train) -> str:
 
 
 # BSP then ASP with a checkpoint every 10 updates: the job that is killed and resumed
-CHECKPOINTED_JOB = linear_job("res", {"name": "bsp", "until": 0.5}, "asp", epochs=1, checkpoint_every=10)
+CHECKPOINTED_JOB = linear_job("res", {"name": "bsp", "until": 0.66}, "asp", epochs=1.5, checkpoint_every=10)
 PER_UPDATE = 2 * 32  # samples in one of its BSP updates: 2 workers x batch 32
 
 

@@ -26,6 +26,12 @@ def test_private_coordinator_apis_still_exist():
     assert "self._cluster = Cluster(" in inspect.getsource(cluster_coordinator.ClusterCoordinator.__init__)
     per_worker = coordinator_values.PerWorkerValues
     assert "values" in inspect.signature(per_worker.__init__).parameters
+    # how schedule traces (tfcompat.trace_as_scheduled repeats it), and what a stop waits on
+    closure = inspect.getsource(cluster_coordinator.Closure.__init__)
+    assert "_select_worker_slice(0, self._args)" in closure and "map_structure(_maybe_as_type_spec" in closure
+    assert "_being_scheduled = True" in inspect.getsource(cluster_coordinator.ClusterCoordinator.schedule)
+    assert "_cluster_due_for_update_or_finish.set()" in inspect.getsource(
+        cluster_coordinator.WorkerPreemptionHandler.wait_on_failure)
 
 
 def test_optimizer_update_step_is_what_the_engine_calls():

@@ -143,14 +143,14 @@ predictor = "ema"
 [[inject]]
 worker = 1
 slowdown = 4.0
-start_s = 3.0
+start_s = 1.0
 duration_s = 1000
 """
 
 
 def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     """LB-BSP and straggler injection on a model tfsync has never seen: worker 1 paused to a
-    quarter of its speed from 3 s on; every full round still trains X = 2 x 32 examples,
+    quarter of its speed from 1 s on; every full round still trains X = 2 x 32 examples,
     split so that the slow worker gets the smaller share once its slowdown is measured."""
     job = user_job(tmp_path / "project", LBBSP_JOB.format(name="blobs-lb", run_dir=tmp_path / "run", units=64))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
@@ -167,6 +167,6 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
         rounds.setdefault(p["round"], {})[p["worker"]] = (p["batch_size"], p["time"])
     full = {k: v for k, v in rounds.items() if len(v) == 2}
     assert len(full) >= 100 and all(v[0][0] + v[1][0] == 64 for v in full.values())
-    # the EMA has seen the slowdown within a second (10 epochs: on a quiet machine over 100 rounds after it began)
+    # the EMA has seen the slowdown within a second (it begins 1 s in: most of the 200 rounds come after it, however fast the machine)
     late = [v[1][0] for v in full.values() if min(t for _, t in v.values()) > begin + 1.5]
     assert len(late) >= 20 and sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)

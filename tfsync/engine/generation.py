@@ -260,4 +260,5 @@ class Generation:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            tfcompat.stop_coordinator(self.coordinator)
+            tfcompat.stop_coordinator(self.coordinator, worker_lost=lambda: any(
+                job == "worker" for job, _, _ in self.cluster.dead_tasks()))

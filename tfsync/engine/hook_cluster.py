@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 ENDED = (common_pb2.TASK_STATE_EXITED, common_pb2.TASK_STATE_STOPPED)
 HEALTH_TIMEOUT_S = 5.0
-RECHECK_TIMEOUT_S = 1.0       # Health of a hook the generation just found silent for HEALTH_TIMEOUT_S
+RECHECK_TIMEOUT_S = 2.0       # Health of a hook the generation just found silent for HEALTH_TIMEOUT_S
 REJOIN_PROBE_S = 2.0          # how often a node left out of a generation is asked whether it is back
 RESOURCE_INTERVAL_S = 1.0     # remote workers' readings, as often as the engine's own monitor
 

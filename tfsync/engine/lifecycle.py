@@ -89,7 +89,7 @@ class Lifecycle:
         self.current, self.channel = gen, PSChannel(gen.control)
         timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
                    "trace_s": time.time() - t3}
-        logger.info("generation %d open in %.2f s: %s", len(self.clusters), time.time() - t0,
+        logger.info("generation open in %.2f s: %s", time.time() - t0,
                     ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in timings.items()))
         return gen, timings
 

@@ -9,7 +9,12 @@
   pinned to a worker, so this is how a closure learns which worker it is on.
 - ``coordinator_values.PerWorkerValues``: wraps those values for ``schedule``.
 - ``ClusterCoordinator._cluster.stop()``: ends the coordinator's worker threads when a
-  generation of the cluster is replaced (restart switch) or training ends.
+  generation of the cluster is replaced (restart switch) or training ends; its
+  ``failure_handler._cluster_due_for_update_or_finish``: set while TF waits for a failed
+  worker to come back (``stop`` then blocks until it does).
+- ``cluster_coordinator._select_worker_slice``, ``_maybe_as_type_spec`` and the strategy's
+  ``extended._being_scheduled``: how ``schedule`` traces a function, which the warm-up
+  repeats so that the first closure does not trace it again.
 - ``ParameterServerStrategy._cluster_resolver``: the public property returns None.
 - tf_keras optimizers' ``_learning_rate`` (a variable, or the LearningRateSchedule given)
   and ``_current_learning_rate`` (the variable ``update_step`` reads under a schedule):
@@ -59,20 +64,22 @@ def trace_as_scheduled(coordinator, function, *args) -> None:
             extended._being_scheduled = False
 
 
-def stop_coordinator(coordinator, timeout: float = 5.0) -> bool:
+def stop_coordinator(coordinator, timeout: float = 5.0, worker_lost=lambda: False) -> bool:
     """Stop the coordinator's closure-processing threads (daemons). After a worker died,
     ``Cluster.stop`` blocks on a lock its preemption handler holds while it waits for the
     worker to come back (which a new generation's cluster never does), so stop from a
-    daemon thread; wait at most ``timeout``, and not at all while the handler recovers a
-    worker (that wait would only ever end at the timeout: 5 s of every worker loss)."""
+    daemon thread and wait at most ``timeout``; not at all where the handler waits for a
+    worker that ``worker_lost()`` says is dead (that wait would only ever end at the
+    timeout: 5 s of every worker loss). A handler recovering from a passing error of a
+    live worker is waited for."""
     cluster = getattr(coordinator, "_cluster", None)
     if cluster is None:
         return True
     due = getattr(getattr(cluster, "failure_handler", None), "_cluster_due_for_update_or_finish", None)
-    recovering = due is not None and due.is_set()   # read before stop, which sets it too
+    hopeless = due is not None and due.is_set() and worker_lost()   # read before stop, which sets it too
     t = threading.Thread(target=cluster.stop, name="tfsync-stop-coordinator", daemon=True)
     t.start()
-    t.join(0.1 if recovering else timeout)
+    t.join(0.1 if hopeless else timeout)
     return not t.is_alive()
 
 
