@@ -481,3 +481,22 @@ def test_ps_rounds_halt_for_a_command_and_go_on_with_its_batch_sizes(tiny_proble
     assert len(new) >= 2 and new == list(range(min(new), max(rounds) + 1))   # from one round on, to the end
     assert summary["samples"] == sum(b for pushes in rounds.values() for _, b in pushes) >= total
     assert summary["updates"] == len(rounds) == summary["ps_rounds"]
+
+
+def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_problem, tmp_path):
+    """What keeps a diverged model out of the checkpoints (``Engine.checkpoint`` refuses
+    to save when it finds one): every weight with a NaN or an infinity, by name, checked
+    where it lives in one call."""
+    engine = _engine(tiny_problem, tmp_path)
+    try:
+        engine.open_generation(engine.lifecycle.launch())
+        gen = engine.generation
+        weights = gen.model.weights
+        assert gen.non_finite() == []
+        weights[0].assign(tf.tensor_scatter_nd_update(weights[0], [[0] * len(weights[0].shape)], [float("nan")]))
+        weights[-1].assign(tf.fill(weights[-1].shape, float("inf")))
+        assert gen.non_finite() == [weights[0].name, weights[-1].name]
+        with pytest.raises(EngineError, match=f"the weights are no longer finite after update 0 \\({weights[0].name} "):
+            engine.checkpoint("periodic")
+    finally:
+        engine.close()

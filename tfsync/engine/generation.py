@@ -205,6 +205,7 @@ class Generation:
                                               momentum=self.momentum)
         _ = self.checkpoint.save_counter   # made now, so every checkpoint holds it (a restore expects it)
         self._save_fn = tf.function(lambda prefix: self.checkpoint.write(prefix, options=checkpoint_io()))
+        self._finite_fn = tf.function(self._finite, autograph=False)
         self.closed = False
         self.standing = 0   # its closures not yet ended (kept by engine.lifecycle)
 
@@ -214,6 +215,7 @@ class Generation:
         self.control.drain.get_concrete_function()
         self.control.rounds.get_concrete_function()
         self._save_fn.get_concrete_function(tf.TensorSpec([], tf.string))
+        self._finite_fn.get_concrete_function()
 
     def save(self, prefix: str) -> str:
         """Write a checkpoint at ``prefix`` (``prefix.index``, ``prefix.data-*``) with the
@@ -250,12 +252,17 @@ class Generation:
 
     def non_finite(self) -> list[str]:
         """The model's weights that hold a NaN or an infinity (each checked where it lives:
-        one boolean comes back per variable, not the weights)."""
+        one boolean comes back per variable, not the weights; one call for all of them,
+        where one eager check per variable cost a checkpoint a round trip each)."""
+        flags = self._finite_fn().numpy()
+        return [v.name for v, ok in zip(self.model.weights, flags) if not ok]
+
+    def _finite(self):
         flags = []
         for v in self.model.weights:
             with tf.device(v.device):
                 flags.append(tf.reduce_all(tf.math.is_finite(v)))
-        return [v.name for v, ok in zip(self.model.weights, flags) if not bool(ok.numpy())]
+        return tf.stack(flags)
 
     def close(self) -> None:
         if not self.closed:

@@ -1,0 +1,205 @@
+"""Scale of the coordinator (issue 30): pushes per second the engine sustains against the
+worker count, for a tiny model on loopback, next to native ``model.fit`` under the same
+ParameterServerStrategy cluster (``steps_per_execution`` 1 and 32).
+
+A tiny model (the linear MNIST model, batch 16) makes every step cost almost nothing, so
+the rate is what the control path allows. For each worker count (2, 4, 8, 16 by
+default), in one invocation, on fresh local clusters: native fit (steps/s of its second
+epoch), tfsync ASP and tfsync BSP (pushes/s of the steady part). Beside each tfsync rate,
+the coordinator's own CPU: the CPU seconds this process (the coordinator: the engine's
+loop, its fetch and drain threads, TF's client) used per push, and the cores it kept
+busy. One core's worth of CPU time divided by the CPU per push is the rate at which the
+coordinator alone would saturate a core (``coordinator_limit_pushes_per_s``); where the
+measured rate is far below it, something else (the PS, the tasks' CPUs) is the limit.
+
+On a machine with fewer cores than tasks every process shares them: the rates then fall
+with the worker count for every configuration alike, and the coordinator's CPU per push
+is the number that carries to a bigger machine. Writes results/bench_coordinator_scale.csv
+and .png.
+
+    python experiments/bench_coordinator_scale.py --workers 2,4,8,16 --steps 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from bench_engine import steady_rate  # noqa: E402
+
+MODEL, BATCH, LR = "linear", 16, 0.05
+
+
+def native_fit(data, workers: int, steps: int, per_execution: int) -> float:
+    """tf_keras model.fit under ParameterServerStrategy: global steps/s of its 2nd epoch."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tfsync.engine.cluster import LocalCluster, connect_strategy
+    from tfsync.examples import images
+
+    steps -= steps % per_execution
+    with LocalCluster(workers=workers, ps=1) as cluster:
+        strategy = connect_strategy(cluster)
+        x, y = np.round(data.x_train * 255).astype(np.uint8), data.y_train
+
+        def dataset_fn(_):
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
+            return ds.batch(BATCH, drop_remainder=True).map(lambda a, b: (tf.cast(a, tf.float32) / 255, b))
+
+        with strategy.scope():
+            model = getattr(images, MODEL)(data.input_shape, data.num_classes)
+            model.compile(keras.optimizers.SGD(LR), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=per_execution)
+        times = []
+
+        class Clock(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                times.append(time.time())
+
+        model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
+                  callbacks=[Clock()], verbose=0)
+        return steps / (times[1] - times[0])
+
+
+def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float]:
+    """(pushes/s of the steady part, coordinator CPU seconds per push and coordinator
+    cores busy over that same part) of a run of ``steps`` pushes."""
+    import threading
+
+    import tf_keras as keras
+
+    from tfsync import policy as P
+    from tfsync.engine.generation import TrainSetup
+    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.examples import images
+
+    setup = TrainSetup(lambda: getattr(images, MODEL)(data.input_shape, data.num_classes),
+                       lambda: keras.optimizers.SGD(LR),
+                       lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True),
+                       data.x_train, data.y_train, max_batch_size=BATCH)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    me, samples, done = psutil.Process(), [], threading.Event()
+
+    def sample():   # (Unix time, this process's CPU seconds), every 50 ms
+        while not done.wait(0.05):
+            samples.append((time.time(), sum(me.cpu_times()[:2])))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    engine = Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False)
+    try:
+        summary = engine.run([Phase(P.get(protocol, sizer=P.BatchSizer(BATCH)))], total_samples=steps * BATCH)
+    finally:
+        done.set()
+        sampler.join()
+    rate, (first, last, pushes) = steady_rate(out_dir), steady_window(out_dir)
+    t, c = np.array(samples).T
+    base = summary["started_at"]
+    used = np.interp(base + last, t, c) - np.interp(base + first, t, c)
+    return rate, used / pushes, used / (last - first)
+
+
+def steady_window(run_dir: str, skip: float = 0.15) -> tuple[float, float, int]:
+    """(first, last push time, pushes between) of the part ``steady_rate`` measures."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        t = [r["time"] for r in map(json.loads, f) if "worker" in r]
+    t = t[int(len(t) * skip):]
+    return t[0], t[-1], len(t) - 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="2,4,8,16", help="worker counts, comma-separated")
+    p.add_argument("--steps", type=int, default=400, help="pushes (fit: steps per epoch) per configuration")
+    p.add_argument("--data", default=None, help="MNIST .npz (default: ../shared/data or the bundled sample)")
+    p.add_argument("--out", default="results", help="results folder")
+    args = p.parse_args(argv)
+    try:
+        counts = [int(w) for w in args.workers.split(",")]
+        if not counts or min(counts) < 1:
+            raise ValueError
+    except ValueError:
+        p.error(f"--workers: comma-separated worker counts >= 1, got {args.workers!r}")
+    if args.steps < 64:
+        p.error(f"--steps: at least 64, got {args.steps}")
+    from tfsync.base.data import load
+
+    data = load("mnist", args.data)
+    os.makedirs(args.out, exist_ok=True)
+    runs = os.path.join(args.out, "bench_coordinator_scale_runs")
+    rows = []
+    print(f"{MODEL} model, batch {BATCH}, {args.steps} steps per configuration, {os.cpu_count()} cores here")
+    for w in counts:
+        row = {"workers": w, "fit": native_fit(data, w, args.steps, 1),
+               "fit_32": native_fit(data, w, args.steps, 32)}
+        for protocol in ("asp", "bsp"):
+            rate, per_push, cores = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
+            row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,
+                        f"{protocol}_coordinator_cores": cores,
+                        f"{protocol}_coordinator_limit_pushes_per_s": 1.0 / per_push})
+        rows.append(row)
+        print(f"  {w:>2} workers: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}, "
+              f"tfsync ASP {row['asp']:6.1f} ({row['asp_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
+              f"{row['asp_coordinator_cores']:.2f} cores), BSP {row['bsp']:6.1f} "
+              f"({row['bsp_coordinator_ms_per_push']:.2f} ms, {row['bsp_coordinator_cores']:.2f} cores) steps/s")
+    shutil.rmtree(runs, ignore_errors=True)
+    csv_path = os.path.join(args.out, "bench_coordinator_scale.csv")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+    _plot(rows, os.path.join(args.out, "bench_coordinator_scale.png"))
+    print(f"wrote {csv_path}")
+    return 0
+
+
+def _plot(rows, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
+        return
+    ws = [r["workers"] for r in rows]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),
+                              ("asp", "tfsync ASP", "o-"), ("bsp", "tfsync BSP", "s-")):
+        a1.plot(ws, [r[key] for r in rows], style, label=label)
+    a1.set_xscale("log", base=2)
+    a1.set_xticks(ws, [str(w) for w in ws])
+    a1.set_xlabel("workers")
+    a1.set_ylabel("steps (pushes) / s, whole cluster")
+    a1.set_title(f"tiny model on loopback, {os.cpu_count()} cores")
+    a1.legend(fontsize=8)
+    for protocol, style in (("asp", "o-"), ("bsp", "s-")):
+        a2.plot(ws, [r[f"{protocol}_coordinator_ms_per_push"] for r in rows], style, label=f"tfsync {protocol.upper()}")
+    a2.set_xscale("log", base=2)
+    a2.set_xticks(ws, [str(w) for w in ws])
+    a2.set_xlabel("workers")
+    a2.set_ylabel("coordinator CPU ms per push")
+    a2.set_ylim(bottom=0)
+    a2.set_title("the coordinator's cost of a push")
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
