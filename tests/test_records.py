@@ -31,3 +31,20 @@ def test_rewind_moves_the_pushes_after_the_checkpoint_out(tmp_path):
     assert [(r["pushes"], r["discarded"]) for r in gone] == [(7, "resume"), (8, "resume"), (9, "resume"),
                                                              (10, "resume")]
     assert "metrics.discarded.jsonl" in os.listdir(set_aside_previous_run(str(tmp_path)))  # a new run starts clean
+
+
+def test_push_lines_are_held_for_at_most_half_a_second(tmp_path):
+    """Pushes are written in blocks (not a write per push), yet a reader of metrics.jsonl
+    (a test waiting for N pushes, `tail -f`) sees each within FLUSH_S of the next."""
+    import time
+
+    from tfsync.engine import records
+
+    rec = RunRecorder(str(tmp_path), tensorboard=False)
+    pushes = lambda: sum('"worker"' in line for line in open(tmp_path / "metrics.jsonl"))  # noqa: E731
+    rec.push({"worker": 0, "pushes": 1, "loss": 1.0})
+    assert pushes() == 0   # held: a block is written, not a line per push
+    time.sleep(records.FLUSH_S)
+    rec.push({"worker": 1, "pushes": 2, "loss": 1.0})
+    assert pushes() == 2
+    rec.close()

@@ -74,7 +74,8 @@ class EventWriter:
 
 SCHEMA = 2  # of metrics.jsonl; 2: one time base and a ``run`` line first
 LOSS_EMA = 0.1  # the weight of a push's loss in TensorBoard's train/loss
-BUFFERED = 1 << 16  # bytes of push lines held before they are written (events are written at once)
+BUFFERED = 1 << 16  # bytes of push lines held before they are written (events are written at once) ...
+FLUSH_S = 0.5       # ... or for at most this long: a reader of the file is never far behind the run
 
 
 class RunRecorder:
@@ -83,6 +84,7 @@ class RunRecorder:
         os.makedirs(run_dir, exist_ok=True)
         self._path = os.path.join(run_dir, "metrics.jsonl")
         self._pending, self._pending_bytes = [], 0  # whole lines not yet written
+        self._flushed = time.monotonic()
         self._metrics = self._open()
         self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
         self.origin = time.time()  # the time base: the run's first start (``begin``)
@@ -142,12 +144,13 @@ class RunRecorder:
     def _append(self, line: str, flush: bool = False) -> None:
         self._pending.append(line)
         self._pending_bytes += len(line)
-        if flush or self._pending_bytes >= BUFFERED:
+        if flush or self._pending_bytes >= BUFFERED or time.monotonic() - self._flushed >= FLUSH_S:
             self.flush()
 
     def flush(self) -> None:
         """Write the lines held; the file only ever ends at a whole line: a write that fails
         (a full disk) is cut back to where it began, and its lines are lost with the run."""
+        self._flushed = time.monotonic()
         if not self._pending:
             return
         data = memoryview("".join(self._pending).encode())
