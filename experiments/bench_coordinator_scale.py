@@ -29,7 +29,6 @@ import os
 import shutil
 import sys
 import time
-from types import SimpleNamespace
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -42,20 +41,43 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from bench_engine import steady_rate  # noqa: E402
-from bench_user_models import native_fit  # noqa: E402
 
 MODEL, BATCH, LR = "linear", 16, 0.05
 
 
-def linear_work(data) -> SimpleNamespace:
-    """The tiny model, its data, loss and optimizer, as ``bench_user_models`` takes them."""
+def native_fit(data, workers: int, steps: int, per_execution: int) -> float:
+    """tf_keras model.fit under ParameterServerStrategy: global steps/s of its 2nd epoch.
+    (Not ``bench_user_models.fit_rate``: the images travel to each worker as uint8, four
+    times smaller: a 16-worker run with the float32 images of fit_rate ran out of a 24 GiB
+    machine's memory.)"""
+    import tensorflow as tf
     import tf_keras as keras
 
+    from tfsync.engine.cluster import LocalCluster, connect_strategy
     from tfsync.examples import images
-    return SimpleNamespace(
-        x_train=data.x_train, y_train=data.y_train, optimizer_fn=lambda: keras.optimizers.SGD(LR),
-        model_fn=lambda: getattr(images, MODEL)(data.input_shape, data.num_classes),
-        loss_fn=lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+    steps -= steps % per_execution
+    with LocalCluster(workers=workers, ps=1) as cluster:
+        strategy = connect_strategy(cluster)
+        x, y = np.round(data.x_train * 255).astype(np.uint8), data.y_train
+
+        def dataset_fn(_):
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
+            return ds.batch(BATCH, drop_remainder=True).map(lambda a, b: (tf.cast(a, tf.float32) / 255, b))
+
+        with strategy.scope():
+            model = getattr(images, MODEL)(data.input_shape, data.num_classes)
+            model.compile(keras.optimizers.SGD(LR), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=per_execution)
+        times = []
+
+        class Clock(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                times.append(time.time())
+
+        model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
+                  callbacks=[Clock()], verbose=0)
+        return steps / (times[1] - times[0])
 
 
 def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float]:
@@ -63,13 +85,17 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     cores busy over that same part) of a run of ``steps`` pushes."""
     import threading
 
+    import tf_keras as keras
+
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
     from tfsync.engine.trainer import Engine, Phase
+    from tfsync.examples import images
 
-    work = linear_work(data)
-    setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
-                       max_batch_size=BATCH)
+    setup = TrainSetup(lambda: getattr(images, MODEL)(data.input_shape, data.num_classes),
+                       lambda: keras.optimizers.SGD(LR),
+                       lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True),
+                       data.x_train, data.y_train, max_batch_size=BATCH)
     shutil.rmtree(out_dir, ignore_errors=True)
     me, samples, done = psutil.Process(), [], threading.Event()
 
@@ -123,9 +149,8 @@ def main(argv=None) -> int:
     rows = []
     print(f"{MODEL} model, batch {BATCH}, {args.steps} steps per configuration, {os.cpu_count()} cores here")
     for w in counts:
-        work = linear_work(data)
-        row = {"workers": w, "fit": native_fit(work, BATCH, args.steps, w, 1),
-               "fit_32": native_fit(work, BATCH, args.steps, w, 32)}
+        row = {"workers": w, "fit": native_fit(data, w, args.steps, 1),
+               "fit_32": native_fit(data, w, args.steps, 32)}
         for protocol in ("asp", "bsp"):
             rate, per_push, cores = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
             row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,
