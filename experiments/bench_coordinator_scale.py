@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import shutil
 import sys
 import time
+from types import SimpleNamespace
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -40,44 +40,32 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from bench_engine import steady_rate  # noqa: E402
+from bench_engine import steady_window  # noqa: E402
+from bench_user_models import native_fit  # noqa: E402
 
 MODEL, BATCH, LR = "linear", 16, 0.05
 
 
-def native_fit(data, workers: int, steps: int, per_execution: int) -> float:
-    """tf_keras model.fit under ParameterServerStrategy: global steps/s of its 2nd epoch.
-    (Not ``bench_user_models.fit_rate``: the images travel to each worker as uint8, four
-    times smaller: a 16-worker run with the float32 images of fit_rate ran out of a 24 GiB
-    machine's memory.)"""
-    import tensorflow as tf
+def linear_work(data) -> SimpleNamespace:
+    """The tiny model, its data, loss and optimizer, as ``bench_user_models`` takes them."""
     import tf_keras as keras
 
-    from tfsync.engine.cluster import LocalCluster, connect_strategy
     from tfsync.examples import images
+    return SimpleNamespace(
+        x_train=data.x_train, y_train=data.y_train, optimizer_fn=lambda: keras.optimizers.SGD(LR),
+        model_fn=lambda: getattr(images, MODEL)(data.input_shape, data.num_classes),
+        loss_fn=lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-    steps -= steps % per_execution
-    with LocalCluster(workers=workers, ps=1) as cluster:
-        strategy = connect_strategy(cluster)
-        x, y = np.round(data.x_train * 255).astype(np.uint8), data.y_train
 
-        def dataset_fn(_):
-            ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
-            return ds.batch(BATCH, drop_remainder=True).map(lambda a, b: (tf.cast(a, tf.float32) / 255, b))
+def fit(data, workers: int, steps: int, per_execution: int) -> float:
+    """Native fit's global steps/s (``bench_user_models.native_fit``). The images travel to
+    each worker as uint8, four times smaller: a 16-worker run with float32 images ran out
+    of a 24 GiB machine's memory."""
+    import tensorflow as tf
 
-        with strategy.scope():
-            model = getattr(images, MODEL)(data.input_shape, data.num_classes)
-            model.compile(keras.optimizers.SGD(LR), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          steps_per_execution=per_execution)
-        times = []
-
-        class Clock(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                times.append(time.time())
-
-        model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
-                  callbacks=[Clock()], verbose=0)
-        return steps / (times[1] - times[0])
+    work = SimpleNamespace(**{**vars(linear_work(data)), "x_train": np.round(data.x_train * 255).astype(np.uint8)})
+    return native_fit(work, BATCH, steps - steps % per_execution, workers, per_execution,
+                      decode=lambda x, y: (tf.cast(x, tf.float32) / 255, y))
 
 
 def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float]:
@@ -85,17 +73,13 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     cores busy over that same part) of a run of ``steps`` pushes."""
     import threading
 
-    import tf_keras as keras
-
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
     from tfsync.engine.trainer import Engine, Phase
-    from tfsync.examples import images
 
-    setup = TrainSetup(lambda: getattr(images, MODEL)(data.input_shape, data.num_classes),
-                       lambda: keras.optimizers.SGD(LR),
-                       lambda y, logits: keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True),
-                       data.x_train, data.y_train, max_batch_size=BATCH)
+    work = linear_work(data)
+    setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
+                       max_batch_size=BATCH)
     shutil.rmtree(out_dir, ignore_errors=True)
     me, samples, done = psutil.Process(), [], threading.Event()
 
@@ -111,19 +95,11 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     finally:
         done.set()
         sampler.join()
-    rate, (first, last, pushes) = steady_rate(out_dir), steady_window(out_dir)
+    first, last, pushes = steady_window(out_dir)
     t, c = np.array(samples).T
     base = summary["started_at"]
     used = np.interp(base + last, t, c) - np.interp(base + first, t, c)
-    return rate, used / pushes, used / (last - first)
-
-
-def steady_window(run_dir: str, skip: float = 0.15) -> tuple[float, float, int]:
-    """(first, last push time, pushes between) of the part ``steady_rate`` measures."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        t = [r["time"] for r in map(json.loads, f) if "worker" in r]
-    t = t[int(len(t) * skip):]
-    return t[0], t[-1], len(t) - 1
+    return pushes / (last - first), used / pushes, used / (last - first)
 
 
 def main(argv=None) -> int:
@@ -149,8 +125,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{MODEL} model, batch {BATCH}, {args.steps} steps per configuration, {os.cpu_count()} cores here")
     for w in counts:
-        row = {"workers": w, "fit": native_fit(data, w, args.steps, 1),
-               "fit_32": native_fit(data, w, args.steps, 32)}
+        row = {"workers": w, "fit": fit(data, w, args.steps, 1), "fit_32": fit(data, w, args.steps, 32)}
         for protocol in ("asp", "bsp"):
             rate, per_push, cores = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
             row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,

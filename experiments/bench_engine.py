@@ -25,12 +25,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 
-def steady_rate(run_dir: str, skip: float = 0.15) -> float:
-    """Pushes/s between the first and last push, after skipping the first ``skip`` share."""
+def steady_window(run_dir: str, skip: float = 0.15) -> tuple[float, float, int]:
+    """(first push time, last push time, pushes between) after skipping the first ``skip``
+    share of a run's pushes: its steady part."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         t = [r["time"] for r in map(json.loads, f) if "worker" in r]
     t = t[int(len(t) * skip):]
-    return (len(t) - 1) / (t[-1] - t[0])
+    return t[0], t[-1], len(t) - 1
+
+
+def steady_rate(run_dir: str, skip: float = 0.15) -> float:
+    """Pushes/s between the first and last push, after skipping the first ``skip`` share."""
+    first, last, pushes = steady_window(run_dir, skip)
+    return pushes / (last - first)
 
 
 def native_fit(data, model_name, workers, batch, steps, lr):

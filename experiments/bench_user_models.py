@@ -53,18 +53,20 @@ def workload(job: str, overrides: list[str]):
     return cfg, Workload.from_config(cfg)
 
 
-def native_fit(work, batch: int, steps: int, workers: int, per_execution: int = 1) -> float:
+def native_fit(work, batch: int, steps: int, workers: int, per_execution: int = 1, decode=None) -> float:
     """Plain model.fit under ParameterServerStrategy: steps/s of its 2nd epoch
-    (``per_execution``: fit's ``steps_per_execution``, 1 by default)."""
+    (``per_execution``: fit's ``steps_per_execution``, 1 by default; ``decode``: see
+    ``fit_rate``)."""
     from tfsync.engine.cluster import LocalCluster, connect_strategy
 
     with LocalCluster(workers=workers, ps=1) as cluster:
-        return fit_rate(connect_strategy(cluster), work, batch, steps, per_execution)
+        return fit_rate(connect_strategy(cluster), work, batch, steps, per_execution, decode)
 
 
-def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1) -> float:
+def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, decode=None) -> float:
     """Steps/s of the 2nd epoch of ``model.fit`` with ``work``'s model, data, loss and
-    optimizer on ``strategy`` (a ParameterServerStrategy)."""
+    optimizer on ``strategy`` (a ParameterServerStrategy). ``decode(x, y)``: mapped over
+    each batch, where the arrays travel to the workers in a smaller form (uint8 images)."""
     import tensorflow as tf
     import tf_keras as keras
 
@@ -72,7 +74,8 @@ def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1) -> 
 
     def dataset_fn(_):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat()
-        return ds.batch(batch, drop_remainder=True).prefetch(2)
+        ds = ds.batch(batch, drop_remainder=True)
+        return (ds.map(decode) if decode is not None else ds).prefetch(2)
 
     with strategy.scope():
         model = work.model_fn()

@@ -149,9 +149,7 @@ def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_
     records 2 x schedule(its update), and the ASP pushes, applied in whatever order they
     reach the PS, record schedule(k) for exactly the update numbers k that follow the
     switch, once each."""
-    schedule = _Decay
-
-    problem = (*tiny_problem[:3], lambda: keras.optimizers.SGD(schedule(), momentum=0.5), tiny_problem[4])
+    problem = (*tiny_problem[:3], lambda: keras.optimizers.SGD(_Decay(), momentum=0.5), tiny_problem[4])
     engine = _engine(problem, tmp_path)
     phases = [Phase(BSP(FixedSizer([8, 8])), until=0.5, lr_scale=2.0),
               Phase(ASP(FixedSizer([8, 8])), switch="hot", lr_scale=1.0)]
@@ -162,8 +160,8 @@ def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_
     assert len(bsp) == 8 and len(asp) >= 8  # ASP's steps in flight at the end count too
     assert summary["optimizer_iterations"] == summary["updates"] == 4 + len(asp)
     for r in bsp:
-        assert r["lr"] == pytest.approx(2 * float(schedule()(r["updates"])), rel=1e-6)
-    want = [float(schedule()(k)) for k in range(4, 4 + len(asp))]
+        assert r["lr"] == pytest.approx(2 * float(_Decay()(r["updates"])), rel=1e-6)
+    want = [float(_Decay()(k)) for k in range(4, 4 + len(asp))]
     assert sorted(r["lr"] for r in asp) == pytest.approx(sorted(want), rel=1e-6)
 
 
