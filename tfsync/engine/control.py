@@ -159,9 +159,12 @@ class PSControl:
             self.halted = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="rounds_halted")
         self.device = device
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
-        function = functools.partial(tf.function, autograph=False)   # (user code inside: ``converted``)
-        self.release = function(self._release, input_signature=[spec])
-        self.barrier = function(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+        on_ps = functools.partial(_OnPS, device)   # (user code inside: ``converted``)
+        self.release = on_ps(self._release, input_signature=[spec])
+        self.barrier = on_ps(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+        # (these block on the PS: called as functions of two parts, each its own call, so
+        # that they hold up no release or barrier sent while they wait)
+        function = functools.partial(tf.function, autograph=False)
         self.drain = function(self._drain, input_signature=[])
         self.close_finished = function(self._close_finished, input_signature=[])
         self.rounds = function(self._rounds, input_signature=[
@@ -272,6 +275,26 @@ class PSControl:
     def set_round(self, round_: int) -> None:
         with tf.device(self.device):
             self.accumulator.set_global_step(round_)
+
+
+class _OnPS:
+    """A coordinator-side control function that the PS runs as a whole: called (and
+    traced) with the PS as the default device. Called from the coordinator's default
+    device instead, it is a function of two parts, the coordinator's and the PS's, and
+    a call costs the coordinator 4 round trips to the PS, not 2 (a release: 96 against
+    56 ms at 10 ms a node)."""
+
+    def __init__(self, device: str, fn, input_signature):
+        self.device = device
+        self._function = tf.function(fn, input_signature=input_signature, autograph=False)
+
+    def __call__(self, *args):
+        with tf.device(self.device):
+            return self._function(*args)
+
+    def get_concrete_function(self):
+        with tf.device(self.device):
+            return self._function.get_concrete_function()
 
 
 def _enqueued(queue, row):

@@ -99,8 +99,10 @@ class Push:
     """What the server saw: one finished step of one worker.
 
     Worker clock: ``start`` (its gate opened, just before it read the weights) and
-    ``end`` (its push was done), so ``end - start`` is the whole iteration: pull, compute
-    and push (paper 002 §3.1 t = t_p + t_m). Coordinator clock: ``granted_at``,
+    ``end`` (its gradient was computed), so ``end - start`` is the pull and the compute
+    of paper 002 §3.1's t = t_p + t_m; the push then goes to the PS, which applies it
+    without answering the worker (on the engine: tfsync.engine.step), and ``turnaround``
+    below holds all of it. Coordinator clock: ``granted_at``,
     ``ready_at`` (when the step could start: granted, and the worker's previous push in;
     0: unknown) and ``arrival``. Never subtract times across the two clocks.
     ``turnaround``: ``arrival - ready_at`` where known, else ``compute_time``: the time the
