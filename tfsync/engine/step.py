@@ -5,8 +5,8 @@ coordinator's dispatch of a function and the copy of its result at every step, w
 step of a few milliseconds costs more than the step: issue 16). Each step:
 
 1. dequeue this worker's next token from its gate on the PS (blocks until granted); a
-   no-op token (batch size 0) ends the closure. Whether it does is decided on the PS, so
-   the PS's half of the step waits for no answer from the worker;
+   no-op token (batch size 0) ends the closure (the test is made on the PS, beside the
+   token);
 2. read the weights (after the token: a control dependency, on the PS itself, so no
    extra round trip), compute the gradient on the first ``batch_size`` rows of the
    worker's next input batch (no retrace per size);
@@ -77,7 +77,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
             with tf.device(control.device):  # the token stays on the PS for the reads that wait on it
                 token = control.dequeue(gate)
                 granted = token[BATCH] > 0
-            ran = tf.cond(granted, lambda: one_step(worker_index, iterator, token), lambda: tf.constant(False))
+            ran = tf.cond(granted, lambda: one_step(gate, iterator, token), lambda: tf.constant(False))
             return i + tf.cast(ran, tf.int32), tf.logical_not(ran)
 
         ran, _ = tf.while_loop(lambda i, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,

@@ -22,8 +22,9 @@ CAPTIONS = {
                 "resumed. Black: a switch and what it cost. Ticks: checkpoints; red crosses: recoveries (a lost "
                 "task restarted, a rewind, a resume). Thin bars below: a worker slowed down, injected (its "
                 "factor) or detected by a straggler policy.",
-    "workers": "Per worker: speed per step, batch size, staleness, and the time between pushing a step and "
-               "starting the next (BSP's barrier waits; near zero in ASP). Shaded: that worker's slowdowns. "
+    "workers": "Per worker: speed per step, batch size, staleness, and the time from a step's gradient to "
+               "the start of the next (the push's way to the PS and the weights' way back, a round trip or more "
+               "on a network; BSP's barrier waits). Shaded: that worker's slowdowns. "
                "For LB-BSP, its predicted speeds (dashed) beside the speeds it learns from, both in samples "
                "per second from when a step could start to its push's arrival (the affine model predicts at "
                "the configured batch size).",

@@ -207,8 +207,9 @@ def _phases_from_events(run: RunData) -> list[dict]:
 
 
 def workers(run: RunData) -> Figure:
-    """Per worker: measured speed, batch size, staleness and the time each worker waited
-    between pushing a step and starting its next (barrier waits); for LB-BSP, its
+    """Per worker: measured speed, batch size, staleness and the time from each step's
+    gradient to the worker's next step (the push's way to the PS and the next token's and
+    weights' way back; BSP's barrier waits); for LB-BSP, its
     predicted speeds beside the speeds it learns from, in the same units; each worker's
     slowdowns shaded in its colour."""
     predicted = any(p.get("predicted") is not None for p in run.pushes)
