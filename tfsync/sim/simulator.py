@@ -4,8 +4,8 @@ objects as the engine (``tfsync.policy``). TF-free and deterministic for a seed.
 Time is simulated seconds. A worker runs one granted step at a time: its step starts
 (and reads the weights) when a grant is queued for it and it is free, lasts the speed
 model's step time plus ``comm`` (pull + push), and ends with its push reaching the
-server; its record's ``end`` is when the gradient was computed (``comm / 2`` before), as
-the engine's is. The server then asks the policy, exactly as the engine does (paper 004 §3.1,
+server; its record's ``end`` is that arrival (the engine's is when the gradient was
+computed, before the push: a simulated ``compute_s`` holds the push's half of ``comm``). The server then asks the policy, exactly as the engine does (paper 004 §3.1,
 Algorithm 1): AGGREGATE pushes wait for the barrier, APPLY pushes update at once.
 
 With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step computes its
@@ -222,7 +222,7 @@ class Simulator:
         step, self._running[w] = self._running[w], None
         g = step.grant
         push = self.ledger.push(w, g.batch_size, g.mode, step.round, step.version, start=step.start,
-                               end=self.now - self.comm / 2, arrival=self.now, loss=step.loss)
+                               end=self.now, arrival=self.now, loss=step.loss)
         if self.model is not None and not push.dropped:
             if g.mode is PushMode.AGGREGATE:
                 self._pending_grads.append((g.batch_size, step.grads))
