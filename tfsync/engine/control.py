@@ -292,10 +292,6 @@ class _OnPS:
         with tf.device(self.device):
             return self._function(*args)
 
-    def get_concrete_function(self):
-        with tf.device(self.device):
-            return self._function.get_concrete_function()
-
 
 def _enqueued(queue, row):
     with tf.control_dependencies([queue.enqueue(row)]):

@@ -5,8 +5,9 @@ Time is simulated seconds. A worker runs one granted step at a time: its step st
 (and reads the weights) when a grant is queued for it and it is free, lasts the speed
 model's step time plus ``comm`` (pull + push), and ends with its push reaching the
 server; its record's ``end`` is that arrival (the engine's is when the gradient was
-computed, before the push: a simulated ``compute_s`` holds the push's half of ``comm``). The server then asks the policy, exactly as the engine does (paper 004 §3.1,
-Algorithm 1): AGGREGATE pushes wait for the barrier, APPLY pushes update at once.
+computed, before the push: a simulated ``compute_s`` holds the push's half of ``comm``).
+The server then asks the policy, exactly as the engine does (paper 004 §3.1, Algorithm 1):
+AGGREGATE pushes wait for the barrier, APPLY pushes update at once.
 
 With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step computes its
 gradient at the weights current when it started, so the staleness the schedule implies
