@@ -27,13 +27,15 @@ def _records(run_dir):
 
 
 def _reference(problem, batch_order, sizes):
-    """Single-process SGD: each update on the concatenated examples of all workers."""
+    """Single-process SGD: each update on the concatenated examples of all workers
+    (``sizes``: one batch size per worker, or such a tuple per update)."""
     x, y, model_fn, optimizer_fn, loss_fn = problem
     model, opt = model_fn(), optimizer_fn()
-    for k in batch_order:
+    per_update = sizes if isinstance(sizes[0], (tuple, list)) else [sizes] * len(batch_order)
+    for k, update_sizes in zip(batch_order, per_update):
         k %= arrays.length(y) // M  # the input pipeline repeats
         rows = arrays.take((x, y), slice(k * M, (k + 1) * M))  # labels may be a dict (several outputs)
-        bx, by = tf.nest.map_structure(lambda a: np.concatenate([a[:b] for b in sizes]), rows)
+        bx, by = tf.nest.map_structure(lambda a: np.concatenate([a[:b] for b in update_sizes]), rows)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(by, model(bx))) + sum(model.losses)
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
@@ -479,6 +481,37 @@ def test_ps_rounds_halt_for_a_command_and_go_on_with_its_batch_sizes(tiny_proble
     assert len(new) >= 2 and new == list(range(min(new), max(rounds) + 1))   # from one round on, to the end
     assert summary["samples"] == sum(b for pushes in rounds.values() for _, b in pushes) >= total
     assert summary["updates"] == len(rounds) == summary["ps_rounds"]
+
+
+def test_ps_rounds_take_the_batch_sizes_lbbsp_decides_at_each_rounds_end(tiny_problem, tmp_path, caplog):
+    """LB-BSP on PS-run rounds: the policy sees every push and sizes each round's end
+    (here scripted: 5 + 11 and 11 + 5 by turns); the PS grants the new sizes from the next
+    round it opens. Every round is PS-run, keeps the total, and the weights equal
+    single-process SGD on each round's sizes as recorded."""
+    from tfsync.policy.lbbsp import LBBSP, LBBSPSizer
+
+    class ByTurns(LBBSPSizer):
+        calls = 0
+
+        def sizes(self, view):
+            ByTurns.calls += 1
+            self.current = {0: 5, 1: 11} if self.calls % 2 else {0: 11, 1: 5}
+            return self.current
+
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(LBBSP(sizer=ByTurns(8)))], total_samples=24 * 16)
+    rounds = {}
+    for r in _records(tmp_path):
+        rounds.setdefault(r["round"], {})[r["worker"]] = r["batch_size"]
+    sizes = [(rounds[k][0], rounds[k][1]) for k in sorted(rounds)]
+    # (how many rounds pass before new sizes land on the PS depends on the machine's load)
+    assert len(sizes) == 24 and set(sizes) == {(5, 11), (11, 5)}, sizes
+    assert summary["updates"] == summary["ps_rounds"] == 24 and summary["samples"] == 24 * 16
+    assert ByTurns.calls >= 23   # the first round's grant, then every round's end but the last
+    assert not [r for r in caplog.records if "the PS closed a round" in r.getMessage()]
+    assert tuple(engine.ledger.batch_sizes) == sizes[-1]   # the ledger mirrored the sizes the PS granted
+    for got, want in zip(engine.final_weights(), _reference(tiny_problem, range(24), sizes)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_problem, tmp_path):

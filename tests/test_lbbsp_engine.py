@@ -24,6 +24,7 @@ def test_lbbsp_job_keeps_the_round_total_and_learns(tmp_path):
     summary = json.loads(r.stdout)
     assert summary["timeline"][0]["protocol"] == "lbbsp"
     assert summary["timeline"][0]["lr"] == pytest.approx(0.1)  # aggregates like BSP: n * eta
+    assert summary["ps_rounds"] >= 40   # the PS closes and opens the rounds, at the sizes the coordinator sets
     pushes = [x for x in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "worker" in x]
     rounds = collections.defaultdict(list)
     for p in pushes:

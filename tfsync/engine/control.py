@@ -15,6 +15,8 @@ Steady BSP rounds run on the PS alone (``rounds``, driven by ``tfsync.engine.pil
 ROUND push leaves its row on a queue of its own, where a loop on the PS takes each
 round's rows, applies the weighted mean, releases the next round's tokens at once, and
 only then passes the rows, and a marker row saying what it did, on to the coordinator.
+The batch sizes of the rounds it opens are the latest the coordinator set (``set_sizes``,
+LB-BSP's), or, until it sets any, the first round's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
 ROW_LEN = 1 + TOKEN_LEN + 5   # a finished step: [worker, *token, start, end, loss, version, rate]
+MARKER_SIZES = 1 + TOKEN_LEN + 2   # where a push's row has its loss, a marker row has its sizes' version
 MODE_APPLY, MODE_AGGREGATE, MODE_ROUND = 0, 1, 2   # ROUND: aggregate; the PS closes the round (rounds)
 
 
@@ -157,18 +160,22 @@ class PSControl:
             self.round_rows = tf.queue.FIFOQueue(capacity * max(num_workers, 1), [tf.float64], shapes=[[ROW_LEN]],
                                                  name="round_steps")
             self.halted = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="rounds_halted")
+            # [version, batch size of each worker]: the sizes ``rounds`` grants (set_sizes)
+            self.round_sizes = tf.Variable(tf.zeros([num_workers + 1], tf.int64), trainable=False,
+                                           name="round_sizes")
         self.device = device
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
         on_ps = functools.partial(_OnPS, device)   # (user code inside: ``converted``)
         self.release = on_ps(self._release, input_signature=[spec])
         self.barrier = on_ps(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
+        self.set_sizes = on_ps(self._set_sizes, input_signature=[tf.TensorSpec([num_workers + 1], tf.int64)])
         # (these block on the PS: called as functions of two parts, each its own call, so
         # that they hold up no release or barrier sent while they wait)
         function = functools.partial(tf.function, autograph=False)
         self.drain = function(self._drain, input_signature=[])
         self.close_finished = function(self._close_finished, input_signature=[])
         self.rounds = function(self._rounds, input_signature=[
-            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec])
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec, tf.TensorSpec([], tf.int64)])
 
     # -- worker side (called inside the step function) ---------------------------------
     def dequeue(self, worker_index):
@@ -226,17 +233,33 @@ class PSControl:
             self.round_rows.close(cancel_pending_enqueues=True)
             return tf.constant(True)
 
-    def _rounds(self, k, epoch, tokens):
+    def _set_sizes(self, sizes):
+        """``[version, batch size of each worker]``: the rounds ``rounds`` opens from now on
+        grant these sizes (a call begun at an older version; versions only grow)."""
+        with tf.device(self.device):
+            self.round_sizes.assign(sizes)
+            return tf.constant(True)
+
+    def _rounds(self, k, epoch, tokens, version):
         """Close up to ``k`` BSP rounds on the PS, one after another, without the
         coordinator: take the round's rows (one per member, each put there after its
         push), apply the weighted mean, release ``tokens`` (the next round's, one row per
-        member as for ``release``; round and step numbers advance by one per round) unless
-        this is the k-th round or ``halt(epoch)`` came, then pass the rows on to the
-        coordinator's queue followed by a marker row ``[-1, members, ROUND, round, released,
-        start, end, 0, updates, rate]``. Returns the rounds closed."""
+        member as for ``release``; round and step numbers advance by one per round, batch
+        sizes are ``set_sizes``'s once it set a version above ``version``) unless this is
+        the k-th round or ``halt(epoch)`` came, then pass the rows on to the coordinator's
+        queue followed by a marker row ``[-1, members, ROUND, round, released, start, end,
+        sizes' version, updates, rate]``. Returns the rounds closed."""
         n = tf.shape(tokens)[0]
         step = tf.constant([0, 0, 0, 1, 1], tf.int64)
         with tf.device(self.device):
+            def next_round(i):
+                following = tokens + tf.cast(i, tf.int64) * step
+                latest = self.round_sizes.read_value()
+                newer = latest[0] > version
+                sizes = tf.where(newer, tf.gather(latest[1:], following[:, 0]), following[:, 1 + BATCH])
+                following = tf.concat([following[:, :1 + BATCH], sizes[:, None], following[:, 2 + BATCH:]], 1)
+                return following, tf.where(newer, latest[0], version)
+
             def body(i, _):
                 rows = self.round_rows.dequeue_many(n)
                 with tf.control_dependencies([rows]):   # each push reads its rate after its apply_grad
@@ -249,15 +272,15 @@ class PSControl:
                                         self.variables, self.rate)
                 with tf.control_dependencies(read_back(self.optimizer, self.variables)):
                     more = tf.logical_and(i + 1 < k, self.halted.read_value() < epoch)
-                    released = tf.cond(more, lambda: self._release(tokens + tf.cast(i, tf.int64) * step),
-                                       lambda: tf.constant(False))
+                    following, sized = next_round(i)
+                    released = tf.cond(more, lambda: self._release(following), lambda: tf.constant(False))
                 with tf.control_dependencies([released]):
                     end = tf.timestamp()
                 closed = tf.cast(tokens[0, 1 + ROUND] - 1 + tf.cast(i, tf.int64), tf.float64)
                 marker = tf.stack([tf.constant(-1.0, tf.float64), tf.cast(n, tf.float64),
                                    tf.constant(float(MODE_ROUND), tf.float64), closed,
                                    tf.cast(released, tf.float64), start, end,
-                                   tf.constant(0.0, tf.float64), tf.cast(self.optimizer.iterations, tf.float64),
+                                   tf.cast(sized, tf.float64), tf.cast(self.optimizer.iterations, tf.float64),
                                    tf.cast(used, tf.float64)])
                 with tf.control_dependencies([released]):
                     passed = self.done.enqueue_many(tf.concat([rows, marker[None]], 0))

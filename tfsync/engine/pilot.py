@@ -13,6 +13,14 @@ round released there, then the rows and a marker row go to the coordinator, whic
 every push as before and mirrors each marker in its ledger (the barrier and the grants
 the PS made). Its loop observes; it never gates a step.
 
+The policy still sees every push and makes its decisions, which at a round's end can
+only be the steady round again. Where its batch sizes changed (LB-BSP's, sized from the
+workers' predicted speeds), the engine sets them on the PS (``PSControl.set_sizes``) and
+the PS grants them from the next round it opens: one round later than the coordinator
+would have, since the PS opened the following round before the coordinator saw this
+one's pushes (LB-BSP's sizes then come from predictions a round older, as in its
+non-blocking mode, paper 002 §4). Each marker says which sizes the round it opened had.
+
 Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drain (a
 switch, a checkpoint, a stop, a rejoin, the end of the phase) or a command. The PS
 finishes the round in flight and releases nothing more; the marker saying so ends the
@@ -33,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..policy.base import Decision
-from .control import BATCH, MODE_ROUND, ROUND, SEQ, token_rows
+from .control import BATCH, MARKER_SIZES, MODE_ROUND, ROUND, SEQ, token_rows
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +49,16 @@ ROUND_CLOSED = object()   # what the engine's wait returns after a marker row
 
 
 def _same(grants) -> set:
-    return {(g.worker, g.batch_size, g.mode) for g in grants}
+    """What a steady round keeps from round to round: its members and their modes."""
+    return {(g.worker, g.mode) for g in grants}
 
 
 def is_marker(row) -> bool:
     return row[0] < 0
+
+
+def _total(grants) -> int:
+    return sum(g.batch_size for g in grants)
 
 
 class Pilot:
@@ -58,6 +71,8 @@ class Pilot:
         self.grants = ()         # the grants the PS makes at each round's end
         self.rounds = 0          # rounds the PS closed, over the run
         self.halting = False
+        self.version = 0         # of the sizes last set on the PS (set_sizes); only grows
+        self.sized: dict[int, tuple] = {}   # version -> the grants of those sizes
 
     def take(self, decision: Decision) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
@@ -69,23 +84,26 @@ class Pilot:
         if steady is None or _same(steady.grants) != _same(decision.grants) \
                 or s.pending_workers or decision.remove or decision.restore or e.wake_at is not None:
             return 0
-        per_round = sum(g.batch_size for g in decision.grants)
-        return max(0, math.ceil((e.phase_end - s.samples) / per_round))
+        return max(0, math.ceil((e.phase_end - s.samples) / _total(decision.grants)))
 
     def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
         """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
         gen = self.engine.generation
         self.epoch += 1
         self.active, self.halting, self.grants = True, False, tuple(decision.grants)
+        self.sized = {self.version: self.grants}   # (sizes the PS holds from an earlier call are older)
+        if self.engine.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
+            self._set_sizes(gen)
         following = first_rows.copy()
         following[:, 1 + ROUND] += 1
         following[:, 1 + SEQ] += 1
-        threading.Thread(target=self._run, args=(gen, k, self.epoch, following), daemon=True,
+        threading.Thread(target=self._run, args=(gen, k, self.epoch, following, self.version), daemon=True,
                          name=f"tfsync-rounds-{self.epoch}").start()
 
-    def _run(self, gen, k, epoch, tokens) -> None:
+    def _run(self, gen, k, epoch, tokens, version) -> None:
         try:
-            gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens))
+            gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens),
+                               tf.constant(version, tf.int64))
         except Exception as e:   # the PS died, or the generation closed
             if gen is self.engine.lifecycle.current:
                 self.engine.lifecycle.results.put((gen, None, e))
@@ -98,11 +116,42 @@ class Pilot:
             gen, epoch = self.engine.generation, self.epoch
             self.engine.lifecycle.channel.call(lambda: gen.control.halt(epoch))
 
+    def follow(self, decision: Decision) -> None:
+        """The policy's decision after a push while the PS runs the rounds: nothing within
+        a round; at its end, the steady round again, whose new batch sizes go to the PS.
+        One that changes more (members, modes, the round's total, anything besides grants
+        and the barrier) halts the rounds: the policy decides again after the round in
+        flight (a policy whose ``steady_round`` holds never makes one)."""
+        if not (decision.grants or decision.barrier) or self.halting:
+            return
+        plain = Decision(decision.grants, barrier=True)
+        if decision != plain or _same(decision.grants) != _same(self.grants) \
+                or _total(decision.grants) != _total(self.grants):
+            logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
+                           self.engine.policy.name, decision)
+            self.halt()
+            return
+        latest = self.sized[self.version]
+        if {(g.worker, g.batch_size) for g in decision.grants} == {(g.worker, g.batch_size) for g in latest}:
+            return
+        self.version += 1
+        self.sized[self.version] = tuple(decision.grants)
+        self._set_sizes(self.engine.generation)
+
+    def _set_sizes(self, gen) -> None:
+        """The sizes of the latest version to the PS, in order with the engine's other calls."""
+        sizes = np.zeros(self.engine.workers + 1, np.int64)
+        sizes[0] = self.version
+        for g in self.sized[self.version]:
+            sizes[1 + g.worker] = g.batch_size
+        self.engine.lifecycle.channel.call(lambda: gen.control.set_sizes(tf.constant(sizes)))
+
     def observe(self, marker) -> None:
         """A marker row: mirror what the PS did at a round's end in the ledger."""
         e = self.engine
         released = bool(marker[1 + SEQ])
-        applied = e.ledger.apply(Decision(self.grants if released else (), barrier=True), time.time())
+        grants = self.sized.get(int(marker[MARKER_SIZES]), self.grants) if released else ()
+        applied = e.ledger.apply(Decision(grants, barrier=True), time.time())
         self.rounds += 1
         if applied.closed != int(marker[1 + BATCH]):
             logger.warning("the PS closed a round of %d pushes, the ledger %d", int(marker[1 + BATCH]), applied.closed)

@@ -237,8 +237,11 @@ class Engine:
             if self.ledger.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.callbacks.call("on_push", self, push, line)
                 continue
-            if not self.pilot.active:   # (while the PS runs the rounds, the policy only watches)
-                self.apply(policy.on_push(push, self.view()))
+            decision = policy.on_push(push, self.view())
+            if self.pilot.active:   # the PS closes the rounds: a round's end only resizes them
+                self.pilot.follow(decision)
+            else:
+                self.apply(decision)
                 self._check_live(policy)
             self.callbacks.call("on_push", self, push, line)  # observers after the grants went out
             t_commands = time.perf_counter()

@@ -279,9 +279,11 @@ class Policy:
 
     def steady_round(self, view: ClusterView) -> Decision | None:
         """The decision this policy makes at the end of every round from now on, if it is
-        always the same (a barrier and the same grants: BSP with fixed sizes), so the
-        server may close and open rounds without asking (the engine's PS-run rounds).
-        None (the default): it decides at each push."""
+        always the same but for batch sizes (a barrier and every member again, in the same
+        modes: BSP, LB-BSP), so the server may close and open rounds without asking (the
+        engine's PS-run rounds). The policy still sees every push; sizes its round-end
+        decisions change reach the server and take effect a round later. None (the
+        default): it decides at each push."""
         return None
 
     def set_batch_sizes(self, sizes, max_batch: int) -> None:

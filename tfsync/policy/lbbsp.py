@@ -68,7 +68,7 @@ from ..base import plainstate
 from ..batching import GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times
 from ..batching.stepfit import StepFit
 from ..predict import EMA, REGISTRY as PREDICTORS, factory
-from .base import BatchSizer, ClusterView, Push
+from .base import BatchSizer, ClusterView, Decision, Grant, Push
 from .bsp import BSP
 from .options import Option
 
@@ -393,6 +393,14 @@ class LBBSP(BSP):
     def on_push(self, push: Push, view: ClusterView):
         self.sizer.observe(push, view)
         return super().on_push(push, view)
+
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        """Every member again, at the sizes granted last (a round's end changes only the
+        sizes, which a server running the rounds takes from the next one it opens)."""
+        current = self.sizer.current
+        if type(self) is not LBBSP or current is None or set(current) != set(view.members):
+            return None
+        return Decision(tuple(Grant(w, current[w], self.mode) for w in sorted(view.members)), barrier=True)
 
     def stats(self) -> dict:
         return self.sizer.stats()
