@@ -8,9 +8,10 @@ run), with the coordinator (chief) on node c; each node at the same one-way late
 - native ``model.fit`` under ParameterServerStrategy, ``steps_per_execution`` 1 (the
   default) and 32 (TensorFlow's advice for this strategy), the wide MLP of wide_mlp.py
   with the job's data, loss and SGD: worker steps/s of its second epoch;
-- tfsync ASP, SSP (s = 2), BSP with rounds run by the coordinator (``train.ps_rounds =
-  false``, the engine before issue 30) and BSP with rounds the PS closes itself (the
-  default): pushes/s of the steady part (``bench_engine.steady_rate``).
+- tfsync ASP, SSP (s = 2), BSP and LB-BSP (EMA predictor), each with rounds run by the
+  coordinator (``train.ps_rounds = false``, the engine before issue 30) and with rounds
+  the PS closes itself (the default): pushes/s of the steady part
+  (``bench_engine.steady_rate``).
 
 Beside them, the floors: the round trip between two nodes (a TCP echo through the
 relay, median of 50) and one step's compute on this machine (the wide MLP at batch 64,
@@ -48,16 +49,24 @@ from testbed_bench import wide_mlp_job, write_csv  # noqa: E402
 BASE_PORT = 20000   # in the relay's task ports (tfsync.testbed.bed.TASK_PORTS)
 ECHO_PORT = 20090
 CONFIGS = ("fit", "fit, 32 steps/execution", "tfsync ASP", "tfsync SSP s=2", "tfsync BSP (coordinator rounds)",
-           "tfsync BSP (PS rounds)")
+           "tfsync BSP (PS rounds)", "tfsync LB-BSP (coordinator rounds)", "tfsync LB-BSP (PS rounds)")
 PROTOCOL = {"tfsync ASP": ("asp", True), "tfsync SSP s=2": ("ssp", True),
-            "tfsync BSP (coordinator rounds)": ("bsp", False), "tfsync BSP (PS rounds)": ("bsp", True)}
+            "tfsync BSP (coordinator rounds)": ("bsp", False), "tfsync BSP (PS rounds)": ("bsp", True),
+            "tfsync LB-BSP (coordinator rounds)": ("lbbsp", False), "tfsync LB-BSP (PS rounds)": ("lbbsp", True)}
+
+
+def nodes_of(bed, workers: int) -> list[str]:
+    """The node of the PS and of each worker: round-robin over n1.. with the PS first, as
+    the hooks place a job's tasks (n1 = PS, n2.. = workers where there are workers + 1)."""
+    n = len([name for name in bed.nodes if name != "c"])
+    return [f"n{k % n + 1}" for k in range(workers + 1)]
 
 
 def spec(bed, workers: int) -> dict:
-    """The cluster spec: the chief on c, the PS on n1, workers on n2.., by advertised address."""
-    adv = {n: bed.node(n).advertised for n in bed.nodes}
-    return {"chief": [f"{adv['c']}:{BASE_PORT + 50}"], "ps": [f"{adv['n1']}:{BASE_PORT}"],
-            "worker": [f"{adv[f'n{i + 2}']}:{BASE_PORT + 1 + i}" for i in range(workers)]}
+    """The cluster spec: the chief on c, the PS and workers as ``nodes_of``, by advertised address."""
+    adv = [bed.node(n).advertised for n in nodes_of(bed, workers)]
+    return {"chief": [f"{bed.node('c').advertised}:{BASE_PORT + 50}"], "ps": [f"{adv[0]}:{BASE_PORT}"],
+            "worker": [f"{adv[i + 1]}:{BASE_PORT + 1 + i}" for i in range(workers)]}
 
 
 def tf_config(cluster: dict, job: str, index: int) -> str:
@@ -66,9 +75,9 @@ def tf_config(cluster: dict, job: str, index: int) -> str:
 
 @contextlib.contextmanager
 def task_servers(bed, cluster: dict, cwd: str):
-    """The PS and workers of ``cluster``, each on its node, serving until the block ends."""
+    """The PS and workers of ``cluster``, each on its node (``nodes_of``), serving until the block ends."""
     procs = []
-    nodes = ["n1"] + [f"n{i + 2}" for i in range(len(cluster["worker"]))]
+    nodes = nodes_of(bed, len(cluster["worker"]))
     tasks = [("ps", 0)] + [("worker", i) for i in range(len(cluster["worker"]))]
     try:
         for node, (job, index) in zip(nodes, tasks):
@@ -243,10 +252,12 @@ def plot(rows, path: str) -> None:
 
     latencies = sorted({r["latency_ms"] for r in rows})
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    colors = dict(zip(CONFIGS, ["#9a9a9a", "#5a5a5a", "#e08040", "#c0a030", "#a8c0d8", "#4878a8"]))
+    colors = dict(zip(CONFIGS, ["#9a9a9a", "#5a5a5a", "#e08040", "#c0a030", "#a8c0d8", "#4878a8", "#b8d8b0",
+                                "#509850"]))
     labels = {"fit": "fit", "fit, 32 steps/execution": "fit\n32/exec", "tfsync ASP": "ASP",
               "tfsync SSP s=2": "SSP\ns=2", "tfsync BSP (coordinator rounds)": "BSP\ncoord.",
-              "tfsync BSP (PS rounds)": "BSP\nPS rounds"}
+              "tfsync BSP (PS rounds)": "BSP\nPS rounds", "tfsync LB-BSP (coordinator rounds)": "LB-BSP\ncoord.",
+              "tfsync LB-BSP (PS rounds)": "LB-BSP\nPS rounds"}
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     axes = fig.subplots(1, len(latencies), squeeze=False)[0]
     for ax, lat in zip(axes, latencies):

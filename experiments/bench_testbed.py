@@ -74,6 +74,80 @@ def run_one(bed: Testbed, protocol: str, args, work: str) -> dict:
     return row
 
 
+FITS = {"fit": 1, "fit 32/exec": 32}   # native model.fit under ParameterServerStrategy: steps per execution
+FIT_EPOCH = 128   # fit's steps between evaluations (an epoch: fit joins every worker at its end)
+
+
+def run_fit(bed, name: str, args, work: str) -> dict:
+    """Native ``model.fit`` (ASP) on task servers started from TF_CONFIG on the nodes the
+    hooks would have put tfsync's tasks on, the same job; its chief on node c."""
+    from bench_control_path import chief, spec, task_servers
+
+    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}")
+    os.makedirs(run_dir, exist_ok=True)
+    job = os.path.join(run_dir, "job.toml")
+    with open(job, "w") as f:
+        f.write(wide_mlp_job("bench-testbed-fit", run_dir, args.hidden, args.epochs, args.eval_every))
+    cluster = spec(bed, args.workers)
+    t0 = time.time()
+    with task_servers(bed, cluster, run_dir):
+        out = chief(bed, cluster, [sys.executable, os.path.abspath(__file__), "--fit-chief", job,
+                                   "--spe", str(FITS[name])], run_dir)
+    r = json.loads(out.strip().splitlines()[-1])
+    return {"protocol": name, "wall_s": round(time.time() - t0, 2), **r,
+            "last_eval_accuracy": round(r["evals"][-1][1], 4)}
+
+
+def fit_chief(job: str, spe: int) -> int:
+    """On node c, as the chief of TF_CONFIG: ``model.fit`` for the job's samples (rounded
+    up to whole epochs of FIT_EPOCH steps), evaluating at each epoch's end on the subset
+    tfsync's evaluations use; prints one JSON line. First a warm-up epoch, whose training
+    is undone (the weights set back; plain SGD keeps no other state): it holds the
+    datasets' creation on the workers and the step's tracing, which tfsync's training
+    time does not hold either. The evaluations' time is not counted."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from bench_user_models import fit_dataset
+    from tfsync.engine.evaluator import accuracy
+    from tfsync.engine.workload import Workload
+    from tfsync.job.config import load_job
+
+    cfg = load_job(job)
+    work = Workload.from_config(cfg)
+    batch = cfg.train.batch_size
+    epochs = -(-int(cfg.train.epochs * len(work.y_train)) // (batch * FIT_EPOCH))
+    keep = np.sort(np.random.default_rng(0).choice(len(work.y_test), 2000, replace=False))   # as Evaluator's
+    x_eval, y_eval = work.x_test[keep], work.y_test[keep]
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    with strategy.scope():
+        model = work.model_fn()
+        model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=spe)
+    initial, local = model.get_weights(), work.model_fn()
+    evals, clock = [], {}
+
+    class Evaluate(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            t = time.time()
+            if epoch == 0:   # the warm-up
+                model.set_weights(initial)
+                clock.update(t0=time.time(), paused=0.0)
+                return
+            local.set_weights(model.get_weights())
+            evals.append((round(t - clock["t0"] - clock["paused"], 3), accuracy(local, x_eval, y_eval)))
+            clock["paused"] += time.time() - t
+
+    model.fit(fit_dataset(work, batch), epochs=epochs + 1, steps_per_epoch=FIT_EPOCH, callbacks=[Evaluate()],
+              verbose=0)
+    train_s = evals[-1][0]
+    samples = epochs * FIT_EPOCH * batch
+    print(json.dumps({"train_s": round(train_s, 2), "samples_per_s": round(samples / train_s, 1),
+                      "test_accuracy": round(accuracy(local, work.x_test, work.y_test), 4), "evals": evals}))
+    return 0
+
+
 def search_point(bed: Testbed, args, work: str) -> float:
     """The switch point ``tfsync search`` finds for the Sync-Switch job on the testbed."""
     job = os.path.join(work, "search.toml")
@@ -113,8 +187,13 @@ def main(argv=None) -> int:
                    help="find the switch point with `tfsync search --runs R --settings M` first (at the first latency)")
     p.add_argument("--repeats", type=int, default=1, help="0 with --search: the search alone")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
+    p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
     p.add_argument("--replot", action="store_true", help="only draw OUT.png again from OUT.csv")
+    p.add_argument("--fit-chief", help=argparse.SUPPRESS)
+    p.add_argument("--spe", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.fit_chief:
+        return fit_chief(args.fit_chief, args.spe)
     if args.replot:
         plot(testbed_bench.read_csv(args.out + ".csv"), args.out + ".png", args)
         return 0
@@ -131,6 +210,7 @@ def main(argv=None) -> int:
                         return 0   # the search alone
                 for repeat in range(args.repeats):
                     results = {name: run_one(bed, name, args, work) for name in PROTOCOLS}
+                    results.update({name: run_fit(bed, name, args, work) for name in args.fits.split(",") if name})
                     # BSP's last evaluation, on the evaluations' own test subset (eval_samples): the
                     # same subset as the curves the time is read from (the whole test set's accuracy
                     # differs from it by up to half a point, so a run could end above a target

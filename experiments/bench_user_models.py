@@ -63,10 +63,10 @@ def native_fit(work, batch: int, steps: int, workers: int, per_execution: int = 
         return fit_rate(connect_strategy(cluster), work, batch, steps, per_execution, decode)
 
 
-def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, decode=None) -> float:
-    """Steps/s of the 2nd epoch of ``model.fit`` with ``work``'s model, data, loss and
-    optimizer on ``strategy`` (a ParameterServerStrategy). ``decode(x, y)``: mapped over
-    each batch, where the arrays travel to the workers in a smaller form (uint8 images)."""
+def fit_dataset(work, batch: int, decode=None):
+    """``model.fit``'s input under ParameterServerStrategy: ``work``'s training arrays,
+    shuffled, repeated, in batches of ``batch`` on each worker. ``decode(x, y)``: mapped
+    over each batch, where the arrays travel to the workers in a smaller form (uint8 images)."""
     import tensorflow as tf
     import tf_keras as keras
 
@@ -77,6 +77,14 @@ def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, dec
         ds = ds.batch(batch, drop_remainder=True)
         return (ds.map(decode) if decode is not None else ds).prefetch(2)
 
+    return keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, decode=None) -> float:
+    """Steps/s of the 2nd epoch of ``model.fit`` with ``work``'s model, data, loss and
+    optimizer on ``strategy`` (a ParameterServerStrategy), input as ``fit_dataset``."""
+    import tf_keras as keras
+
     with strategy.scope():
         model = work.model_fn()
         model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=per_execution)
@@ -86,7 +94,7 @@ def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, dec
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.time())
 
-    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps,
+    model.fit(fit_dataset(work, batch, decode), epochs=2, steps_per_epoch=steps,
               callbacks=[Clock()], verbose=0)
     return steps / (times[1] - times[0])
 
