@@ -245,7 +245,7 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
 
         def on_push(self, push, view):
             if not self.fired and view.samples >= total - 16:
-                self.fired, pid = True, engine.task_pid("worker", 1)
+                self.fired, pid = True, engine.lifecycle.task_pid("worker", 1)
                 os.kill(pid, signal.SIGSTOP)
                 threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
             return super().on_push(push, view)
@@ -273,7 +273,7 @@ def test_a_ps_that_dies_during_a_periodic_checkpoint_is_recovered(tiny_problem, 
     def save_after_killing_the_ps(self, generation, number, state=None):
         saves.append(number)
         if len(saves) == 2:  # the second periodic checkpoint: one exists to restore from
-            ps = psutil.Process(engine.task_pid("ps", 0))
+            ps = psutil.Process(engine.lifecycle.task_pid("ps", 0))
             ps.send_signal(signal.SIGKILL)
             ps.wait(10)
         return real_save(self, generation, number, state)
@@ -341,7 +341,7 @@ def test_an_error_in_the_users_code_while_tracing_names_its_file_and_line(tiny_p
 def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_and_no_orphans(tiny_problem,
                                                                                           tmp_path):
     engine = _engine(tiny_problem, tmp_path)
-    engine.max_recoveries = 1  # per task: the second loss of worker 1 ends the run
+    engine.lifecycle.max_recoveries = 1  # per task: the second loss of worker 1 ends the run
     killed = []
 
     class Killer(Callback):
@@ -356,8 +356,8 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
     with pytest.raises(EngineError, match=r"task worker:1 died"):
         engine.run([Phase(ASP())], total_samples=3000 * M)  # ends, so a missed loss fails in seconds
     assert len(killed) == 2
-    assert [e["task"] for e in engine.recovery_log] == ["worker:1"]  # the first loss was recovered
-    assert engine.checkpoints[-1]["why"] == "worker_lost"
+    assert [e["task"] for e in engine.log.recoveries] == ["worker:1"]  # the first loss was recovered
+    assert engine.log.checkpoints[-1]["why"] == "worker_lost"
     for cluster in engine.lifecycle.clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
 

@@ -14,15 +14,17 @@ from tfsync.policy.ledger import Ledger
 pytestmark = pytest.mark.unit
 
 
-def _engine(workers=3):
-    events, rates = [], []
-    engine = SimpleNamespace(
-        ledger=Ledger(workers), workers=workers, events=events, rates=rates,
-        generation=SimpleNamespace(set_hyper=lambda lr_scale: rates.append(lr_scale)),
+def _log(workers=3):
+    """A run log's parts that resuming uses (tfsync.engine.runlog.RunLog), its events kept."""
+    events = []
+    return SimpleNamespace(
+        ledger=Ledger(workers), events=events,
         recorder=SimpleNamespace(event=lambda kind, **f: events.append((kind, f))),
-        event=lambda kind, **f: events.append((kind, f)),
-        rewind=lambda checkpoint, why: None)
-    return engine
+        event=lambda kind, **f: events.append((kind, f)), rewind=lambda checkpoint, why: None)
+
+
+def _gen(rates):
+    return SimpleNamespace(set_hyper=lambda lr_scale: rates.append(lr_scale))
 
 
 def _saved(workers=3, policy=None):
@@ -34,31 +36,31 @@ def _saved(workers=3, policy=None):
 
 def test_a_policy_that_takes_its_state_gets_its_rate_factor_and_members_back():
     lbbsp = LBBSP(batch_size=8)
-    engine, saved = _engine(), _saved(policy=lbbsp.save_state())
-    engine.ledger.restore_state(saved["ledger"])
-    engine.ledger.lr_scale = 3.0   # the phase's factor, set when the run began
-    resume_policy(engine, saved, LBBSP(batch_size=8))
-    assert engine.ledger.lr_scale == 1.0 and engine.rates == [1.0] and engine.ledger.active == {0, 1}
+    log, saved, rates = _log(), _saved(policy=lbbsp.save_state()), []
+    log.ledger.restore_state(saved["ledger"])
+    log.ledger.lr_scale = 3.0   # the phase's factor, set when the run began
+    resume_policy(log, _gen(rates), saved, LBBSP(batch_size=8))
+    assert log.ledger.lr_scale == 1.0 and rates == [1.0] and log.ledger.active == {0, 1}
 
 
 def test_a_fresh_policy_gets_every_worker_and_the_phases_rate_factor():
-    engine, saved = _engine(), _saved()
-    engine.ledger.restore_state(saved["ledger"])
-    engine.ledger.lr_scale = 3.0
-    resume_policy(engine, saved, BSP())   # BSP keeps no state: it starts afresh
-    assert engine.ledger.lr_scale == 3.0 and engine.rates == [] and engine.ledger.active == {0, 1, 2}
-    assert engine.ledger.clocks == [1, 0, 0]   # the clocks go on all the same
+    log, saved, rates = _log(), _saved(), []
+    log.ledger.restore_state(saved["ledger"])
+    log.ledger.lr_scale = 3.0
+    resume_policy(log, _gen(rates), saved, BSP())   # BSP keeps no state: it starts afresh
+    assert log.ledger.lr_scale == 3.0 and rates == [] and log.ledger.active == {0, 1, 2}
+    assert log.ledger.clocks == [1, 0, 0]   # the clocks go on all the same
 
 
 def test_a_state_of_another_worker_count_or_a_damaged_one_leaves_the_clocks_to_start_afresh(tmp_path):
     prefix = tmp_path / "ckpt-4"
     (tmp_path / "ckpt-4.tfsync.json").write_text(json.dumps(_saved(workers=4)))
-    engine = _engine(workers=3)
-    assert resume_from(engine, {"path": str(prefix), "round": 2}) is None
-    assert engine.ledger.clocks == [0, 0, 0] and engine.ledger.round == 2
-    assert any(k == "policy_state" and "4 workers" in f["reason"] for k, f in engine.events)
+    log = _log(workers=3)
+    assert resume_from(log, {"path": str(prefix), "round": 2}) is None
+    assert log.ledger.clocks == [0, 0, 0] and log.ledger.round == 2
+    assert any(k == "policy_state" and "4 workers" in f["reason"] for k, f in log.events)
     (tmp_path / "ckpt-4.tfsync.json").write_text("{not json")
-    assert resume_from(_engine(), {"path": str(prefix)}) is None
+    assert resume_from(_log(), {"path": str(prefix)}) is None
 
 
 def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
@@ -68,9 +70,9 @@ def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
         def save_state(self):
             return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
 
-    engine, events = object.__new__(Engine), []
-    engine.ledger, engine.policy, engine.phase = Ledger(2), Diverged(), None
-    engine.event = lambda kind, **f: events.append((kind, f))
+    engine = object.__new__(Engine)
+    engine.log, engine.policy, engine.phase = _log(2), Diverged(), None
+    events = engine.log.events
     state = engine.save_state()
     assert state["policy"] == {} and json.dumps(state, allow_nan=False)
     assert events and events[0][1]["saved"] is False

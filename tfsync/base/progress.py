@@ -3,7 +3,7 @@ time, ETA, the protocol running now, steps/s and each worker's batch size and sp
 and ``progress_bar``, the plain bar of `tfsync search` and `tfsync policy`.
 
 Rates are over training time only: from the moment the engine's first generation was up
-(``Engine.train_started``), not from the process start, so the cluster's start-up does not
+(its run log's ``train_started``), not from the process start, so the cluster's start-up does not
 drag them down. On a terminal the display is a live `rich` progress bar on stderr; else
 (a log file, CI) one plain line per tenth of the workload.
 """
@@ -46,8 +46,8 @@ class Progress:
         now = time.time()
         self._engine = engine
         if self.started is None:
-            began = getattr(engine, "train_started", None) or now   # a resumed run: from its own start
-            self.started = (began, *engine.train_counts) if began < now else \
+            began = engine.log.train_started or now   # a resumed run: from its own start
+            self.started = (began, *engine.log.train_counts) if began < now else \
                 (now, engine.ledger.pushes, engine.ledger.samples)
             self._say(f"cluster up; training {total:,} samples")
         if now - self._last < self.interval:

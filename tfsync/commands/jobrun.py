@@ -195,7 +195,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     if cfg.inject:
         from ..inject.pause import Episode, PauseSchedule
         injector = PauseSchedule([Episode(x.worker, x.slowdown, x.start_s, x.duration_s) for x in cfg.inject],
-                                 pid_of=lambda w: engine.task_pid("worker", w))
+                                 pid_of=lambda w: engine.lifecycle.task_pid("worker", w))
     engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
@@ -212,9 +212,10 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         if injector is not None:
             injector.stop()
     if injector is not None:
-        base = engine.recorder.since(engine.train_started) if engine.train_started else 0.0  # the run's time base
+        log = engine.log
+        base = log.since(log.train_started) if log.train_started else 0.0  # the run's time base
         summary["injected"] = summary.get("injected", []) + [  # after the earlier runs' (a resumed job)
             {**x, "time": round(base + x["time"], 3)} for x in injector.entries()]
-        engine.recorder.summary(summary)
+        log.recorder.summary(summary)
     logger.info("run directory: %s", os.path.abspath(cfg.job.run_dir))
     return summary

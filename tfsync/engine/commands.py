@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
 from ..policy.commands import check_batch_sizes, check_switch
+from .switching import switch
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +114,10 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     # the rate the new protocol runs at: as asked, else the configuration policy's for it
     lr_scale = engine.lr_rule(new.name) if cmd.lr_scale is None else cmd.lr_scale
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
-    engine.switch_to(old, target, len(engine.timeline), by="command")
+    switch(engine, old, target, len(engine.log.timeline), by="command")
     old_stats = old.stats()
     phase.switched(new, cmd.method, target.lr_scale, options)
-    engine.begin_phase(phase, stats_of_previous=old_stats)
+    engine.log.begin_phase(phase, engine.base_lr, stats_of_previous=old_stats)
     engine.apply(new.start(engine.view()))
     rule = "as asked" if cmd.lr_scale is not None else f"the configuration policy's for {new.name}"
     return f"switched {old.name} -> {new.name} ({cmd.method}), learning rate x{lr_scale:g} ({rule})", ""
@@ -133,5 +134,5 @@ def obey(engine, phase, cmd: Command) -> None:
         logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
         engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
         return
-    engine.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
+    engine.log.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
     engine.controller.result(CommandResult(cmd.id, True, message, engine.ledger.updates, path))

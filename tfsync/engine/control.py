@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
-ROW_LEN = 1 + TOKEN_LEN + 5   # a finished step: [worker, *token, start, end, loss, version, rate]
+ROW_LEN = 1 + TOKEN_LEN + 6   # a finished step: [worker, *token, start, end, loss, version, rate, landed]
+ROW_END, ROW_LANDED = 1 + TOKEN_LEN + 1, 1 + TOKEN_LEN + 5   # the worker's end; on the PS clock, after the push
 MARKER_SIZES = 1 + TOKEN_LEN + 2   # where a push's row has its loss, a marker row has its sizes' version
 MODE_APPLY, MODE_AGGREGATE, MODE_ROUND = 0, 1, 2   # ROUND: aggregate; the PS closes the round (rounds)
 
@@ -248,7 +249,8 @@ class PSControl:
         sizes are ``set_sizes``'s once it set a version above ``version``) unless this is
         the k-th round or ``halt(epoch)`` came, then pass the rows on to the coordinator's
         queue followed by a marker row ``[-1, members, ROUND, round, released, start, end,
-        sizes' version, updates, rate]``. Returns the rounds closed."""
+        sizes' version, updates, rate, 0]`` (``start``: the round's rows taken; ``end``: the
+        next round released; on the PS clock). Returns the rounds closed."""
         n = tf.shape(tokens)[0]
         step = tf.constant([0, 0, 0, 1, 1], tf.int64)
         with tf.device(self.device):
@@ -281,7 +283,7 @@ class PSControl:
                                    tf.constant(float(MODE_ROUND), tf.float64), closed,
                                    tf.cast(released, tf.float64), start, end,
                                    tf.cast(sized, tf.float64), tf.cast(self.optimizer.iterations, tf.float64),
-                                   tf.cast(used, tf.float64)])
+                                   tf.cast(used, tf.float64), tf.constant(0.0, tf.float64)])
                 with tf.control_dependencies([released]):
                     passed = self.done.enqueue_many(tf.concat([rows, marker[None]], 0))
                 with tf.control_dependencies([passed]):

@@ -49,6 +49,10 @@ class Lifecycle:
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
         self._lock = threading.Lock()   # the current generation, and closure counts
+        self.next_cluster = None   # the tasks of the next generation, started ahead (a planned restart switch)
+        self.max_recoveries = 3    # restarts after a lost task, per task
+        self.recovering: set | None = None   # the lost workers while recovering from their loss
+        self.dead_checked = 0.0    # when the tasks were last looked at (monotonic)
 
     def launch(self):
         """A new generation's tasks, starting (``open`` waits for them)."""
@@ -162,6 +166,12 @@ class Lifecycle:
         del gen
         gc.collect()  # free remote resources while their tasks still run (no deleter errors)
         cluster.stop()
+
+    def task_pid(self, job: str, index: int) -> int | None:
+        """The process id of a task of the cluster training now, or of the last one
+        started (None if there is none)."""
+        cluster = self.current.cluster if self.current is not None else (self.clusters[-1] if self.clusters else None)
+        return cluster.task_pid(job, index) if cluster is not None else None
 
     def returned(self) -> list[str]:
         """Nodes the current generation left out (they did not answer) that are back; a

@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..policy.base import Decision
-from .control import BATCH, MARKER_SIZES, MODE_ROUND, ROUND, SEQ, token_rows
+from .control import BATCH, MARKER_SIZES, MODE, MODE_ROUND, ROUND, ROW_END, ROW_LANDED, SEQ, token_rows
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Pilot:
         self.halting = False
         self.version = 0         # of the sizes last set on the PS (set_sizes); only grows
         self.sized: dict[int, tuple] = {}   # version -> the grants of those sizes
+        self.released_at: dict[int, float] = {}   # round -> when the PS released it (its clock)
 
     def take(self, decision: Decision) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
@@ -92,6 +93,7 @@ class Pilot:
         self.epoch += 1
         self.active, self.halting, self.grants = True, False, tuple(decision.grants)
         self.sized = {self.version: self.grants}   # (sizes the PS holds from an earlier call are older)
+        self.released_at = {}
         if self.engine.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
             self._set_sizes(gen)
         following = first_rows.copy()
@@ -152,6 +154,10 @@ class Pilot:
         released = bool(marker[1 + SEQ])
         grants = self.sized.get(int(marker[MARKER_SIZES]), self.grants) if released else ()
         applied = e.ledger.apply(Decision(grants, barrier=True), time.time())
+        closed = int(marker[1 + ROUND])
+        self.released_at = {r: t for r, t in self.released_at.items() if r > closed}
+        if released:
+            self.released_at[closed + 1] = float(marker[ROW_END])
         self.rounds += 1
         if applied.closed != int(marker[1 + BATCH]):
             logger.warning("the PS closed a round of %d pushes, the ledger %d", int(marker[1 + BATCH]), applied.closed)
@@ -160,6 +166,16 @@ class Pilot:
         self.active = False
         if not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end:
             e.apply(e.policy.start(e.view()))   # halted for a command: the policy grants again
+
+    def turnaround(self, row) -> float | None:
+        """A push of a round the PS released: from that release to the push's landing,
+        both on the PS's clock (the ledger's mirrored grant is made when the coordinator
+        sees the marker, after the round began: LB-BSP's speeds need the PS's times);
+        None for any other push."""
+        if int(row[1 + MODE]) != MODE_ROUND:
+            return None
+        released = self.released_at.get(int(row[1 + ROUND]))
+        return None if released is None else float(row[ROW_LANDED]) - released
 
     def abandon(self) -> None:
         """The generation is going (a lost worker or PS): a round the PS applied but whose

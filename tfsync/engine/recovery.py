@@ -42,24 +42,24 @@ def recover_lost_ps(engine, phase, wait_s: float = 0.0) -> bool:
     while gen is not None and not any(job == "ps" for job, _, _ in dead) and time.monotonic() < deadline:
         time.sleep(0.25)
         dead = gen.cluster.dead_tasks()
-    if not any(job == "ps" for job, _, _ in dead) or not engine.checkpoints \
-            or len(engine.recovery_log) >= engine.max_recoveries:
+    if not any(job == "ps" for job, _, _ in dead) or not engine.log.checkpoints \
+            or len(engine.log.recoveries) >= engine.lifecycle.max_recoveries:
         return False
     t0 = time.time()
-    last, skipped = newest_intact(engine.checkpoints, path=lambda c: c["path"])
+    last, skipped = newest_intact(engine.log.checkpoints, path=lambda c: c["path"])
     for path, why in skipped:
         logger.warning("checkpoint %s does not read back (%s); restoring an older one", path, why)
-        engine.event("checkpoint_skipped", path=path, reason=why)
+        engine.log.event("checkpoint_skipped", path=path, reason=why)
     if last is None:
         return False
     logger.warning("task %s:%d died; restarting the cluster from %s", dead[0][0], dead[0][1], last["path"])
     engine.restart_generation(restore=last["path"])
     lost = engine.ledger.samples - last["samples"]
-    engine.rewind(last, "ps_lost")
+    engine.log.rewind(last, "ps_lost")
     event = {"task": f"{dead[0][0]}:{dead[0][1]}", "exit_code": dead[0][2], "checkpoint": last["path"],
              "samples_lost": lost, "seconds": round(time.time() - t0, 3)}
-    engine.recovery_log.append(event)
-    engine.event("task_restarted", **event)
+    engine.log.recoveries.append(event)
+    engine.log.event("task_restarted", **event)
     engine.apply(phase.policy.start(engine.view()))
     return True
 
@@ -71,14 +71,14 @@ def recover_lost_workers(engine, policy, dead: list) -> bool:
     if not dead or any(job != "worker" for job, _, _ in dead):
         return False
     lost_workers = sorted(w for _, w, _ in dead)
-    if any(sum(e["task"] == f"worker:{w}" for e in engine.recovery_log) >= engine.max_recoveries
+    if any(sum(e["task"] == f"worker:{w}" for e in engine.log.recoveries) >= engine.lifecycle.max_recoveries
            for w in lost_workers):
         return False
-    engine.recovering = set(lost_workers)  # their closures' errors and deaths are expected now
+    engine.lifecycle.recovering = set(lost_workers)  # their closures' errors and deaths are expected now
     try:
         return _restart_without(engine, policy, dead, lost_workers)
     finally:
-        engine.recovering = None
+        engine.lifecycle.recovering = None
 
 
 def _restart_without(engine, policy, dead, lost_workers) -> bool:
@@ -87,7 +87,7 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     for _, w, code in dead:
         logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
                        w, code, s.clocks[w])
-        engine.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
+        engine.log.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
                      pushes=s.pushes)
     # Not waiting for the live workers' running steps: ParameterServerStrategy holds every
     # closure while it waits for the lost worker to come back. What the PS has applied and
@@ -103,8 +103,8 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
     for w in lost_workers:
         event = {"task": f"worker:{w}", "steps_lost": lost[w], "in_flight_lost": in_flight, "checkpoint": path,
                  "seconds": round(time.time() - t0, 3)}
-        engine.recovery_log.append(event)
-        engine.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
+        engine.log.recoveries.append(event)
+        engine.log.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
     if not engine.draining:
         engine.apply(policy.start(engine.view()))
     return True
@@ -122,5 +122,5 @@ def rejoin_nodes(engine, policy, back: list[str]) -> None:
     for node in back:
         if node not in still_out:
             logger.warning("node %s is back: its hook answers again; the cluster now uses it", node)
-            engine.event("node_rejoined", node=node, checkpoint=path, seconds=round(time.time() - t0, 3))
+            engine.log.event("node_rejoined", node=node, checkpoint=path, seconds=round(time.time() - t0, 3))
     engine.apply(policy.start(engine.view()))

@@ -1,21 +1,14 @@
 """What comes back from the workers: the engine's loop waits for the next finished step
 (watching for dead tasks: a lost worker is recovered, any other loss ends the run; a step
-past ``timeout_s``; the policy's timers) and counts it (the ledger, metrics.jsonl, the
-observers)."""
+past ``timeout_s``; the policy's timers); the run log counts it (``RunLog.record``)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import re
 import time
 
-import numpy as np
-
-from ..policy.base import Push, PushMode
-from ..policy.pushlog import push_record
-from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, SEQ
 from .phase import EngineError
 from .pilot import ROUND_CLOSED, is_marker
 from .recovery import recover_lost_workers
@@ -29,8 +22,8 @@ def next_result(engine):
     granted); ROUND_CLOSED after a round the PS closed itself (tfsync.engine.pilot)."""
     waited = 0.0
     while True:
-        if time.monotonic() - engine.dead_checked > 0.5:  # results may keep coming from others
-            engine.dead_checked = time.monotonic()
+        if time.monotonic() - engine.lifecycle.dead_checked > 0.5:  # results may keep coming from others
+            engine.lifecycle.dead_checked = time.monotonic()
             if raise_if_dead(engine) and engine.in_flight() == 0:
                 return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
             engine.lifecycle.channel.check()
@@ -54,7 +47,7 @@ def next_result(engine):
             continue  # a step of a replaced generation
         if err is not None:
             time.sleep(0.2)  # let the OS report a task that just died
-            if raise_if_dead(engine, err) or engine.recovering:
+            if raise_if_dead(engine, err) or engine.lifecycle.recovering:
                 # a closure of a lost worker: the cluster was restarted from its state, and
                 # while draining nothing is granted again (waiting would end in the timeout)
                 if engine.in_flight() == 0:
@@ -83,9 +76,9 @@ def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
     # one look at the tasks: a second could see a death the first did not (a hook's report
     # arriving in between) and end the run for a worker that can be recovered
     dead = engine.generation.cluster.dead_tasks()
-    if engine.recovering is None and recover_lost_workers(engine, engine.policy, dead):
+    if engine.lifecycle.recovering is None and recover_lost_workers(engine, engine.policy, dead):
         return True
-    lost = engine.recovering or ()
+    lost = engine.lifecycle.recovering or ()
     dead = [d for d in dead if d[0] != "worker" or d[1] not in lost]
     if dead:
         job, i, code = dead[0]
@@ -93,25 +86,3 @@ def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
             f"task {job}:{i} died (exit code {code}); logs in {engine.run_dir}/logs, "
             f"last checkpoint in {engine.run_dir}/checkpoints") from cause
     return False
-
-
-def record(engine, result, policy) -> tuple[Push, dict]:
-    """Count a finished step's push and write its metrics line; returns both. The loop
-    shows them to the observers."""
-    r = np.asarray(result)
-    wid, token, (start, end, loss, version, rate) = r[0], r[1:5].astype(np.int64), r[5:10]
-    s, w = engine.ledger, int(wid)
-    if int(token[SEQ]) != s.clocks[w] + 1:
-        logger.warning("worker %d pushed step %d, expected %d", w, int(token[SEQ]), s.clocks[w] + 1)
-    if not math.isfinite(loss):   # as TerminateOnNaN: nothing after it is counted or saved
-        raise EngineError(f"worker {w}'s step {int(token[SEQ])} had a loss of {loss} after {s.updates} updates: "
-                          "training diverged (lower the learning rate, check the data for NaN); the last good "
-                          f"checkpoint is {engine.last_good_checkpoint()}")
-    mode = PushMode.AGGREGATE if int(token[MODE]) >= MODE_AGGREGATE else PushMode.APPLY   # AGGREGATE, ROUND
-    now = time.time()
-    push = s.push(w, int(token[BATCH]), mode, int(token[ROUND]), int(version), start=float(start),
-                  end=float(end), arrival=now, loss=float(loss))
-    line = push_record(push, time=engine.recorder.since(now), pushes=s.pushes, updates=s.updates,
-                       samples=s.samples, protocol=policy.name, lr=float(rate), predicted=policy.predicted_speed(w))
-    engine.recorder.push(line)
-    return push, line

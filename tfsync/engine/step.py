@@ -11,9 +11,10 @@ step of a few milliseconds costs more than the step: issue 16). Each step:
    extra round trip), compute the gradient on the first ``batch_size`` rows of the
    worker's next input batch (no retrace per size);
 3. push: apply now, or add to the round's weighted accumulator;
-4. put one float64 row ``[worker, *token, start, end, loss, version, rate]`` (worker-side
-   timestamps: ``start`` when the token came, ``end`` when the gradient was computed; the
-   learning rate of the update the push makes or joins) on the PS's queue of finished
+4. put one float64 row ``[worker, *token, start, end, loss, version, rate, landed]``
+   (worker-side timestamps: ``start`` when the token came, ``end`` when the gradient was
+   computed; the learning rate of the update the push makes or joins; ``landed``: when the
+   push was made, on the PS's clock) on the PS's queue of finished
    steps, which the coordinator drains (``PSControl.drain``): it sees each push as it
    lands, not when the closure ends (a BSP round needs every push of the round before it
    grants the next step of the same closure). A ROUND step's row goes to the PS's round
@@ -63,9 +64,11 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
             rate = tf.cond(token[MODE] >= MODE_AGGREGATE,   # AGGREGATE or ROUND
                            lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
                            lambda: control.apply(grads))
+            with tf.control_dependencies([rate]):
+                landed = tf.timestamp()
             row = tf.concat([tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
                              tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64),
-                                       tf.cast(rate, tf.float64)])], 0)
+                                       tf.cast(rate, tf.float64), landed])], 0)
             return control.finished(row, token[MODE])
 
     @tf.function(autograph=False)   # tf.while_loop and tf.cond written out: no conversion needed

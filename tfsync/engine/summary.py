@@ -29,36 +29,31 @@ def test_scores(engine) -> dict:
 def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resume: dict | None = None) -> dict:
     """``stopped``: the StopRequested that ended the run early; ``resume``: the checkpoint
     event it resumed from."""
-    s, gen, ev = engine.ledger, engine.generation, engine.evaluator
+    log, gen, ev = engine.log, engine.generation, engine.evaluator
+    s = log.ledger
     train = max(wall - t_init, 1e-9)
     final = test_scores(engine)
     acc = final["accuracy"]
     if ev is not None:  # the curve's last point, on the evaluator's own test subset
         for e in ev.drain():
-            engine.log_eval(e)
+            log.log_eval(e)
         t = time.perf_counter()
         last = final if arrays.length(ev.y) == arrays.length(engine.setup.y_test) else ev.evaluate(gen)
-        engine.log_eval(Evaluation(s.updates, s.samples, engine.recorder.since(), last["accuracy"],
-                                   time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
-    curve = [e.accuracy for e in engine.evals if e.accuracy is not None]
+        log.log_eval(Evaluation(s.updates, s.samples, log.since(), last["accuracy"],
+                                time.perf_counter() - t, last["loss"], last["metrics"], s.pushes))
+    curve = [e.accuracy for e in log.evals if e.accuracy is not None]
     return whole_job(engine.run_dir, resume, {
-        "wall_s": round(wall, 3), "init_s": round(t_init, 3), "started_at": round(engine.started_at, 3),
-        "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
-        "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+        **_counts(log, wall, train, engine.workers, engine.ps, total),
+        "init_s": round(t_init, 3),
         "ps_rounds": engine.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
-        # rates over training time: the cluster's start (init_s) left out
-        # a resumed run's rates: its own pushes and samples over its own training time
-        "train_s": round(train, 3), "workload_samples": total,
-        "pushes_per_s": round((s.pushes - engine.train_counts[0]) / train, 3),
-        "samples_per_s": round((s.samples - engine.train_counts[1]) / train, 3), "test_accuracy": acc, "test_loss": final["loss"],
+        "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
+        "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
-        "timeline": engine.timeline, "switches": engine.switches, "checkpoints": engine.checkpoints,
         # time the loop spent with the manager's link: its records and events, and taking commands
-        "control_s": round(engine.control_seconds(), 6), "clocks": list(s.clocks),
-        "recoveries": engine.recovery_log,
+        "control_s": round(engine.control_seconds(), 6),
         "optimizer_iterations": int(gen.optimizer.iterations.numpy()),
         "meta": engine.setup.meta,
-        "evals": [e.to_dict() for e in engine.evals],
+        "evals": [e.to_dict() for e in log.evals],
         "converged_accuracy": converged_accuracy(curve) if curve else acc,
         "evals_skipped": ev.skipped if ev is not None else 0,
         # what protects the task ports: a string (local cluster), or per node (hooks)
@@ -75,18 +70,23 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
     """What a run that failed (a full disk) had done: its counters, phases and checkpoints,
     without the test evaluation a finished run gets; ``failed`` says why it ended."""
-    s, began = engine.ledger, engine.train_started
+    began = engine.log.train_started
     train = time.time() - began if began else 0.0
-    return {
-        "failed": str(error), "wall_s": round(wall, 3), "started_at": round(engine.started_at, 3),
-        "train_s": round(train, 3),
-        "samples_per_s": round((s.samples - engine.train_counts[1]) / train, 3) if train > 0 else 0.0,
-        "time_base": round(engine.recorder.origin, 3), "workers": engine.workers, "ps": engine.ps,
-        "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
-        "workload_samples": total, "timeline": engine.timeline, "switches": engine.switches,
-        "checkpoints": engine.checkpoints, "recoveries": engine.recovery_log, "clocks": list(s.clocks),
-        "stopped": False, **({"resumed_from": resume} if resume else {}),
-    }
+    return {"failed": str(error), **_counts(engine.log, wall, train, engine.workers, engine.ps, total),
+            "stopped": False, **({"resumed_from": resume} if resume else {})}
+
+
+def _counts(log, wall: float, train: float, workers: int, ps: int, total: int) -> dict:
+    """What every summary says of run log ``log``: the run's clock, counters, phases,
+    switches, checkpoints and recoveries; rates over training time (``train``: the
+    cluster's start left out), a resumed run's over its own pushes and samples."""
+    s = log.ledger
+    return {"wall_s": round(wall, 3), "started_at": round(log.started_at, 3), "train_s": round(train, 3),
+            "samples_per_s": round((s.samples - log.train_counts[1]) / train, 3) if train > 0 else 0.0,
+            "time_base": round(log.recorder.origin, 3), "workers": workers, "ps": ps,
+            "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+            "workload_samples": total, "timeline": log.timeline, "switches": log.switches,
+            "checkpoints": log.checkpoints, "recoveries": log.recoveries, "clocks": list(s.clocks)}
 
 
 def whole_job(run_dir: str, resume: dict | None, summary: dict) -> dict:

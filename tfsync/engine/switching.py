@@ -25,7 +25,8 @@ def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan")
     if phase.switch == "restart":
         path = engine.checkpoint("switch")
         parts["save_s"] = time.time() - t_drained
-        cluster, engine.next_cluster = engine.next_cluster or engine.lifecycle.launch(), None
+        lifecycle = engine.lifecycle
+        cluster, lifecycle.next_cluster = lifecycle.next_cluster or lifecycle.launch(), None
         t = time.time()
         if engine.evaluator is not None:
             engine.evaluator.wait()
@@ -35,83 +36,70 @@ def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan")
         parts.update(engine.open_generation(cluster, restore=path))
         parts["start_new_s"] = time.time() - t
     if carry and phase.policy is not old:
-        hand_over(engine, old.save_state(), phase.policy, "switch")
-    set_config(engine, phase)
+        hand_over(engine.log, old.save_state(), phase.policy, "switch")
+    set_config(engine.ledger, engine.generation, phase)
     t1 = time.time()
     event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch, "by": by,
              "samples": engine.ledger.samples, "updates": engine.ledger.updates,
              "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
              "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
-    engine.switches.append(event)
-    engine.event("switch", **event)
+    engine.log.switched(event)
     logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
 
 
-def set_config(engine, phase) -> None:
-    """The phase's rate factor and momentum (paper 003 §IV-C), from now on."""
-    engine.ledger.lr_scale = phase.lr_scale
+def set_config(ledger, gen, phase) -> None:
+    """The phase's rate factor and momentum (paper 003 §IV-C), from now on: in the ledger
+    and on generation ``gen``."""
+    ledger.lr_scale = phase.lr_scale
     momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
-    engine.generation.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
+    gen.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 
 
-def begin_phase(engine, phase, stats_of_previous: dict | None = None) -> dict:
-    """A timeline entry for ``phase`` starting now (and the previous one's final stats)."""
-    if stats_of_previous is not None and engine.timeline:
-        engine.timeline[-1]["stats"] = stats_of_previous
-    s = engine.ledger
-    start = {"protocol": phase.policy.name, "samples": s.samples, "updates": s.updates,
-             "time": round(engine.recorder.since(), 4), "policy": phase.policy.describe(),
-             "lr_scale": phase.lr_scale, "lr": None if engine.base_lr is None else engine.base_lr * phase.lr_scale}
-    engine.timeline.append(start)
-    engine.recorder.phase(start, s.pushes, len(engine.timeline) - 1)
-    return start
-
-
-def hand_over(engine, state: dict, policy, why: str) -> bool:
+def hand_over(log, state: dict, policy, why: str) -> bool:
     """Give ``policy`` (fresh, before its start) a saved policy state of the same protocol;
-    a state that does not fit it is refused, said in an event, and the policy starts
-    afresh. Returns whether it took the state."""
+    a state that does not fit it is refused, said in an event of run log ``log``, and the
+    policy starts afresh. Returns whether it took the state."""
     if not state or state.get("protocol") != policy.name:
         return False
     try:
-        policy.restore_state(state, workers=engine.workers)
+        policy.restore_state(state, workers=log.ledger.num_workers)
     except ValueError as e:
         logger.warning("%s: %s starts afresh: %s", why, policy.name, e)
-        engine.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
+        log.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
         return False
-    engine.event("policy_state", protocol=policy.name, restored=True, why=why)
+    log.event("policy_state", protocol=policy.name, restored=True, why=why)
     return True
 
 
-def resume_from(engine, resume: dict) -> dict | None:
-    """Continue the ledger of an earlier run from its checkpoint event ``resume``: the
+def resume_from(log, resume: dict) -> dict | None:
+    """Continue run log ``log`` from an earlier run's checkpoint event ``resume``: the
     counters, and where the checkpoint has the state beside it (and the same number of
     workers), the clocks too. Returns that saved state (its policy part is handed over
     when the phase it was taken in begins: ``resume_policy``), or None."""
-    engine.ledger.round = int(resume.get("round", 0))
-    engine.rewind(resume, "resume")
-    engine.recorder.event("resume", **resume)
+    log.ledger.round = int(resume.get("round", 0))
+    log.rewind(resume, "resume")
+    log.recorder.event("resume", **resume)
     try:
         saved = load_state(resume["path"])
         if saved is None:
             return None
-        engine.ledger.restore_state(saved["ledger"])
+        log.ledger.restore_state(saved["ledger"])
     except (KeyError, TypeError, ValueError) as e:   # another worker count, a damaged file: the counters go on
         logger.warning("resume: the clocks start afresh: %s", e)
-        engine.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
+        log.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
         return None
     return saved
 
 
-def resume_policy(engine, saved: dict, policy) -> None:
-    """The resumed phase's policy takes its saved state; with it, the rate factor and the
-    membership it had (a straggler policy in ASP, a worker it had removed). Without it
-    (refused, another protocol) the policy starts afresh: every worker a member, the
-    phase's rate factor."""
-    ledger = engine.ledger
-    if hand_over(engine, saved["policy"], policy, "resume"):
+def resume_policy(log, gen, saved: dict, policy) -> None:
+    """The resumed phase's policy takes its saved state; with it, the rate factor (set on
+    generation ``gen``) and the membership it had (a straggler policy in ASP, a worker it
+    had removed). Without it (refused, another protocol) the policy starts afresh: every
+    worker a member, the phase's rate factor."""
+    ledger = log.ledger
+    if hand_over(log, saved["policy"], policy, "resume"):
         ledger.lr_scale = float(saved["ledger"]["lr_scale"])
-        engine.generation.set_hyper(lr_scale=ledger.lr_scale)
+        gen.set_hyper(lr_scale=ledger.lr_scale)
     else:
         ledger.apply(Decision(restore=frozenset(range(ledger.num_workers)) - ledger.active), time.time())
 

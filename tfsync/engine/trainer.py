@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Callable
 
@@ -21,23 +20,21 @@ import tensorflow as tf
 from ..base import nospace
 from ..policy.base import ClusterView, Decision, Policy, PolicyError
 from ..policy.catalogue import aggregating
-from ..policy.ledger import Ledger
 from ..base.quiet import quiet_tf_loggers
 from .callbacks import CallbackList, ControllerLink, Evaluations, ProgressDisplay
 from .channel import ChannelError
-from .checkpoints import CheckpointDir
 from .commands import Controller, StopRequested, obey
-from .evaluator import Evaluation, Evaluator
+from .evaluator import Evaluator
 from .generation import Generation, TrainSetup
 from .lifecycle import Lifecycle
 from .pilot import ROUND_CLOSED, Pilot
 from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
-from .records import RunRecorder
 from .recovery import recover_lost_ps, rejoin_nodes
 from .resources import ResourceMonitor
+from .runlog import RunLog
 from .summary import failure_summary, summarize, whole_job
-from .switching import begin_phase, carry_changes, resume_from, resume_policy, set_config, switch
-from .results import next_result, record
+from .switching import carry_changes, resume_from, resume_policy, set_config, switch
+from .results import next_result
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -70,8 +67,9 @@ class Engine:
         self.controller = controller or Controller()
         self._link = ControllerLink(self.controller)
         self._commands_s = 0.0  # time the loop spent taking commands from the controller
-        self.max_recoveries, self.recovery_log = 3, []  # per task; one entry per restart
-        self.recovering: set | None = None  # the lost workers while recovering from their loss
+        # the ledger, records, timeline, checkpoints, recoveries, test curve (tfsync.engine.runlog)
+        self.log = RunLog(run_dir, workers, tensorboard=tensorboard,
+                          on_event=lambda kind, fields: self.callbacks.call("on_event", self, kind, fields))
         self.policy: Policy | None = None  # the policy running now
         self.phase: Phase | None = None  # the phase running now
         self.phase_end: int | None = None  # the samples at which it ends
@@ -80,28 +78,13 @@ class Engine:
         self.total_samples = 0
         self.draining = False
         self.epoch_samples = epoch_samples or setup.train_examples
-        self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
-        self.ledger = Ledger(workers)  # counted as the simulator counts (tfsync.policy.ledger)
-        self.timeline: list[dict] = []
-        self.switches: list[dict] = []
-        self.checkpoints: list[dict] = []
-        self._gen: Generation | None = None
-        self._channel = None
-        self.next_cluster = None
         self.wake_at: float | None = None
-        self._t0 = time.time()
-        self.train_started: float | None = None
-        self.train_counts = (0, 0)  # pushes and samples when this run's training began
         self.base_lr = base_lr
-        self._ckpt_dir = CheckpointDir(os.path.join(run_dir, "checkpoints"), keep=3)
-        self._last_ckpt_updates = 0
         self._final_weights = None
-        self.dead_checked = 0.0
         self.evaluator = None  # test loss, accuracy, metrics every ``eval_every`` steps, in the background
         if eval_every and setup.x_test is not None:
             self.evaluator = Evaluator(setup.model_fn, setup.x_test, setup.y_test, eval_every,
                                        samples=eval_samples or None, loss_fn=setup.loss_fn, metrics=setup.metrics)
-        self.evals: list[Evaluation] = []
         self.monitor = ResourceMonitor()  # CPU/memory per worker task for the policies (view.resources)
         self.on_start = on_start
         self.callbacks = CallbackList([self._link, *([ProgressDisplay(progress)] if progress else []),
@@ -120,19 +103,22 @@ class Engine:
             raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
                               "leave base_lr unset (the schedule is the base rate)")
         gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale)
-        self._gen, self._channel = gen, self.lifecycle.channel
         self.lifecycle.stand()
         return timings
 
     def close_generation(self, kill: bool = True) -> None:
         self.pilot.abandon()
-        self._gen = None
         self.lifecycle.close(kill)
+
+    @property
+    def ledger(self):
+        """The run's counts (``log.ledger``): pushes, updates, samples, clocks, grants."""
+        return self.log.ledger
 
     @property
     def generation(self) -> Generation | None:
         """The cluster generation training now (None before the first and after the end)."""
-        return self._gen
+        return self.lifecycle.current
 
     def restart_generation(self, restore: str) -> None:
         """Replace every task: stop this generation's, start new ones restored from the
@@ -141,21 +127,9 @@ class Engine:
         self.open_generation(self.lifecycle.launch(), restore=restore)
         self.ledger.forget_grants()
 
-    def rewind(self, checkpoint: dict, why: str) -> None:
-        """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
-        pushes): what came after it is trained again and its records are set aside."""
-        self.ledger.rewind(*(checkpoint.get(k, 0) for k in ("samples", "updates", "pushes")))
-        self._last_ckpt_updates = self.ledger.updates
-        self.recorder.rewind(self.ledger.pushes, why)
-
     def sync(self) -> None:
         """Wait until every release and barrier sent to the PS has landed."""
-        self._channel.sync()
-
-    def task_pid(self, job: str, index: int) -> int | None:
-        """The process id of a task of the cluster training now (None if there is none)."""
-        cluster = self._gen.cluster if self._gen is not None else (self.lifecycle.clusters[-1] if self.lifecycle.clusters else None)
-        return cluster.task_pid(job, index) if cluster is not None else None
+        self.lifecycle.channel.sync()
 
     # -- the view a policy sees ----------------------------------------------------------
     @property
@@ -168,7 +142,7 @@ class Engine:
 
     # -- carrying out decisions ----------------------------------------------------------
     def apply(self, decision: Decision) -> None:
-        s, gen = self.ledger, self._gen
+        s, gen = self.ledger, self.generation
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
         if applied.lr_changed:
@@ -178,17 +152,17 @@ class Engine:
         if applied.closed and applied.lr_changed:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
-            self._channel.barrier(pending, rows[:0])
-            self._channel.call(rescale)
+            self.lifecycle.channel.barrier(pending, rows[:0])
+            self.lifecycle.channel.call(rescale)
             if decision.grants:
-                self._channel.release(rows)
+                self.lifecycle.channel.release(rows)
         elif applied.closed:  # the channel is FIFO: earlier releases go out before the barrier
-            self._channel.barrier(pending, rows)
+            self.lifecycle.channel.barrier(pending, rows)
         else:
             if applied.lr_changed:
-                self._channel.call(rescale)  # before the grants: their steps use the new rate
+                self.lifecycle.channel.call(rescale)  # before the grants: their steps use the new rate
             if decision.grants:
-                self._channel.release(rows)  # merged there with every release still waiting
+                self.lifecycle.channel.release(rows)  # merged there with every release still waiting
         if rounds:   # the PS closes this round and opens the next ones itself
             self.pilot.launch(rounds, rows, decision)
         if decision.grants:
@@ -218,8 +192,8 @@ class Engine:
                 e = int((self.ledger.samples - start_samples) / self.epoch_samples)
                 if e != epoch:
                     epoch = e
-                    m, gen = phase.momentum(e), self._gen
-                    self._channel.call(lambda: gen.set_hyper(momentum=m))
+                    m, gen = phase.momentum(e), self.generation
+                    self.lifecycle.channel.call(lambda: gen.set_hyper(momentum=m))
             try:
                 result = next_result(self)
             except (EngineError, ChannelError) as e:
@@ -233,7 +207,7 @@ class Engine:
                 self.wake_at = None
                 self.apply(policy.on_timer(self.view()))
                 continue
-            push, line = record(self, result, policy)
+            push, line = self._record(result, policy)
             if self.ledger.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.callbacks.call("on_push", self, push, line)
                 continue
@@ -256,8 +230,7 @@ class Engine:
             if t_push is not None:
                 self.callbacks.step_done(now - t_push)   # the time between pushes, observers included
             t_push = now
-            if self.checkpoint_every and self.ledger.updates - self._last_ckpt_updates >= self.checkpoint_every \
-                    and self.ledger.samples < end_samples:
+            if self.log.checkpoint_due(self.checkpoint_every) and self.ledger.samples < end_samples:
                 try:
                     self.drain(policy)
                     self.checkpoint("periodic")
@@ -272,18 +245,9 @@ class Engine:
             if back and self.ledger.samples < end_samples:
                 rejoin_nodes(self, policy, back)
 
-    def event(self, kind: str, **fields) -> None:
-        """Record something that happened to the run (metrics.jsonl; observers, such as
-        the manager's job store for the kinds it keeps)."""
-        self.recorder.event(kind, **fields)
-        self.callbacks.call("on_event", self, kind, fields)
-
-    def switch_to(self, old: Policy, phase: Phase, index: int, carry: bool = True, by: str = "plan") -> None:
-        """Drain ``old`` and switch to ``phase`` (tfsync.engine.switching)."""
-        switch(self, old, phase, index, carry, by)
-
-    def begin_phase(self, phase: Phase, stats_of_previous: dict | None = None) -> dict:
-        return begin_phase(self, phase, stats_of_previous)
+    def _record(self, result, policy: Policy):
+        return self.log.record(result, policy.name, policy.predicted_speed(int(result[0])),
+                               self.pilot.turnaround(result))
 
     def save_state(self) -> dict:
         """The ledger and the running policy's learned state (strict JSON), saved beside
@@ -294,7 +258,7 @@ class Engine:
             json.dumps(policy, allow_nan=False)
         except (TypeError, ValueError) as e:
             logger.warning("%s's state is not saved with the checkpoint: %s", self.policy.name, e)
-            self.event("policy_state", protocol=self.policy.name, saved=False, reason=str(e))
+            self.log.event("policy_state", protocol=self.policy.name, saved=False, reason=str(e))
             policy = {}
         changed = {"until": self.phase.until, **self.phase.changed} if self.phase and self.phase.changed else {}
         return {"ledger": self.ledger.save_state(), "policy": policy, **({"changed": changed} if changed else {})}
@@ -313,36 +277,18 @@ class Engine:
                 if result is None or result is ROUND_CLOSED:
                     self.wake_at = None
                     continue
-                push, line = record(self, result, policy)
+                push, line = self._record(result, policy)
                 self.callbacks.call("on_push", self, push, line)
         finally:
             self.draining = False
         self.apply(policy.finish(self.view()))
         if self.ledger.pending_workers:
             self.apply(Decision(barrier=True))
-        self._channel.sync()
-
-    def last_good_checkpoint(self) -> str:
-        """The path of the newest checkpoint (only finite weights are saved), or "none"."""
-        return self.checkpoints[-1]["path"] if self.checkpoints else "none"
+        self.lifecycle.channel.sync()
 
     def checkpoint(self, why: str) -> str:
-        """Save the weights and the ledger (never weights that went non-finite: the run
-        ends instead, and the last checkpoint stays the last good one)."""
-        t = time.time()
-        bad = self._gen.non_finite()
-        if bad:
-            raise EngineError(f"the weights are no longer finite after update {self.ledger.updates} ({bad[0]} has "
-                              f"NaN or inf; training diverged: lower the learning rate); the last good checkpoint "
-                              f"is {self.last_good_checkpoint()}")
-        path = self._ckpt_dir.save(self._gen, self.ledger.updates, self.save_state())
-        self._last_ckpt_updates = self.ledger.updates
-        self.checkpoints.append({"path": path, "updates": self.ledger.updates, "samples": self.ledger.samples,
-                                 "pushes": self.ledger.pushes,
-                                 "why": why, "seconds": round(time.time() - t, 4)})
-        self.event("checkpoint", path=path, updates=self.ledger.updates, why=why,
-                   samples=self.ledger.samples, pushes=self.ledger.pushes, round=self.ledger.round)
-        return path
+        """Save the weights, the ledger and the policy's state (``RunLog.checkpoint``)."""
+        return self.log.checkpoint(self.generation, self.save_state, why)
 
     # -- the whole run -------------------------------------------------------------------
     def run(self, phases: list[Phase], total_samples: int, restore: str | None = None,
@@ -355,16 +301,14 @@ class Engine:
         if not phases:
             raise ValueError("run() needs at least one phase")
         self.total_samples = total_samples
-        self._t0 = time.time()
-        self.recorder.begin(self._t0, resume=resume is not None, workers=self.workers, ps=self.ps)
-        saved = resume_from(self, resume) if resume else None
+        self.log.begin(self.workers, self.ps, resume=resume is not None)
+        saved = resume_from(self.log, resume) if resume else None
         restore = resume["path"] if resume else restore
         try:
             self.callbacks.call("on_train_begin", self)
             self.open_generation(self.lifecycle.launch(), restore=restore)
-            self.train_started = time.time()  # rates over training time start here (tfsync.base.progress)
-            self.train_counts = (self.ledger.pushes, self.ledger.samples)   # a resumed run's: not zero
-            t_init = self.train_started - self._t0
+            self.log.training_began()
+            t_init = self.log.train_started - self.log.started_at
             if self.on_start is not None:
                 self.on_start()
             # the phase the checkpoint was taken in gets its policy's saved state
@@ -375,48 +319,43 @@ class Engine:
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
             # it are done (run again, each would start its policy and train a round of it)
             first = phases.index(resumed) if resumed is not None else 0
-            set_config(self, phases[first])
+            set_config(self.ledger, self.generation, phases[first])
             stopped = None
             for i, phase in enumerate(phases):
                 if i < first:
                     continue
                 if i > first:
-                    switch(self, phases[i - 1].policy, phase, len(self.timeline), carry=phase is not resumed)
+                    switch(self, phases[i - 1].policy, phase, len(self.log.timeline), carry=phase is not resumed)
                 if phase is resumed:
-                    resume_policy(self, saved, phase.policy)
-                if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self.next_cluster is None:
-                    self.next_cluster = self.lifecycle.launch()  # new tasks start while this phase trains
-                begin_phase(self, phase)
+                    resume_policy(self.log, self.generation, saved, phase.policy)
+                if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self.lifecycle.next_cluster is None:
+                    self.lifecycle.next_cluster = self.lifecycle.launch()  # new tasks start while this phase trains
+                self.log.begin_phase(phase, self.base_lr)
                 try:
                     self._run_phase(phase, int(round(phase.until * total_samples)))
                 except StopRequested as stop:
                     stopped = stop
                 finally:
-                    self.timeline[-1]["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
+                    self.log.timeline[-1]["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
                 if stopped:
                     break
-            wall = time.time() - self._t0
+            wall = time.time() - self.log.started_at
             if stopped is None:
                 self.checkpoint("final")
-            self._final_weights = self._gen.weights()
+            self._final_weights = self.generation.weights()
             summary = summarize(self, wall, t_init, total_samples, stopped, resume)
-            self.recorder.summary(summary)
+            self.log.recorder.summary(summary)
             self.close()
             return summary
         except nospace.NoSpaceError as e:   # what was done, if the disk still takes that much
             try:
-                self.recorder.summary(whole_job(self.run_dir, resume, failure_summary(
-                    self, time.time() - self._t0, total_samples, e, resume)))
+                self.log.recorder.summary(whole_job(self.run_dir, resume, failure_summary(
+                    self, time.time() - self.log.started_at, total_samples, e, resume)))
             except nospace.NoSpaceError:
                 logger.warning("no summary.json: the disk is full")
             raise
         finally:
             self.close(graceful=False)  # on failure or Ctrl-C: kill the tasks at once
-
-    def log_eval(self, e: Evaluation) -> None:
-        """Keep and record a point of the test curve."""
-        self.evals.append(e)
-        self.recorder.evaluation(e.to_dict(), self.ledger.pushes if e.pushes is None else e.pushes)
 
     def final_weights(self) -> list[np.ndarray]:
         return self._final_weights
@@ -425,19 +364,15 @@ class Engine:
         """Time the loop spent with the controller: records, events, commands."""
         return self.callbacks.seconds(self._link) + self._commands_s
 
-    @property
-    def started_at(self) -> float:
-        return self._t0
-
     def close(self, graceful: bool = True) -> None:
         """Stop training and every task process this engine started (idempotent)."""
         self.monitor.stop()
         try:
-            if self._gen is not None:
+            if self.generation is not None:
                 try:
                     self.close_generation(kill=not graceful)
                 except Exception as e:  # the cluster may already be gone
                     logger.debug("closing generation: %s", e)
         finally:
             self.lifecycle.stop_all()
-            self.recorder.close(strict=graceful)   # a failing run keeps its own error
+            self.log.recorder.close(strict=graceful)   # a failing run keeps its own error

@@ -78,14 +78,18 @@ class Ledger:
 
     # -- a push arrives -----------------------------------------------------------------
     def push(self, worker: int, batch_size: int, mode: PushMode, round: int, version: int, *,
-             start: float, end: float, arrival: float, loss: float) -> Push:
+             start: float, end: float, arrival: float, loss: float, turnaround: float | None = None) -> Push:
         """Count worker's finished step; ``version``: updates applied when it read the
         weights. An AGGREGATE push of a round already closed is dropped (counted, not
-        aggregated). Returns the Push the policy is shown."""
+        aggregated). ``turnaround``: where the server measured it (it released the step
+        itself; this ledger's grant time, a mirror, is not when), ``ready_at`` is the
+        arrival less it. Returns the Push the policy is shown."""
         w, b = worker, int(batch_size)
         times = self._grant_times[w]
         granted_at = times.popleft() if times else 0.0
         ready_at = max(granted_at, self._arrivals[w]) if granted_at else 0.0
+        if turnaround is not None:
+            ready_at = arrival - max(turnaround, 0.0)
         self._arrivals[w] = arrival
         if w in self.active:  # the trackers count members only
             self._min.advance(self.clocks[w])
