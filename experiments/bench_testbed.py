@@ -21,6 +21,11 @@ results/bench_testbed.csv and .png.
     sudo python experiments/bench_testbed.py --momentum inverse_n --switch-at 0.625 --repeats 2 \
         --out results/bench_testbed_4w      # 0.625: what --search 1,3 found for 4 workers
 
+Beside them, native ``model.fit`` under ParameterServerStrategy (asynchronous), with 1 and
+32 steps per execution (``--fits``), on task servers started from TF_CONFIG on the same
+nodes, with the same data, model, loss, SGD and evaluations (every FIT_EPOCH steps; it
+trains whole epochs of those, so up to FIT_EPOCH - 1 steps more than tfsync).
+
 The machine has 2 cores: all tasks share them, so compute is slowed by the number of
 tasks; the network share of a step grows with latency. Say so when quoting.
 """
@@ -235,12 +240,16 @@ def plot(rows, path, args) -> None:
     from matplotlib.figure import Figure
 
     latencies = sorted({r["latency_ms"] for r in rows})
-    fig = Figure(figsize=(10, 4))
+    names = list(dict.fromkeys(r["protocol"] for r in rows))   # tfsync's, then the native fits
+    fig = Figure(figsize=(11, 4.2))
     axes = fig.subplots(1, 2)
-    width = 0.25
-    for k, name in enumerate(PROTOCOLS):
+    width = 0.8 / len(names)
+    colors = {"bsp": "#4878a8", "asp": "#e08040", "sync-switch": "#509850", "fit": "#9a9a9a",
+              "fit 32/exec": "#5a5a5a"}
+    for k, name in enumerate(names):
+        label = name if name.startswith("fit") else f"tfsync {name}"
         for ax, key in zip(axes, ("samples_per_s", "time_to_target_s")):
-            xs, values = [i + (k - 1) * width for i in range(len(latencies))], []
+            xs, values = [i + (k - (len(names) - 1) / 2) * width for i in range(len(latencies))], []
             for x, lat in zip(xs, latencies):
                 got = [r[key] for r in rows if r["latency_ms"] == lat and r["protocol"] == name]
                 reached = [v for v in got if v is not None]
@@ -248,15 +257,15 @@ def plot(rows, path, args) -> None:
                 if len(reached) < len(got):   # a run that never reached the target: no bar hides it
                     ax.text(x, values[-1], f"{len(got) - len(reached)}/{len(got)}\nnever", ha="center",
                             va="bottom", fontsize=7)
-            ax.bar(xs, values, width, label=name)
+            ax.bar(xs, values, width, label=label, color=colors.get(name))
     for ax, title in zip(axes, ("samples/s (higher is better)",
                                 "seconds to BSP's accuracy - 0.5 pt (lower is better)")):
         ax.set_xticks(range(len(latencies)), [f"{lat:g} ms" for lat in latencies])
         ax.set_xlabel("one-way latency per node")
         ax.set_title(title, fontsize=9)
-        ax.legend()
+        ax.legend(fontsize=7.5)
     fig.suptitle(f"{args.workers} workers + 1 PS on {args.nodes} testbed nodes (2 CPU cores shared), MNIST MLP "
-                 f"{args.hidden} wide")
+                 f"{args.hidden} wide; native fit: model.fit, ParameterServerStrategy (ASP)", fontsize=9.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -348,7 +348,7 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
         def on_push(self, eng, push, record):
             # The second kill waits for the first recovery: on a slow machine worker 0 can push
             # 20 more steps before the first loss is noticed, and a kill of the dead task is no loss.
-            if eng.ledger.pushes >= 20 * (len(killed) + 1) and len(eng.recovery_log) == len(killed) < 2:
+            if eng.ledger.pushes >= 20 * (len(killed) + 1) and len(eng.log.recoveries) == len(killed) < 2:
                 eng.generation.cluster.kill_task("worker", 1)
                 killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
 
@@ -481,6 +481,17 @@ def test_ps_rounds_halt_for_a_command_and_go_on_with_its_batch_sizes(tiny_proble
     assert len(new) >= 2 and new == list(range(min(new), max(rounds) + 1))   # from one round on, to the end
     assert summary["samples"] == sum(b for pushes in rounds.values() for _, b in pushes) >= total
     assert summary["updates"] == len(rounds) == summary["ps_rounds"]
+
+
+def test_ps_rounds_stop_at_each_periodic_checkpoints_update(tiny_problem, tmp_path):
+    """checkpoint_every = 3 while the PS closes the rounds: it runs them up to the update a
+    checkpoint is due, the engine saves there and asks for the next ones; every
+    checkpoint at its multiple of 3, nothing lost."""
+    engine = _engine(tiny_problem, tmp_path, checkpoint_every=3)
+    summary = engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=12 * 16)
+    assert [(c["why"], c["updates"]) for c in summary["checkpoints"]] == \
+        [("periodic", 3), ("periodic", 6), ("periodic", 9), ("final", 12)]
+    assert summary["updates"] == 12 and summary["ps_rounds"] >= 8   # (the round each pilot starts from included)
 
 
 def test_ps_rounds_take_the_batch_sizes_lbbsp_decides_at_each_rounds_end(tiny_problem, tmp_path, caplog):

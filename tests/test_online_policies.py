@@ -1,6 +1,8 @@
 """Sync-Switch's online straggler policies (paper 003 §IV-B2) and the timing plan, on the
 simulator with an injected transient straggler."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from tfsync.policy import BSP, PushMode
@@ -165,7 +167,8 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     from tfsync.engine.pilot import Pilot
 
     engine = object.__new__(Engine)
-    engine.ledger, engine._gen, engine._channel, engine.wake_at = Ledger(3), Gen(), Channel(), None
+    engine.log, engine.wake_at = SimpleNamespace(ledger=Ledger(3)), None
+    engine.lifecycle = SimpleNamespace(current=Gen(), channel=Channel())
     engine.pilot, engine.phase_end = Pilot(engine, enabled=False), None
     engine.ledger.lr_scale, engine.ledger.pending_workers = 3.0, [0, 1, 2]
     engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 TOKEN_LEN = 4
 BATCH, MODE, ROUND, SEQ = range(TOKEN_LEN)
 ROW_LEN = 1 + TOKEN_LEN + 6   # a finished step: [worker, *token, start, end, loss, version, rate, landed]
-ROW_END, ROW_LANDED = 1 + TOKEN_LEN + 1, 1 + TOKEN_LEN + 5   # the worker's end; on the PS clock, after the push
+ROW_START, ROW_END, ROW_LANDED = 1 + TOKEN_LEN, 1 + TOKEN_LEN + 1, 1 + TOKEN_LEN + 5   # worker clock; PS clock
 MARKER_SIZES = 1 + TOKEN_LEN + 2   # where a push's row has its loss, a marker row has its sizes' version
 MODE_APPLY, MODE_AGGREGATE, MODE_ROUND = 0, 1, 2   # ROUND: aggregate; the PS closes the round (rounds)
 
@@ -236,7 +236,7 @@ class PSControl:
 
     def _set_sizes(self, sizes):
         """``[version, batch size of each worker]``: the rounds ``rounds`` opens from now on
-        grant these sizes (a call begun at an older version; versions only grow)."""
+        grant these sizes, if ``version`` is above the one the call began with."""
         with tf.device(self.device):
             self.round_sizes.assign(sizes)
             return tf.constant(True)

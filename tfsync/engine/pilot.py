@@ -25,8 +25,9 @@ Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drai
 switch, a checkpoint, a stop, a rejoin, the end of the phase) or a command. The PS
 finishes the round in flight and releases nothing more; the marker saying so ends the
 pilot, and outside a drain the policy grants again (which may start a new pilot). The
-number of rounds asked for ends exactly at the phase's workload, as the coordinator's
-own loop would. A lost worker leaves the round in flight unfinished: what the PS applied
+number of rounds asked for ends exactly at the phase's workload, or at the update a
+periodic checkpoint is due (``checkpoint_every``), which the engine then takes, as the
+coordinator's own loop would. A lost worker leaves the round in flight unfinished: what the PS applied
 is what the coordinator counted (rows reach it only after their round was applied).
 """
 
@@ -40,8 +41,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from ..policy.base import Decision
-from .control import BATCH, MARKER_SIZES, MODE, MODE_ROUND, ROUND, ROW_END, ROW_LANDED, SEQ, token_rows
+from ..policy.base import NOTHING, Decision
+from .control import BATCH, MARKER_SIZES, MODE, MODE_ROUND, ROUND, ROW_END, ROW_LANDED, ROW_START, SEQ, token_rows
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ class Pilot:
         if steady is None or _same(steady.grants) != _same(decision.grants) \
                 or s.pending_workers or decision.remove or decision.restore or e.wake_at is not None:
             return 0
-        return max(0, math.ceil((e.phase_end - s.samples) / _total(decision.grants)))
+        k = math.ceil((e.phase_end - s.samples) / _total(decision.grants))
+        left = e.log.updates_to_checkpoint(e.checkpoint_every)   # (the loop takes it once they stop)
+        return max(0, k if left is None else min(k, left))
 
     def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
         """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
@@ -121,16 +124,19 @@ class Pilot:
     def follow(self, decision: Decision) -> None:
         """The policy's decision after a push while the PS runs the rounds: nothing within
         a round; at its end, the steady round again, whose new batch sizes go to the PS.
-        One that changes more (members, modes, the round's total, anything besides grants
-        and the barrier) halts the rounds: the policy decides again after the round in
-        flight (a policy whose ``steady_round`` holds never makes one)."""
-        if not (decision.grants or decision.barrier) or self.halting:
+        New sizes of another total halt the rounds (their number was counted from the
+        total): the policy grants again after the round in flight, as after a command.
+        A decision that changes more (members, modes, anything besides grants and the
+        barrier) halts them too, with a warning: its policy's ``steady_round`` promised
+        none, and it is not carried out (the policy decides afresh after the halt)."""
+        if decision == NOTHING or self.halting:
             return
-        plain = Decision(decision.grants, barrier=True)
-        if decision != plain or _same(decision.grants) != _same(self.grants) \
-                or _total(decision.grants) != _total(self.grants):
+        if decision != Decision(decision.grants, barrier=True) or _same(decision.grants) != _same(self.grants):
             logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
                            self.engine.policy.name, decision)
+            self.halt()
+            return
+        if _total(decision.grants) != _total(self.grants):
             self.halt()
             return
         latest = self.sized[self.version]
@@ -152,7 +158,11 @@ class Pilot:
         """A marker row: mirror what the PS did at a round's end in the ledger."""
         e = self.engine
         released = bool(marker[1 + SEQ])
-        grants = self.sized.get(int(marker[MARKER_SIZES]), self.grants) if released else ()
+        version = int(marker[MARKER_SIZES])
+        if released and version not in self.sized:
+            logger.warning("the PS opened a round at sizes %d, which were not set: the ledger counts %s",
+                           version, self.sized[self.version])
+        grants = self.sized.get(version, self.sized[self.version]) if released else ()
         applied = e.ledger.apply(Decision(grants, barrier=True), time.time())
         closed = int(marker[1 + ROUND])
         self.released_at = {r: t for r, t in self.released_at.items() if r > closed}
@@ -164,18 +174,22 @@ class Pilot:
         if released:
             return
         self.active = False
-        if not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end:
+        if not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end \
+                and not e.log.checkpoint_due(e.checkpoint_every):
             e.apply(e.policy.start(e.view()))   # halted for a command: the policy grants again
 
     def turnaround(self, row) -> float | None:
         """A push of a round the PS released: from that release to the push's landing,
         both on the PS's clock (the ledger's mirrored grant is made when the coordinator
-        sees the marker, after the round began: LB-BSP's speeds need the PS's times);
-        None for any other push."""
+        sees the marker, after the round began: LB-BSP's speeds need the PS's times); of
+        the round the engine granted before the PS took over, the worker's own step (the
+        coordinator sees that round's pushes together too); None for any other push."""
         if int(row[1 + MODE]) != MODE_ROUND:
             return None
         released = self.released_at.get(int(row[1 + ROUND]))
-        return None if released is None else float(row[ROW_LANDED]) - released
+        if released is None:
+            return float(row[ROW_END] - row[ROW_START])
+        return float(row[ROW_LANDED]) - released
 
     def abandon(self) -> None:
         """The generation is going (a lost worker or PS): a round the PS applied but whose

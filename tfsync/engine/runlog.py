@@ -118,6 +118,10 @@ class RunLog:
         """Whether ``every`` updates have passed since the last checkpoint (0: never due)."""
         return bool(every) and self.ledger.updates - self._last_ckpt_updates >= every
 
+    def updates_to_checkpoint(self, every: int) -> int | None:
+        """Updates until a checkpoint every ``every`` updates is due (None: none are taken)."""
+        return max(every - (self.ledger.updates - self._last_ckpt_updates), 0) if every else None
+
     def checkpoint(self, gen, state: Callable[[], dict], why: str) -> str:
         """Save ``gen``'s weights and ``state()`` (the ledger and the policy's, beside them);
         never weights that went non-finite: the run ends instead, and the last checkpoint

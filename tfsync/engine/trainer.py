@@ -202,6 +202,8 @@ class Engine:
                     raise
                 continue
             if result is ROUND_CLOSED:  # the PS ran a round's end (tfsync.engine.pilot)
+                if not self.pilot.active:   # its last: it stopped at a periodic checkpoint's update
+                    self._checkpoint_if_due(phase, policy, end_samples)
                 continue
             if result is None:  # a timer, or a recovery that left nothing in flight
                 self.wake_at = None
@@ -230,20 +232,29 @@ class Engine:
             if t_push is not None:
                 self.callbacks.step_done(now - t_push)   # the time between pushes, observers included
             t_push = now
-            if self.log.checkpoint_due(self.checkpoint_every) and self.ledger.samples < end_samples:
-                try:
-                    self.drain(policy)
-                    self.checkpoint("periodic")
-                except (EngineError, ChannelError, tf.errors.UnavailableError, tf.errors.CancelledError):
-                    # the PS died during the save (UnavailableError "Socket closed" from it, or the
-                    # save cancelled with the drain that waited on it)
-                    if not recover_lost_ps(self, phase, wait_s=5.0):
-                        raise
-                    continue
-                self.apply(policy.start(self.view()))
+            if not self._checkpoint_if_due(phase, policy, end_samples):
+                continue   # (the PS was lost during the save: training goes on from the last checkpoint)
             back = self.lifecycle.returned()
             if back and self.ledger.samples < end_samples:
                 rejoin_nodes(self, policy, back)
+
+    def _checkpoint_if_due(self, phase: Phase, policy: Policy, end_samples: int) -> bool:
+        """A periodic checkpoint where ``checkpoint_every`` updates have passed (drained,
+        then the policy starts again); False if the PS died during it and training went
+        back to the last one."""
+        if not self.log.checkpoint_due(self.checkpoint_every) or self.ledger.samples >= end_samples:
+            return True
+        try:
+            self.drain(policy)
+            self.checkpoint("periodic")
+        except (EngineError, ChannelError, tf.errors.UnavailableError, tf.errors.CancelledError):
+            # the PS died during the save (UnavailableError "Socket closed" from it, or the
+            # save cancelled with the drain that waited on it)
+            if not recover_lost_ps(self, phase, wait_s=5.0):
+                raise
+            return False
+        self.apply(policy.start(self.view()))
+        return True
 
     def _record(self, result, policy: Policy):
         return self.log.record(result, policy.name, policy.predicted_speed(int(result[0])),

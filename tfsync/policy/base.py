@@ -104,7 +104,9 @@ class Push:
     without answering the worker (on the engine: tfsync.engine.step), and ``turnaround``
     below holds all of it. Coordinator clock: ``granted_at``,
     ``ready_at`` (when the step could start: granted, and the worker's previous push in;
-    0: unknown) and ``arrival``. Never subtract times across the two clocks.
+    0: unknown; where the server opened the step's round itself, the arrival less the time
+    the server measured from that release to the push: tfsync.engine.pilot) and
+    ``arrival``. Never subtract times across the two clocks.
     ``turnaround``: ``arrival - ready_at`` where known, else ``compute_time``: the time the
     step cost the round, including a late start (a worker paused or preempted before its
     gate opened, a slow link), which ``end - start`` misses.
@@ -282,7 +284,7 @@ class Policy:
         always the same but for batch sizes (a barrier and every member again, in the same
         modes: BSP, LB-BSP), so the server may close and open rounds without asking (the
         engine's PS-run rounds). The policy still sees every push; sizes its round-end
-        decisions change reach the server and take effect a round later. None (the
+        decisions change reach the server and take effect a round or more later. None (the
         default): it decides at each push."""
         return None
 
