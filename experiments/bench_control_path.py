@@ -243,8 +243,30 @@ def main(argv=None) -> int:
         row["vs_tuned_fit"] = round(row["steps_per_s"] / statistics.median(tuned), 3) if tuned else None
     write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png")
+    for line in round_trips(rows):
+        print(line)
     print(f"wrote {args.out}.csv and .png")
     return 0
+
+
+def round_trips(rows) -> list[str]:
+    """Round trips each configuration pays per worker step (a BSP round: ``workers`` steps
+    at once), from the slope of a worker's step time against the measured round trip
+    between the two highest latencies (the median rate of their repeats)."""
+    latencies = sorted({r["latency_ms"] for r in rows})[-2:]
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        at = []
+        for lat in latencies:
+            mine = [r for r in rows if r["config"] == config and r["latency_ms"] == lat]
+            if mine:
+                workers = round(mine[0]["round_ms"] * mine[0]["steps_per_s"] / 1000)
+                at.append((mine[0]["rtt_ms"], 1000 * workers / statistics.median(r["steps_per_s"] for r in mine)))
+        if len(at) == 2 and at[1][0] > at[0][0]:
+            (rtt0, t0), (rtt1, t1) = at
+            out.append(f"{config}: {(t1 - t0) / (rtt1 - rtt0):.1f} round trips per worker step "
+                       f"({latencies[0]:g} -> {latencies[1]:g} ms one-way)")
+    return out
 
 
 def plot(rows, path: str) -> None:

@@ -8,7 +8,8 @@ first ``--switch-at`` of its workload, then ASP. ``--episode-s`` seconds after t
 starts, n3's link (worker 1) turns slow (``--slow-latency`` one-way) for ``--slow-s``
 seconds, then recovers. Each run uses one straggler policy before the switch: none (the
 plain plan), greedy (the whole cluster runs ASP while a straggler is seen, then BSP
-again) or elastic (the straggler leaves BSP's membership and is readmitted later).
+again) or elastic (the straggler leaves BSP's membership and is readmitted later); and, beside
+them, ASP for the whole workload, what a user gets without any synchronous phase.
 Reported per run: training time, test accuracy, and what the detector saw (from the BSP
 phase's stats). Configurations alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
 
@@ -34,12 +35,16 @@ from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
-POLICIES = ("none", "greedy", "elastic")
-COLORS = {"none": "#4878a8", "greedy": "#c44e52", "elastic": "#55a868"}
+POLICIES = ("none", "greedy", "elastic", "asp")
+COLORS = {"none": "#4878a8", "greedy": "#c44e52", "elastic": "#55a868", "asp": "#e08040"}
+LABELS = {"none": "plain plan", "greedy": "greedy", "elastic": "elastic", "asp": "ASP only"}
 
 
 def job_text(run_dir: str, policy: str, args, bed: Testbed) -> str:
-    return wide_mlp_job("bench-testbed-stragglers", run_dir, args.hidden, args.epochs) + textwrap.dedent(f"""
+    head = wide_mlp_job("bench-testbed-stragglers", run_dir, args.hidden, args.epochs)
+    if policy == "asp":
+        return head + '[[protocol]]\nname = "asp"\n' + bed.cluster_toml() + "workers = 4\n"
+    return head + textwrap.dedent(f"""
         [[protocol]]
         name = "bsp"
         until = {args.switch_at}
@@ -155,7 +160,7 @@ def main(argv=None) -> int:
 def plot(rows, path, args) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 3.8))
+    fig = Figure(figsize=(9, 3.8))
     a1, a2 = fig.subplots(1, 2)
     for i, policy in enumerate(POLICIES):
         mine = [r for r in rows if r["policy"] == policy]
@@ -163,7 +168,7 @@ def plot(rows, path, args) -> None:
         a1.scatter([i] * len(mine), [r["train_s"] for r in mine], color="black", s=10, zorder=3)
         a2.bar(i, statistics.median(r["test_accuracy"] for r in mine) * 100, color=COLORS[policy])
     for ax, title in ((a1, "training time, s (dots: runs)"), (a2, "test accuracy, %")):
-        ax.set_xticks(range(len(POLICIES)), ["plain plan", "greedy", "elastic"])
+        ax.set_xticks(range(len(POLICIES)), [LABELS[p] for p in POLICIES])
         ax.set_title(title, fontsize=10)
     lo = min(r["test_accuracy"] for r in rows) * 100
     a2.set_ylim(max(0, lo - 3), 100)
