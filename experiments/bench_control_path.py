@@ -280,7 +280,7 @@ def plot(rows, path: str) -> None:
               "tfsync SSP s=2": "SSP\ns=2", "tfsync BSP (coordinator rounds)": "BSP\ncoord.",
               "tfsync BSP (PS rounds)": "BSP\nPS rounds", "tfsync LB-BSP (coordinator rounds)": "LB-BSP\ncoord.",
               "tfsync LB-BSP (PS rounds)": "LB-BSP\nPS rounds"}
-    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    fig = Figure(figsize=(5 + 1.2 * len(configs) * len(latencies) / 3, 3.8), layout="constrained")
     axes = fig.subplots(1, len(latencies), squeeze=False)[0]
     for ax, lat in zip(axes, latencies):
         mine = [r for r in rows if r["latency_ms"] == lat]
