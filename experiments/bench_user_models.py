@@ -16,7 +16,6 @@ Writes results/bench_user_models.csv and .png.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_engine import steady_rate  # noqa: E402
+from testbed_bench import read_csv, write_csv  # noqa: E402
 
 from tfsync.engine.step import STEPS_PER_CLOSURE  # noqa: E402
 
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="multiply every model's step count")
-    p.add_argument("--models", default=None, help=f"comma-separated model names (default all: {', '.join(MODELS)})")
+    p.add_argument("--models", default=None, help=f"comma-separated model names (default all: {', '.join(MODELS)}); "
+                   "the others keep their rows in OUT's CSV")
     p.add_argument("--out", default=os.path.join(ROOT, "results"))
     args = p.parse_args(argv)
     runs = os.path.join(args.out, "bench_user_models_runs")
@@ -143,12 +144,10 @@ def main(argv=None) -> int:
                          "runs": " ".join(f"{v:.2f}" for v in values)})
             print(f"  {config:<12} {rate:8.2f} steps/s  {rate * batch:9.0f} samples/s  {rate / native:5.2f}x native")
     shutil.rmtree(runs, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_user_models.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    if os.path.exists(path):   # the models not run this time keep their rows (--models)
+        rows = [r for r in read_csv(path) if r["model"] not in chosen] + rows
+    write_csv(path, rows)
     plot(rows, os.path.join(args.out, "bench_user_models.png"))
     print(f"wrote {path}")
     return 0
