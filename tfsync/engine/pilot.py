@@ -16,9 +16,9 @@ the PS made). Its loop observes; it never gates a step.
 The policy still sees every push and makes its decisions, which at a round's end can
 only be the steady round again. Where its batch sizes changed (LB-BSP's, sized from the
 workers' predicted speeds), the engine sets them on the PS (``PSControl.set_sizes``) and
-the PS grants them from the next round it opens: one round later than the coordinator
-would have, since the PS opened the following round before the coordinator saw this
-one's pushes (LB-BSP's sizes then come from predictions a round older, as in its
+the PS grants them from the next round it opens: a round or more later than the
+coordinator would have, since the PS opened the following round before the coordinator
+saw this one's pushes (LB-BSP's sizes then come from predictions a round older, as in its
 non-blocking mode, paper 002 §4). Each marker says which sizes the round it opened had.
 
 Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drain (a

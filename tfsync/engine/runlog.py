@@ -114,13 +114,13 @@ class RunLog:
         self.event("switch", **event)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def checkpoint_due(self, every: int) -> bool:
-        """Whether ``every`` updates have passed since the last checkpoint (0: never due)."""
-        return bool(every) and self.ledger.updates - self._last_ckpt_updates >= every
-
     def updates_to_checkpoint(self, every: int) -> int | None:
         """Updates until a checkpoint every ``every`` updates is due (None: none are taken)."""
         return max(every - (self.ledger.updates - self._last_ckpt_updates), 0) if every else None
+
+    def checkpoint_due(self, every: int) -> bool:
+        """Whether ``every`` updates have passed since the last checkpoint (0: never due)."""
+        return self.updates_to_checkpoint(every) == 0
 
     def checkpoint(self, gen, state: Callable[[], dict], why: str) -> str:
         """Save ``gen``'s weights and ``state()`` (the ledger and the policy's, beside them);
