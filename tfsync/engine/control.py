@@ -250,7 +250,8 @@ class PSControl:
         the k-th round or ``halt(epoch)`` came, then pass the rows on to the coordinator's
         queue followed by a marker row ``[-1, members, ROUND, round, released, start, end,
         sizes' version, updates, rate, 0]`` (``start``: the round's rows taken; ``end``: the
-        next round released; on the PS clock). Returns the rounds closed."""
+        update read back, just before the next round's release; on the PS clock). Returns
+        the rounds closed."""
         n = tf.shape(tokens)[0]
         step = tf.constant([0, 0, 0, 1, 1], tf.int64)
         with tf.device(self.device):
@@ -275,9 +276,9 @@ class PSControl:
                 with tf.control_dependencies(read_back(self.optimizer, self.variables)):
                     more = tf.logical_and(i + 1 < k, self.halted.read_value() < epoch)
                     following, sized = next_round(i)
+                    end = tf.timestamp()   # before the release: no worker holds the round's token yet
+                with tf.control_dependencies([end]):
                     released = tf.cond(more, lambda: self._release(following), lambda: tf.constant(False))
-                with tf.control_dependencies([released]):
-                    end = tf.timestamp()
                 closed = tf.cast(tokens[0, 1 + ROUND] - 1 + tf.cast(i, tf.int64), tf.float64)
                 marker = tf.stack([tf.constant(-1.0, tf.float64), tf.cast(n, tf.float64),
                                    tf.constant(float(MODE_ROUND), tf.float64), closed,
