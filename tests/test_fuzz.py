@@ -575,6 +575,7 @@ def manager_valid(rng: random.Random, service, live_id: str, tmp_dir: str) -> di
                                           method=m.SWITCH_METHOD_HOT, options={"staleness": 2}),
         "SetBatchSizes": lambda: m.SetBatchSizesRequest(job_id=live_id, batch_sizes=[16, 16]),
         "Checkpoint": lambda: m.CheckpointRequest(job_id=live_id),
+        "Scale": lambda: m.ScaleRequest(job_id=live_id, workers=rng.choice([1, 3])),
         "Stop": lambda: m.StopRequest(job_id=live_id, checkpoint=True),
         "Resume": lambda: m.ResumeRequest(job_id=rng.choice(list(service.jobs))),
         "ReportResources": sample,

@@ -30,7 +30,7 @@ def _steps(run_id, first, count, protocol="bsp"):
 
 def test_wal_mode_and_schema_version(db):
     assert db.pragma("journal_mode") == "wal"
-    assert db.pragma("user_version") == 2
+    assert db.pragma("user_version") == 3
 
 
 def test_job_run_steps_events_results_round_trip(db):
@@ -229,10 +229,36 @@ def test_switch_points_and_migration_from_schema_1(tmp_path):
     conn.commit()
     conn.close()
     with Store(path) as db:
-        assert db.pragma("user_version") == 2 and db.job("j1").name == "old"
+        assert db.pragma("user_version") == store_module.SCHEMA_VERSION and db.job("j1").name == "old"
         assert db.switch_point("sig") is None
         db.set_switch_point("sig", 0.25, {"target": 0.98})
         db.set_switch_point("sig", 0.125, {"target": 0.98, "runs": 3})  # a later search replaces it
         fraction, detail, when = db.switch_point("sig")
         assert fraction == 0.125 and detail == {"target": 0.98, "runs": 3} and when > 0
         assert db.switch_point("other") is None
+
+
+def test_migration_from_schema_2_keeps_the_events_and_takes_scaled_ones(tmp_path):
+    """A version-2 store's events table is made anew (its CHECK takes 'scaled', a change of
+    the worker count); every event is kept with its id, and the index is there again."""
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(store_module._SCHEMA_V1 + store_module._SCHEMA_V2 + "PRAGMA user_version=2;")
+    conn.execute("INSERT INTO jobs VALUES ('j1', 'old', 'sig', '{}', 'done', 1.0, 1.0, '', '')")
+    conn.execute("INSERT INTO runs VALUES (1, 'j1', 'train', '{}', 1.0)")
+    conn.execute("INSERT INTO events VALUES (7, 1, 'switch', 2.0, '{\"to\": \"asp\"}')")
+    conn.commit()
+    with pytest.raises(sqlite3.IntegrityError):   # the old CHECK refuses it
+        conn.execute("INSERT INTO events VALUES (8, 1, 'scaled', 3.0, '{}')")
+    conn.close()
+    with Store(path) as db:
+        assert db.pragma("user_version") == 3
+        db.add_event(1, "scaled", {"from": 2, "to": 3}, at=4.0)
+        assert [(e.kind, e.detail) for e in db.events(1)] == [("switch", {"to": "asp"}),
+                                                              ("scaled", {"from": 2, "to": 3})]
+        with pytest.raises(ValueError):
+            db.add_event(1, "grown", {})
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT id FROM events WHERE kind = 'switch'").fetchall() == [(7,)]
+    assert "events_by_run" in {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    conn.close()

@@ -119,14 +119,16 @@ def _run(args, cfg, found) -> int:
             from .api.transport import TlsConfig
             from .manager import embedded
             manager = embedded.attach(args.attach, args.token_file, args.job_id, args.run_id, cfg.job.run_dir,
-                                      cfg.cluster.workers, cfg.protocol[0].name, local_tasks=not cfg.cluster.hooks,
+                                      (resume or {}).get("workers") or cfg.cluster.workers, cfg.protocol[0].name,
+                                      local_tasks=not cfg.cluster.hooks,
                                       tls=TlsConfig(ca_file=args.ca, server_name=args.server_name) if args.ca else None)
         elif not args.no_manager:  # embedded: status/switch/stop reach this run through it
             import dataclasses
 
             from .manager import embedded
             manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
-                                     cfg.cluster.workers, cfg.protocol[0].name, resume=resume is not None)
+                                     (resume or {}).get("workers") or cfg.cluster.workers, cfg.protocol[0].name,
+                                     resume=resume is not None)
         summary = run_job(cfg, progress=progress, data_path=args.data,
                           controller=manager.link if manager else None, resume=resume,
                           cluster_factory=manager.nodes if manager else None)

@@ -25,8 +25,8 @@ def lr_rule(cfg: JobConfig):
     """The learning-rate factor of a protocol a command switches to: the configuration
     policy's, as the job file's phases get theirs."""
     conf = config_policy(cfg)
-    return lambda protocol: conf.hyper(protocol, cfg.cluster.workers, cfg.train.batch_size,
-                                       cfg.train.base_momentum).lr_scale
+    return lambda protocol, workers: conf.hyper(protocol, workers, cfg.train.batch_size,
+                                                cfg.train.base_momentum).lr_scale
 
 
 def build_phases(cfg: JobConfig, num_train: int):
@@ -93,6 +93,18 @@ def eval_cadence(cfg: JobConfig, num_train: int, evals: int) -> int:
     if not evals:
         return 0
     return max(1, int(cfg.train.epochs * num_train / cfg.train.batch_size / evals))
+
+
+def resumed_workers(cfg: JobConfig, resume: dict | None) -> tuple[int, dict | None]:
+    """The worker count a run goes on with: the job file's, or where `tfsync scale` changed
+    it before the checkpoint it resumes from, that one (the engine then rescales the plan
+    from the job file's count: ``resume["plan_workers"]``, tfsync.engine.scaling)."""
+    n = int(resume.get("workers") or cfg.cluster.workers) if resume else cfg.cluster.workers
+    if n == cfg.cluster.workers:
+        return n, resume
+    logger.warning("resume: the job goes on with %d workers, as `tfsync scale` left it (the job file says "
+                   "cluster.workers = %d)", n, cfg.cluster.workers)
+    return n, {**resume, "plan_workers": cfg.cluster.workers}
 
 
 def max_batch(phases, workers: int) -> int:
@@ -180,9 +192,12 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     tf.random.set_seed(cfg.job.seed)
     data = Workload.from_config(cfg, data_path)  # user code checked on one batch, before any task
     phases = build_phases(cfg, data.train_examples)
-    biggest = max_batch(phases, cfg.cluster.workers)
+    workers, resume = resumed_workers(cfg, resume)
+    biggest = max(max_batch(phases, cfg.cluster.workers), max_batch(phases, workers))
+    if cfg.cluster.scale == "global":   # each worker's batch: the global one / workers
+        biggest = max(biggest, -(-cfg.train.batch_size * cfg.cluster.workers // workers))
     platform = platform_cluster(cfg)
-    check_job(cfg.cluster.workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
+    check_job(workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
               local_tasks=not cfg.cluster.hooks and platform is None)
     setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
                        max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test, metrics=data.metrics,
@@ -196,10 +211,10 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         from ..inject.pause import Episode, PauseSchedule
         injector = PauseSchedule([Episode(x.worker, x.slowdown, x.start_s, x.duration_s) for x in cfg.inject],
                                  pid_of=lambda w: engine.lifecycle.task_pid("worker", w))
-    engine = Engine(setup, workers=cfg.cluster.workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
+    engine = Engine(setup, workers=workers, ps=cfg.cluster.ps, host=cfg.cluster.host,
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
-                    ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg),
+                    ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg), scale_rule=cfg.cluster.scale,
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

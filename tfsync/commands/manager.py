@@ -1,5 +1,5 @@
-"""`tfsync status | metrics | switch | stop | checkpoint | batch-sizes | hook`: talk to a running job's
-manager, or run a node hook. A job is named by its job file or its run directory; its
+"""`tfsync status | metrics | switch | stop | checkpoint | batch-sizes | scale | hook`: talk
+to a running job's manager, or run a node hook. A job is named by its job file or its run directory; its
 control files (``control/manager.json``, ``control/token``) are read from there. `tfsync
 status` of a job no manager answers for reads the job store instead (``commands/jobs.py``)."""
 
@@ -135,6 +135,18 @@ def cmd_checkpoint(args):
     from tfsync.api.v1 import manager_pb2
     return _call(args, lambda s, j: s.Checkpoint(manager_pb2.CheckpointRequest(
         request_id=uuid.uuid4().hex, job_id=j), timeout=10))
+
+
+def cmd_scale(args):
+    from tfsync.api.v1 import manager_pb2
+    from tfsync.policy.commands import check_workers
+    try:
+        check_workers(args.workers)   # the manager's and the engine's check
+    except ValueError as e:
+        return fail(str(e), EXIT_BAD_INPUT)
+    # a scale drains, checkpoints and restarts the tasks: seconds, more on a slow network
+    return _call(args, lambda s, j: s.Scale(manager_pb2.ScaleRequest(
+        request_id=uuid.uuid4().hex, job_id=j, workers=args.workers), timeout=120))
 
 
 def out_of_range(name: str, values, lo: int, hi: int) -> str | None:
@@ -317,6 +329,14 @@ def add_commands(sub) -> None:
                    help="first replay the records the manager still holds from this step on (default: all held)")
     bs = job_command("batch-sizes", "set a running job's per-worker batch sizes", cmd_batch_sizes)
     bs.add_argument("sizes", type=int, nargs="+", help="one batch size per worker")
+    sc = job_command("scale", "go on with another number of workers (checkpoint, restart, restore)", cmd_scale)
+    sc.description += (" At its next step boundary the job drains, checkpoints, stops its tasks and starts N "
+                       "workers restored from the checkpoint: a shrink drops the highest-numbered workers, a "
+                       "grow adds new ones, nothing counted is lost. The learning rate and batch follow the job "
+                       "file's cluster.scale ('local': each worker's batch kept, the rate by switch.lr for the "
+                       "new count; 'global': the global batch and the rate kept). The answer says what it cost. "
+                       "Not for a job on a platform's tasks (TF_CONFIG).")
+    sc.add_argument("--workers", type=int, required=True, metavar="N", help="the new worker count")
     mg = sub.add_parser("manager", help="run a standalone manager that trains submitted jobs",
                         description="Serve the tfsync Manager API: `tfsync submit` sends it jobs, which it "
                                     "trains (one coordinator process each, tasks on the job's hooks or on this "

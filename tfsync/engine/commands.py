@@ -14,19 +14,21 @@ from dataclasses import dataclass, field
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
-from ..policy.commands import check_batch_sizes, check_switch
+from ..policy.commands import check_batch_sizes, check_switch, check_workers
+from .scaling import scale
 from .switching import switch
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("switch", "batch_sizes", "checkpoint", "stop")
+KINDS = ("switch", "batch_sizes", "checkpoint", "stop", "scale")
 
 
 @dataclass(frozen=True)
 class Command:
     """``switch``: to ``protocol`` (with ``options``) by ``method`` ("hot" | "restart"),
     learning rate x ``lr_scale`` (None: keep). ``batch_sizes``: one per worker from the
-    next grant on. ``checkpoint``: save now. ``stop``: drain, save if ``save``, end."""
+    next grant on. ``checkpoint``: save now. ``stop``: drain, save if ``save``, end.
+    ``scale``: go on with ``workers`` workers (tfsync.engine.scaling)."""
 
     id: str
     kind: str
@@ -36,6 +38,7 @@ class Command:
     lr_scale: float | None = None
     batch_sizes: tuple[int, ...] = ()
     save: bool = True
+    workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ def check(cmd: Command, workers: int) -> dict:
         return check_switch(cmd.protocol, cmd.options, cmd.method, cmd.lr_scale)
     if cmd.kind == "batch_sizes":
         check_batch_sizes(cmd.batch_sizes, workers)
+    if cmd.kind == "scale":
+        check_workers(cmd.workers)
     return {}
 
 
@@ -100,6 +105,8 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     if cmd.kind == "stop":
         engine.drain(old)
         raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
+    if cmd.kind == "scale":   # this phase and the plan's later ones
+        return scale(engine, engine.phases[engine.phases.index(phase):], cmd.workers, engine.scale_rule), ""
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
     if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
@@ -112,7 +119,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
         raise ValueError(f"{new.name} could grant batches of {new.max_batch(engine.workers)}, more than the input "
                          f"pipeline's {max_batch}; set a larger batch size in the job to allow it")
     # the rate the new protocol runs at: as asked, else the configuration policy's for it
-    lr_scale = engine.lr_rule(new.name) if cmd.lr_scale is None else cmd.lr_scale
+    lr_scale = engine.lr_rule(new.name, engine.workers) if cmd.lr_scale is None else cmd.lr_scale
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
     switch(engine, old, target, len(engine.log.timeline), by="command")
     old_stats = old.stats()

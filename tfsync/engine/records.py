@@ -232,7 +232,7 @@ def run_header(path: str) -> dict | None:
 
 def checkpoint_events(run_dir: str) -> list[dict]:
     """The checkpoint events in ``run_dir/metrics.jsonl`` whose files still exist (path,
-    updates, samples, pushes, round), oldest first."""
+    updates, samples, pushes, round, workers), oldest first."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
@@ -247,7 +247,8 @@ def checkpoint_events(run_dir: str) -> list[dict]:
                 continue
             if rec.get("event") == "checkpoint" and os.path.exists(rec["path"] + ".index"):
                 found = [e for e in found if e["path"] != rec["path"]]   # written again after a rewind
-                found.append({k: rec[k] for k in ("path", "updates", "samples", "pushes", "round") if k in rec})
+                found.append({k: rec[k] for k in ("path", "updates", "samples", "pushes", "round", "workers")
+                              if k in rec})
     return found
 
 

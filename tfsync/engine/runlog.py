@@ -41,6 +41,7 @@ class RunLog:
         self.recorder = RunRecorder(run_dir, tensorboard=tensorboard)
         self.timeline: list[dict] = []      # one entry per phase begun: protocol, samples, time, rate
         self.switches: list[dict] = []
+        self.scales: list[dict] = []        # one entry per change of the worker count (tfsync.engine.scaling)
         self.checkpoints: list[dict] = []   # checkpoint events: path, updates, samples, pushes, why
         self.recoveries: list[dict] = []    # one entry per restart after a lost task
         self.evals: list = []               # the test curve (tfsync.engine.evaluator.Evaluation)
@@ -113,6 +114,10 @@ class RunLog:
         self.switches.append(event)
         self.event("switch", **event)
 
+    def scaled(self, event: dict) -> None:
+        self.scales.append(event)
+        self.event("scaled", **event)
+
     # -- checkpoints ------------------------------------------------------------------------
     def updates_to_checkpoint(self, every: int) -> int | None:
         """Updates until a checkpoint every ``every`` updates is due (None: none are taken)."""
@@ -136,9 +141,9 @@ class RunLog:
         path = self._ckpt_dir.save(gen, s.updates, state())
         self._last_ckpt_updates = s.updates
         self.checkpoints.append({"path": path, "updates": s.updates, "samples": s.samples, "pushes": s.pushes,
-                                 "why": why, "seconds": round(time.time() - t, 4)})
+                                 "why": why, "seconds": round(time.time() - t, 4), "workers": s.num_workers})
         self.event("checkpoint", path=path, updates=s.updates, why=why, samples=s.samples, pushes=s.pushes,
-                   round=s.round)
+                   round=s.round, workers=s.num_workers)
         return path
 
     def last_good_checkpoint(self) -> str:

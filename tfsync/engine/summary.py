@@ -78,14 +78,15 @@ def failure_summary(engine, wall: float, total: int, error: BaseException, resum
 
 def _counts(log, wall: float, train: float, workers: int, ps: int, total: int) -> dict:
     """What every summary says of run log ``log``: the run's clock, counters, phases,
-    switches, checkpoints and recoveries; rates over training time (``train``: the
-    cluster's start left out), a resumed run's over its own pushes and samples."""
+    switches, scales (``workers``: the count at the end), checkpoints and recoveries;
+    rates over training time (``train``: the cluster's start left out), a resumed run's
+    over its own pushes and samples."""
     s = log.ledger
     return {"wall_s": round(wall, 3), "started_at": round(log.started_at, 3), "train_s": round(train, 3),
             "samples_per_s": round((s.samples - log.train_counts[1]) / train, 3) if train > 0 else 0.0,
             "time_base": round(log.recorder.origin, 3), "workers": workers, "ps": ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
-            "workload_samples": total, "timeline": log.timeline, "switches": log.switches,
+            "workload_samples": total, "timeline": log.timeline, "switches": log.switches, "scales": log.scales,
             "checkpoints": log.checkpoints, "recoveries": log.recoveries, "clocks": list(s.clocks)}
 
 

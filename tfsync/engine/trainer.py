@@ -32,6 +32,7 @@ from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .recovery import recover_lost_ps, rejoin_nodes
 from .resources import ResourceMonitor
 from .runlog import RunLog
+from .scaling import rescale
 from .summary import failure_summary, summarize, whole_job
 from .switching import carry_changes, resume_from, resume_policy, set_config, switch
 from .results import next_result
@@ -47,15 +48,17 @@ class Engine:
                  progress=None, start_timeout: float = 120.0, epoch_samples: int | None = None,
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
-                 callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str], float] | None = None):
+                 callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str, int], float] | None = None,
+                 scale_rule: str = "local"):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
         (e.g. a straggler injector); ``cluster_factory``: makes each generation's tasks;
         ``ps_rounds``: steady BSP rounds run on the PS alone (tfsync.engine.pilot);
-        ``lr_rule``: the learning-rate factor a protocol switched to by a command runs at
-        (the job's configuration policy; default its paper rule: n for a protocol that
-        averages the workers' gradients, 1 for the others)."""
+        ``lr_rule(protocol, workers)``: the learning-rate factor a protocol switched to by a
+        command runs at (the job's configuration policy; default its paper rule: n for a
+        protocol that averages the workers' gradients, 1 for the others); ``scale_rule``:
+        the rate and batch across a change of the worker count (tfsync.engine.scaling)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
@@ -73,7 +76,9 @@ class Engine:
         self.policy: Policy | None = None  # the policy running now
         self.phase: Phase | None = None  # the phase running now
         self.phase_end: int | None = None  # the samples at which it ends
-        self.lr_rule = lr_rule or (lambda protocol: float(workers) if aggregating(protocol) else 1.0)
+        self.lr_rule = lr_rule or (lambda protocol, n: float(n) if aggregating(protocol) else 1.0)
+        self.scale_rule = scale_rule
+        self.phases: list[Phase] = []   # the run's plan (a scale changes the phases still to run)
         self.pilot = Pilot(self, enabled=ps_rounds)
         self.total_samples = 0
         self.draining = False
@@ -311,7 +316,7 @@ class Engine:
         round) continue from it, so phases already done are skipped."""
         if not phases:
             raise ValueError("run() needs at least one phase")
-        self.total_samples = total_samples
+        self.total_samples, self.phases = total_samples, phases
         self.log.begin(self.workers, self.ps, resume=resume is not None)
         saved = resume_from(self.log, resume) if resume else None
         restore = resume["path"] if resume else restore
@@ -330,6 +335,12 @@ class Engine:
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
             # it are done (run again, each would start its policy and train a round of it)
             first = phases.index(resumed) if resumed is not None else 0
+            if resume and resume.get("plan_workers"):   # scaled before the stop: the plan for this count
+                try:
+                    rescale(phases[first:], resume["plan_workers"], self.workers, self.scale_rule, self.lr_rule,
+                            self.setup.max_batch_size)()
+                except ValueError as e:
+                    raise EngineError(f"resume with the {self.workers} workers the job was scaled to: {e}") from None
             set_config(self.ledger, self.generation, phases[first])
             stopped = None
             for i, phase in enumerate(phases):

@@ -42,6 +42,7 @@ SCHEDULES: tuple[str, ...] = ("ExponentialDecay", "PiecewiseConstantDecay", "Pol
 SWITCH_METHODS: tuple[str, ...] = ("restart", "hot")
 SWITCH_LR: tuple[str, ...] = ("linear", "constant")
 SWITCH_BATCH: tuple[str, ...] = ("local", "global")
+SCALE_RULES: tuple[str, ...] = ("local", "global")   # tfsync.engine.scaling
 SWITCH_MOMENTUM: tuple[str, ...] = ("keep", "zero", "inverse_n", "ramp_exp", "ramp_linear")
 SWITCH_POINT: tuple[str, ...] = ("auto", "job")
 STRAGGLER_POLICIES: tuple[str, ...] = ("none", "greedy", "elastic")  # tfsync.switch.online
@@ -85,6 +86,9 @@ class ClusterSection:
     # left out: round-robin. A pinned node that does not answer: its tasks go to the others.
     place_ps: tuple[str, ...] = ()
     place_workers: tuple[str, ...] = ()
+    # The rate and batch when `tfsync scale` changes the worker count: "local" keeps each
+    # worker's batch (the rate by switch.lr for the new count), "global" the global batch.
+    scale: str = "local"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -641,7 +645,7 @@ def _host_port(a: Any) -> bool:
 _CHECKS: dict[str, Callable] = {
     "job.name": _text(r"[A-Za-z0-9_.-]{1,64}", "a name of 1 to 64 letters, digits, '.', '_', '-'"),
     "job.run_dir": _text(), "job.seed": _int(0, 2**32 - 1),
-    "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(),
+    "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(), "cluster.scale": _choice("SCALE_RULES"),
     "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings, ports in 1..65535',
                            lambda v: type(v) is list, lambda v: all(map(_host_port, v)) and len(set(v)) == len(v),
                            tuple),

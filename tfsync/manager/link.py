@@ -36,6 +36,8 @@ def to_command(msg: manager_pb2.Command) -> Command:
         return Command(msg.command_id, "batch_sizes", batch_sizes=tuple(msg.set_batch_sizes.batch_sizes))
     if kind == "checkpoint":
         return Command(msg.command_id, "checkpoint")
+    if kind == "scale":
+        return Command(msg.command_id, "scale", workers=msg.scale.workers)
     return Command(msg.command_id, "stop", save=msg.stop.checkpoint)
 
 

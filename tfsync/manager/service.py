@@ -34,7 +34,7 @@ from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
 from tfsync.policy.base import PolicyError
 from tfsync.policy.catalogue import from_numbers
-from tfsync.policy.commands import check_batch_sizes, check_switch
+from tfsync.policy.commands import MAX_WORKERS, check_batch_sizes, check_switch, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,16 @@ class ManagerService(ResourceReports):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         return self._issue(request, context, "set_batch_sizes")
 
+    def Scale(self, request, context):
+        job = self._job(request.job_id, context)
+        try:
+            check_workers(request.workers)
+            if request.workers == job.workers:
+                raise ValueError(f"the job already runs {job.workers} workers")
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+        return self._issue(request, context, "scale")
+
     def Checkpoint(self, request, context):
         return self._issue(request, context, "checkpoint")
 
@@ -356,6 +366,10 @@ class ManagerService(ResourceReports):
             detail = {"text": ev.detail_json}
         if not isinstance(detail, dict):
             detail = {"value": detail}
+        if ev.kind == "scaled" and type(detail.get("to")) is int and 0 < detail["to"] <= MAX_WORKERS:
+            with job.changed:   # before the steps of the new workers (the stream keeps its order)
+                job.workers = detail["to"]
+                job.batch_sizes = {w: b for w, b in job.batch_sizes.items() if w < job.workers}
         try:
             self.store.add_event(job.run_id, ev.kind, detail, at=ev.time or None)
         except (StoreError, ValueError, RecursionError) as e:  # a broken store; a detail JSON cannot write

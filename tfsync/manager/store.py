@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Store", "StoreError", "Job", "Run", "StepSummary", "Event", "ResourceRecord", "JOB_STATES", "RUN_KINDS",
            "EVENT_KINDS"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Written out in full, not derived from the tuples above: a released schema never changes;
 # a new column or state is a new migration (version 1 -> 2) in _MIGRATIONS.
@@ -74,7 +74,19 @@ _SCHEMA_V2 = """
 CREATE TABLE switch_points (
     signature TEXT PRIMARY KEY, fraction REAL NOT NULL, detail TEXT NOT NULL, updated REAL NOT NULL);
 """
-_MIGRATIONS = {0: _SCHEMA_V1, 1: _SCHEMA_V2}  # version -> script that brings it to version + 1
+# Version 3: events of a change of the worker count ('scaled': elastic workers). SQLite
+# cannot change a CHECK: the table is made anew and its rows copied.
+_SCHEMA_V3 = """
+CREATE TABLE events_v3 (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id INTEGER NOT NULL REFERENCES runs (id),
+    kind TEXT NOT NULL CHECK (kind IN ('worker_lost', 'worker_rejoined', 'task_restarted', 'switch',
+                                                'checkpoint', 'scaled')), time REAL NOT NULL, detail TEXT NOT NULL);
+INSERT INTO events_v3 (id, run_id, kind, time, detail) SELECT id, run_id, kind, time, detail FROM events;
+DROP TABLE events;
+ALTER TABLE events_v3 RENAME TO events;
+CREATE INDEX events_by_run ON events (run_id, kind);
+"""
+_MIGRATIONS = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}  # version -> script that brings it to version + 1
 
 
 class StoreError(TfsyncError, RuntimeError):

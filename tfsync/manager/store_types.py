@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 JOB_STATES = ("submitted", "running", "stopped", "failed", "done")
 RUN_KINDS = ("train", "resume", "trial")
-EVENT_KINDS = ("worker_lost", "worker_rejoined", "task_restarted", "switch", "checkpoint")
+EVENT_KINDS = ("worker_lost", "worker_rejoined", "task_restarted", "switch", "checkpoint", "scaled")
 # what a run's summary leaves in the store's results, besides every test number ("test_*")
 RESULT_KEYS = ("wall_s", "train_s", "pushes", "samples", "stopped")
 

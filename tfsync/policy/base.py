@@ -233,8 +233,28 @@ class BatchSizer:
         engine's input pipeline holds that many examples per step)."""
         return self.batch_size
 
+    # -- elastic workers ------------------------------------------------------------------
+    def resize(self, workers: int) -> None:
+        """The job now has ``workers`` workers (0..workers-1): what this sizer keeps per
+        worker follows (see ``prepare_resize``); ValueError, changing nothing, where it cannot."""
+        self.prepare_resize(workers)()
+
+    def prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Check a resize to ``workers``; return what carries it out, changing nothing
+        before (a wrapper checks all its parts first). One size for every worker: a new
+        worker gets ``batch_size``; nothing else changes."""
+        check_resize_count(workers, type(self).__name__)
+        return lambda: None
+
     def describe(self) -> dict:
         return {"name": type(self).__name__, "batch_size": self.batch_size}
+
+
+def check_resize_count(workers, what: str) -> int:
+    """``workers`` as an int; ValueError (one line naming ``what``) unless a whole number >= 1."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"{what} cannot resize to {workers!r} workers: expected a whole number >= 1")
+    return workers
 
 
 class Policy:
@@ -328,6 +348,25 @@ class Policy:
     def stats(self) -> dict:
         """Counters the policy keeps (e.g. FluentPS's delayed pull requests), for summaries."""
         return {}
+
+    # -- elastic workers ------------------------------------------------------------------
+    def resize(self, workers: int) -> None:
+        """The job now has ``workers`` workers (numbered 0..workers-1), before the policy's
+        next start(): per-worker state of workers >= workers is dropped; new workers start
+        from a stated prior (each override's docstring says which). ``save_state`` then
+        carries the new count. ValueError, with a one-line reason naming the policy and
+        changing nothing, where the policy cannot go on with that many workers."""
+        self._prepare_resize(workers)()
+
+    def check_resize(self, workers: int) -> None:
+        """ValueError (one line) where ``resize(workers)`` would refuse; changes nothing."""
+        self._prepare_resize(workers)
+
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Check a resize; return what carries it out, changing nothing before (wrappers
+        check their inner policies first). Default: the sizer's (a new worker gets what
+        the sizer gives it; a policy that keeps nothing per worker needs no more)."""
+        return self.sizer.prepare_resize(check_resize_count(workers, f"protocol {self.name!r}"))
 
     # -- state kept across restarts -------------------------------------------------------
     state_version = 1  # the format of save_state's dict; raise it when the format changes

@@ -57,3 +57,13 @@ def check_batch_sizes(sizes: Sequence[int], workers: int) -> None:
     if len(sizes) != workers or min(sizes, default=0) < 1:
         text = str(list(sizes)) if len(sizes) <= 8 else f"[{', '.join(map(str, sizes[:8]))}, ... ({len(sizes)} in all)]"
         raise ValueError(f"batch sizes {text}: expected {workers} integers >= 1, one per worker")
+
+
+MAX_WORKERS = 1024   # a scale's worker count: more task processes than any one job here starts
+
+
+def check_workers(workers: int, low: int = 1, high: int = MAX_WORKERS) -> None:
+    """ValueError unless a scale's ``workers`` is a whole number in [low, high] (the job's
+    bounds, ``cluster.workers = {min, max}``)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not low <= workers <= high:
+        raise ValueError(f"workers = {shown(workers)}: expected a whole number from {low} to {high}")

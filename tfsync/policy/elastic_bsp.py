@@ -145,6 +145,20 @@ class ElasticBSP(Policy):
                 "mean_predicted_spread": float(np.mean(spreads)) if spreads else 0.0,
                 "mean_barrier_wait": float(np.mean(waits)) if waits else 0.0}
 
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Workers >= ``workers`` lose their intervals and targets. Prior: a new worker has
+        no interval yet, so the first superstep after a grow runs one step per worker to
+        measure it (as at the job's start); the kept workers' intervals stay."""
+        sizer = super()._prepare_resize(workers)
+        kept = (lambda d: {w: v for w, v in d.items() if w < workers})
+        values = dict(intervals=kept(self.intervals), last_end=kept(self.last_end), target=kept(self.target),
+                      _superstep_ends=[], workers=workers)
+
+        def apply():
+            sizer()
+            self.__dict__.update(values)
+        return apply
+
     def _save_state(self) -> dict:
         return {"workers": self.workers, "intervals": plainstate.str_keys(self.intervals, list),
                 "search_seconds": self.search_seconds}

@@ -163,6 +163,29 @@ class FluentPS(Policy):
                 waiting.remove(worker)
         return NOTHING
 
+    # -- elastic workers -------------------------------------------------------------------
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Workers >= ``workers`` leave the waiting pulls and the record of released ones;
+        V and Count are rebuilt from the clocks at ``start``, as after a switch. Prior: a
+        new worker has nothing waiting; its pulls start from its clock (the driver's). The
+        random stream and the counters by gap go on. Refused where a set ``quorum`` exceeds
+        the new count (V_train could never advance)."""
+        sizer = super()._prepare_resize(workers)
+        if self.quorum is not None and self.quorum > workers:
+            raise ValueError(f"protocol {self.name!r} cannot resize to {workers} workers: its quorum is "
+                             f"{self.quorum} pushes per iteration, so V_train would never advance; switch "
+                             "to a protocol with a smaller quorum first")
+        callbacks = {i: [w for w in ws if w < workers] for i, ws in self.callbacks.items()}
+        values = dict(callbacks={i: ws for i, ws in callbacks.items() if ws},
+                      blocked={w for w in self.blocked if w < workers}, _n=workers,
+                      released=collections.deque(((w, s) for w, s in self.released if w < workers),
+                                                 maxlen=self.released.maxlen))
+
+        def apply():
+            sizer()
+            self.__dict__.update(values)
+        return apply
+
     # -- reporting -----------------------------------------------------------------------
     def stats(self) -> dict:
         iterations = self._pushes / max(self._n, 1)

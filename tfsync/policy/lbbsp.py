@@ -66,9 +66,10 @@ from typing import Mapping, Sequence
 
 from ..base import plainstate
 from ..batching import GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times
+from ..batching.apportion import bounds
 from ..batching.stepfit import StepFit
 from ..predict import EMA, REGISTRY as PREDICTORS, factory
-from .base import BatchSizer, ClusterView, Decision, Grant, Push
+from .base import BatchSizer, ClusterView, Decision, Grant, Push, check_resize_count
 from .bsp import BSP
 from .options import Option
 
@@ -269,6 +270,40 @@ class LBBSPSizer(BatchSizer):
             return {w: self.batch_size for w in workers} if plan is None or self.current is None \
                 else self._rule(workers, *self._snapshot(workers), None)
         return dict(plan)
+
+    # -- elastic workers ------------------------------------------------------------------
+    def prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Workers >= ``workers`` lose their predictors, predictions, step lines and
+        communication EMAs; the sizes granted and the next round's plan are made again for
+        the new count (the round total X = batch_size * workers). Prior: a new worker has
+        no predictor until its first push and is sized at the mean of the kept workers'
+        predictions (as ``predictions`` sizes any worker not yet observed); with nothing
+        observed, every worker gets batch_size. Refused where the new workers have no GPU
+        profile, or per-worker ``lo`` / ``hi`` bounds do not cover (or cannot split X
+        among) the new count."""
+        what = f"protocol 'lbbsp' cannot resize to {workers!r} workers"
+        check_resize_count(workers, "protocol 'lbbsp'")
+        if self.profiles is not None:
+            missing = [w for w in range(workers) if w not in self.profiles]
+            if missing:
+                raise ValueError(f"{what}: it has GPU profiles for workers {sorted(self.profiles)}, not for "
+                                 f"{missing}; profile every worker or drop profiles")
+        lo, hi = (b if b is None or isinstance(b, (int, float)) else list(b)[:workers] for b in (self.lo, self.hi))
+        try:  # per-worker bounds for every worker, and X splits within them
+            bounds(workers, self.batch_size * workers, lo, hi)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        kept = (lambda d: {w: v for w, v in d.items() if w < workers})
+        values = dict(predictors=kept(self.predictors), _next=kept(self._next), fits=kept(self.fits),
+                      comm=kept(self.comm), last_speeds=kept(self.last_speeds), current=None, _plan=None,
+                      _future=None, workers=workers, lo=lo, hi=hi)
+
+        def apply():
+            self.__dict__.update(values)  # a plan still in the making (background) is for the old count
+            if not self.blocking and self._next:  # the next round's plan, from the predictions kept
+                everyone = list(range(workers))
+                self._plan = self._rule(everyone, *self._snapshot(everyone), None)
+        return apply
 
     # -- state --------------------------------------------------------------------------
     def save_state(self) -> dict:

@@ -151,6 +151,25 @@ class Ledger:
             times.clear()
         self._member_in_flight = 0
 
+    def resize(self, workers: int) -> None:
+        """The job now has ``workers`` workers (0..workers-1), between generations, with
+        nothing in flight and no round open: the kept workers keep their clocks; a new one
+        starts level with the slowest member (a clock of 0 would hold SSP's fast workers
+        back until it caught up); every worker is a member. Counters are the job's and
+        stay."""
+        if self.in_flight() or self.pending_workers:
+            raise ValueError("resize needs a drained ledger: steps are in flight or a round is open")
+        start = self._min.value if self.active else 0
+        keep = min(workers, self.num_workers)
+        self.clocks = self.clocks[:keep] + [start] * (workers - keep)
+        self.batch_sizes = self.batch_sizes[:keep] + [0] * (workers - keep)
+        self._arrivals = self._arrivals[:keep] + [0.0] * (workers - keep)
+        self._grant_times = [collections.deque() for _ in range(workers)]
+        self.num_workers = workers
+        self.active = frozenset(range(workers))
+        self._min = _MinClock(self.clocks, self.active)
+        self.forget_grants()
+
     def rewind(self, samples: int, updates: int, pushes: int) -> None:
         """Back to a checkpoint's counters: what came after it is trained again."""
         self.samples, self.updates, self.pushes = int(samples), int(updates), int(pushes)

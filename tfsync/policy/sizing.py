@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import BatchSizer, ClusterView
+from ..base import plainstate
+from .base import BatchSizer, ClusterView, check_resize_count
 
 
 class FixedSizer(BatchSizer):
@@ -24,6 +25,18 @@ class FixedSizer(BatchSizer):
                 "give one batch size per worker"
             )
         return self.per_worker[worker]
+
+    def prepare_resize(self, workers: int) -> plainstate.Apply:
+        """Workers >= ``workers`` lose their sizes; prior: a new worker gets the mean of
+        the sizes set before, rounded half up (the round total grows by one mean share)."""
+        check_resize_count(workers, "FixedSizer")
+        old = self.per_worker
+        prior = max(1, (2 * sum(old) + len(old)) // (2 * len(old)))  # the mean, half up, exactly
+        sizes = old[:workers] + (prior,) * (workers - len(old))
+
+        def apply():
+            self.per_worker, self.batch_size = sizes, max(sizes)
+        return apply
 
     def describe(self) -> dict:
         return {"name": "FixedSizer", "batch_sizes": list(self.per_worker)}

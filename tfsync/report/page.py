@@ -19,7 +19,8 @@ CAPTIONS = {
             "samples. Dotted lines: the first run's phases, each with its rate factor (BSP and LB-BSP run "
             "at n x the learning rate, so the training loss jumps there).",
     "timeline": "Which protocol ran when. Grey: the cluster starting; hatched: the job stopped until it was "
-                "resumed. Black: a switch and what it cost. Ticks: checkpoints; red crosses: recoveries (a lost "
+                "resumed. Black: a switch and what it cost; dark blue: a change of the worker count "
+                "(tfsync scale) and what it cost. Ticks: checkpoints; red crosses: recoveries (a lost "
                 "task restarted, a rewind, a resume). Thin bars below: a worker slowed down, injected (its "
                 "factor) or detected by a straggler policy.",
     "workers": "Per worker: speed per step, batch size, staleness, and the time from a step's gradient to "
@@ -33,7 +34,7 @@ CAPTIONS = {
 
 SUMMARY_ROWS = [
     ("protocols", lambda r: " -> ".join(r.protocols)),
-    ("workers / PS", lambda r: f"{r.summary.get('workers', len(r.workers))} / {r.summary.get('ps', '?')}"),
+    ("workers / PS", lambda r: f"{_workers(r)} / {r.summary.get('ps', '?')}"),
     ("runs", lambda r: _runs(r.summary.get("runs") or [{}])),
     ("wall time (s)", lambda r: _per_run(r.summary, "wall_s")),
     ("cluster start (s)", lambda r: _num(r.summary.get("init_s"), ".1f")),
@@ -51,6 +52,14 @@ SUMMARY_ROWS = [
     ("records discarded by rewinds", lambda r: str(r.discarded)),
     ("run directory", lambda r: r.path),
 ]
+
+
+def _workers(r) -> str:
+    """The worker count, and how `tfsync scale` changed it: "2 -> 3 -> 2"."""
+    scales = r.of("scaled")
+    if not scales:
+        return str(r.summary.get("workers", len(r.workers)))
+    return " -> ".join(str(n) for n in [scales[0]["from"], *(s["to"] for s in scales)])
 
 
 def _num(v, fmt: str) -> str:

@@ -146,7 +146,7 @@ def _phase_spans(run: RunData) -> list[tuple[dict, float, float]]:
 
 def timeline(runs: list[RunData]) -> Figure:
     """One row per run: the cluster start, each protocol's span, where the job was down
-    between runs, switches, checkpoints, recoveries, and each worker's slowdowns."""
+    between runs, switches, scales, checkpoints, recoveries, and each worker's slowdowns."""
     fig = Figure(figsize=(11, 1.4 + 1.0 * len(runs)), layout="constrained")
     ax = fig.subplots()
     seen = set()
@@ -179,6 +179,12 @@ def timeline(runs: list[RunData]) -> Figure:
             by = " (command)" if sw.get("by") == "command" else ""
             ax.annotate(f"{sw['method']}{by} {sw.get('overhead_s', 0):.2f}s", (sw["time"], y + 0.38), fontsize=7,
                         ha="center", va="bottom")
+        for sc in run.of("scaled"):   # a change of the worker count (tfsync scale)
+            t0 = sc["time"] - sc.get("seconds", 0.0)
+            ax.barh(y, max(sc.get("seconds", 0.0), end / 400), left=t0, height=0.7, color="#2c3e50",
+                    label=once("scale (its cost)"))
+            ax.annotate(f"{sc['from']}\u2192{sc['to']} workers {sc.get('seconds', 0):.1f}s", (sc["time"], y - 0.38),
+                        fontsize=7, ha="center", va="top", color="#2c3e50")
         for sd in slowdowns(run):
             color = "#8e44ad" if sd.source == "injected" else "#c0392b"
             ax.barh(y - 0.36, sd.end - sd.start, left=sd.start, height=0.14, color=color, alpha=0.6,

@@ -36,7 +36,7 @@ import logging
 
 from ..base import plainstate
 from ..policy.asp import ASP
-from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode
+from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode, check_resize_count
 from ..policy.bsp import BSP
 from ..policy.catalogue import register
 from .stragglers import StragglerDetector
@@ -145,6 +145,24 @@ class _StragglerAware(Policy):
                 "straggler_events": len(self.detector.events),
                 "states": [[round(t, 3), state] for t, state in self.timeline],
                 "detected": [[round(e.time, 3), e.worker, e.kind] for e in self.detector.events]}
+
+    # -- elastic workers -------------------------------------------------------------------
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """The inner BSP and ASP policies resize (either may refuse), then the detector:
+        workers >= ``workers`` leave its open windows, counters and straggler marks. Prior:
+        a new worker is not a straggler and has no counts; the mode (BSP, ASP, drain,
+        final), the BSP samples done and the records (timeline, events) go on."""
+        check_resize_count(workers, f"protocol {self.name!r}")
+        parts = [self.bsp._prepare_resize(workers), self.asp._prepare_resize(workers)]
+        if self.sizer is not self.bsp.sizer and self.sizer is not self.asp.sizer:  # set by a command
+            parts.append(self.sizer.prepare_resize(workers))
+
+        def apply():
+            for part in parts:
+                part()
+            self.detector.resize(workers)
+            self.workers = workers
+        return apply
 
     # -- state ----------------------------------------------------------------------------
     MODES = ("bsp", "asp", "drain", "final")
@@ -271,6 +289,15 @@ class ElasticStragglerPolicy(_StragglerAware):
     def _shift(self, seconds: float) -> None:
         super()._shift(seconds)
         self.removed = {w: t + seconds for w, t in self.removed.items()}
+
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """As the other straggler policy's; refused while it holds workers out of the BSP
+        membership (a resized job starts with every worker a member, which would leave
+        its removals and the membership disagreeing). Prior: a new worker is a member."""
+        if self.removed:
+            raise ValueError(f"protocol {self.name!r} cannot resize now: it holds worker(s) {sorted(self.removed)} "
+                             "out of the membership; resize once they are members again")
+        return super()._prepare_resize(workers)
 
     def _save_state(self) -> dict:
         return {**super()._save_state(), "removed": plainstate.str_keys(self.removed),

@@ -174,6 +174,16 @@ class StragglerDetector:
         self._good.pop(worker, None)
         self._stragglers.discard(worker)
 
+    def resize(self, workers: int) -> None:
+        """The job now has ``workers`` workers: workers >= ``workers`` leave the open
+        windows, the counters and the straggler marks (the events, a record, stay). A new
+        worker starts as a worker never seen: no counts, not a straggler."""
+        self._acc = {i: {w: a for w, a in per.items() if w < workers} for i, per in self._acc.items()}
+        for d in (self._bad, self._good):
+            for w in [w for w in d if w >= workers]:
+                del d[w]
+        self._stragglers = {w for w in self._stragglers if w < workers}
+
     # -- state ----------------------------------------------------------------------------
     def save_state(self) -> dict:
         acc = plainstate.str_keys(self._acc, lambda per: plainstate.str_keys(per, list))

@@ -69,6 +69,11 @@ class ManagerStub:
                 request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.StopRequest.SerializeToString,
                 response_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
                 _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/tfsync.api.v1.Manager/Scale',
+                request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
+                _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/tfsync.api.v1.Manager/Resume',
                 request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ResumeRequest.SerializeToString,
@@ -138,6 +143,13 @@ class ManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Scale(self, request, context):
+        """Go on with another number of workers: checkpoint, restart with N, restore (elastic workers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Resume(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -202,6 +214,11 @@ def add_ManagerServicer_to_server(servicer, server):
             'Stop': grpc.unary_unary_rpc_method_handler(
                     servicer.Stop,
                     request_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.StopRequest.FromString,
+                    response_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.FromString,
                     response_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
@@ -413,6 +430,33 @@ class Manager:
             target,
             '/tfsync.api.v1.Manager/Stop',
             tfsync_dot_api_dot_v1_dot_manager__pb2.StopRequest.SerializeToString,
+            tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfsync.api.v1.Manager/Scale',
+            tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.SerializeToString,
             tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
             options,
             channel_credentials,

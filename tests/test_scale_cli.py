@@ -1,0 +1,70 @@
+"""`tfsync scale` on a running job, as a user runs it: `tfsync run` in one process, `tfsync
+scale | status | batch-sizes | stop` from others (real gRPC, real TF tasks, the real job
+store), then `tfsync resume` with the count the job was scaled to."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import DATA, linear_job, tfsync, tfsync_run, wait_for
+from tfsync.manager.store import Store
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+JOB = linear_job("scale", "ssp", batch_size=16, epochs=20, checkpoint_every=0,
+                 extra='[switch]\nlr = "linear"\n')
+
+
+def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_path):
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, job):
+        def status():
+            r = tfsync("status", str(job), "--json", env=env)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+
+        wait_for("steps", lambda: (s := status()) and int(s.get("step", 0)) > 5 and s)
+        r = tfsync("scale", str(job), "--workers", "0", env=env)
+        assert r.returncode == 2 and "workers = 0: expected a whole number from 1" in r.stderr, r.stderr
+        r = tfsync("scale", str(job), "--workers", "2", env=env)   # the manager knows the job's count
+        assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and "already runs 2 workers" in r.stderr
+        r = tfsync("scale", str(job), "--workers", "x", env=env)
+        assert r.returncode == 2 and "invalid int value" in r.stderr
+
+        up = tfsync("scale", str(job), "--workers", "3", env=env, timeout=150)
+        assert up.returncode == 0 and "scaled 2 -> 3 workers in" in up.stdout, up.stderr
+        # the manager takes 3 batch sizes now (it checks them against the job's count)
+        sizes = tfsync("batch-sizes", str(job), "4", "8", "12", env=env)
+        assert sizes.returncode == 0, sizes.stderr
+        wait_for("3 workers' batch sizes", lambda: (s := status()) and s.get("batch_sizes") == [4, 8, 12])
+        assert tfsync("stop", str(job), env=env).returncode == 0
+        out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err[-2000:]
+    summary = json.loads(out)
+    assert summary["workers"] == 3 and [(s["from"], s["to"]) for s in summary["scales"]] == [(2, 3)]
+    recs = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    pushes = [r for r in recs if "worker" in r]
+    assert [r["pushes"] for r in pushes] == list(range(1, summary["pushes"] + 1))   # each once, none lost
+    scaled_at = next(r for r in recs if r.get("event") == "scaled")["updates"]
+    assert {r["worker"] for r in pushes if r["updates"] < scaled_at} == {0, 1}
+    assert {r["worker"] for r in pushes if r["updates"] > scaled_at} == {0, 1, 2}
+    assert summary["samples"] == sum(r["batch_size"] for r in pushes)
+
+    with Store(str(tmp_path / "home" / "jobs.db")) as store:
+        (stored,) = store.jobs()
+        (run_row,) = store.runs(stored.id)
+        (event,) = store.events(run_row.id, "scaled")
+        assert (event.detail["from"], event.detail["to"]) == (2, 3)
+
+    # the job file still says 2 workers: the resumed run goes on with the 3 it was scaled to
+    epochs = summary["samples"] / summary["meta"]["train_examples"] + 0.2   # a little more than done
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
+                        "--set", f"train.epochs={epochs:.4f}"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "goes on with 3 workers, as `tfsync scale` left it" in r.stderr
+    resumed = json.loads(r.stdout)
+    assert resumed["workers"] == 3 and resumed["scales"] == []
+    later = [x for x in map(json.loads, open(run_dir / "metrics.jsonl")) if "worker" in x][len(pushes):]
+    assert later and {x["worker"] for x in later} == {0, 1, 2}

@@ -1,0 +1,79 @@
+"""What a scale may do and what it does to the plan (tfsync.engine.scaling), without
+tasks: the refusals come before anything changes."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from tfsync.engine.phase import Phase
+from tfsync.engine.scaling import check_scale, rescale
+from tfsync.policy import ASP, BSP, BatchSizer, FixedSizer
+from tfsync.policy.catalogue import aggregating
+from tfsync.policy.ledger import Ledger
+
+pytestmark = pytest.mark.unit
+
+
+def paper_rule(protocol, n):
+    return float(n) if aggregating(protocol) else 1.0
+
+
+def _engine(workers=2, restartable=True, active=None):
+    ledger = Ledger(workers)
+    if active is not None:
+        ledger.active = frozenset(active)
+    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)),
+                           generation=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)))
+
+
+def test_a_scale_is_refused_for_the_same_count_a_platforms_tasks_and_a_worker_held_out():
+    with pytest.raises(ValueError, match="already runs 2 workers"):
+        check_scale(_engine(), 2)
+    with pytest.raises(ValueError, match="the platform's \\(TF_CONFIG\\)"):
+        check_scale(_engine(restartable=False), 3)
+    with pytest.raises(ValueError, match=r"holds worker\(s\) \[1\] out"):
+        check_scale(_engine(active={0}), 3)
+    check_scale(_engine(), 3)
+
+
+def test_local_keeps_each_workers_batch_and_gives_every_phase_still_to_run_the_rate_for_the_new_count():
+    phases = [Phase(BSP(BatchSizer(8)), until=0.5, lr_scale=2.0), Phase(ASP(BatchSizer(8)), lr_scale=1.0),
+              Phase(BSP(BatchSizer(8)), lr_scale=2.0)]
+    rescale(phases, 2, 4, "local", paper_rule, max_batch=8)()
+    assert [p.lr_scale for p in phases] == [4.0, 1.0, 4.0]
+    assert [p.policy.sizer.batch_size for p in phases] == [8, 8, 8]
+    rescale(phases, 4, 3, "local", paper_rule, max_batch=8)()
+    assert [p.lr_scale for p in phases] == [3.0, 1.0, 3.0]
+
+
+def test_global_keeps_the_global_batch_and_the_rate_and_refuses_what_does_not_split():
+    phases = [Phase(BSP(BatchSizer(12)), lr_scale=2.0)]
+    rescale(phases, 2, 3, "global", paper_rule, max_batch=12)()
+    assert (phases[0].policy.sizer.batch_size, phases[0].lr_scale) == (8, 2.0)
+    with pytest.raises(ValueError, match="global batch 24 does not split evenly into 5 workers"):
+        rescale(phases, 3, 5, "global", paper_rule, max_batch=24)
+    with pytest.raises(ValueError, match="sizes per worker; use cluster.scale = 'local'"):
+        rescale([Phase(BSP(FixedSizer([4, 8])))], 2, 3, "global", paper_rule, max_batch=16)
+
+
+def test_a_refusal_by_a_later_phase_changes_no_phase():
+    phases = [Phase(BSP(BatchSizer(8)), until=0.5, lr_scale=2.0), Phase(ASP(BatchSizer(8)), lr_scale=1.0)]
+    with pytest.raises(ValueError, match="global batch 16 does not split evenly into 3"):
+        rescale(phases, 2, 3, "global", paper_rule, max_batch=16)
+    with pytest.raises(ValueError, match="more than the input pipeline's 4"):
+        rescale(phases, 2, 3, "local", paper_rule, max_batch=4)
+    with pytest.raises(ValueError, match="cluster.scale = 'both'"):
+        rescale(phases, 2, 3, "both", paper_rule, max_batch=16)
+    assert [(p.lr_scale, p.policy.sizer.batch_size) for p in phases] == [(2.0, 8), (1.0, 8)]
+
+
+def test_the_ledger_keeps_the_counters_and_a_new_worker_starts_level_with_the_slowest():
+    ledger = Ledger(2)
+    ledger.clocks, ledger.pushes, ledger.updates, ledger.samples = [5, 3], 8, 8, 64
+    ledger.restore_state(ledger.save_state())
+    ledger.resize(3)
+    assert ledger.clocks == [5, 3, 3] and (ledger.pushes, ledger.updates, ledger.samples) == (8, 8, 64)
+    assert ledger.view(0.0).members == frozenset({0, 1, 2}) and ledger.view(0.0).min_clock == 3
+    ledger.resize(1)
+    assert ledger.clocks == [5] and ledger.num_workers == 1 and ledger.active == frozenset({0})
+    assert ledger.restore_state(ledger.save_state()) is None

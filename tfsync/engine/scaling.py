@@ -1,0 +1,125 @@
+"""Elastic workers: a running job goes on with another number of workers.
+
+A scale is a restart at a step boundary (as a restart switch is): drain, checkpoint, stop
+the tasks, start ``n`` workers (and the PS) restored from the checkpoint, go on. Workers
+keep their numbers 0..n-1: a shrink drops the highest-numbered ones, a grow adds new ones.
+What counts per worker follows: the ledger's clocks (a new worker starts level with the
+slowest, ``Ledger.resize``) and the running policy's state (``Policy.resize``: LB-BSP's
+predictors, SSP's clocks, sizes set by hand; what a new worker starts from is each
+policy's stated prior). The counters (samples, updates, pushes, round) are the job's and
+go on: nothing counted is lost.
+
+The learning rate and batch across a scale (``rule``, the job file's ``cluster.scale``):
+"local" keeps each worker's batch and gives every phase, this one and those the plan has
+still to run, the configuration policy's rate for the new count (x n for a protocol that
+averages n workers' gradients: BSP and LB-BSP run n/m times the global batch at n/m
+times the rate); "global" keeps the global batch (each worker's batch becomes the old
+global batch / n, which must divide evenly) and the rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..policy.base import BatchSizer
+
+logger = logging.getLogger(__name__)
+
+RULES = ("local", "global")
+
+
+def check_scale(engine, workers: int) -> None:
+    """Raise ValueError (one line) for a scale of the running job that cannot be carried
+    out, before touching anything (what the plan's phases allow: ``rescale``)."""
+    old = engine.workers
+    if workers == old:
+        raise ValueError(f"the job already runs {old} workers")
+    if not getattr(engine.generation.cluster, "restartable", True):
+        raise ValueError("a scale needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
+                         "change the platform's worker count instead")
+    if engine.ledger.active != frozenset(range(old)):
+        out = sorted(frozenset(range(old)) - engine.ledger.active)
+        raise ValueError(f"{engine.policy.name} holds worker(s) {out} out of the membership now; scale once "
+                         "they are members again (one owner of membership at a time)")
+
+
+def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
+    """Check that ``phases`` (the one running and those still to run) can go on with
+    ``workers`` workers instead of ``old`` under ``rule``; return what makes them so,
+    having changed nothing: their policies resized and, under "local", each rate factor
+    times ``lr_rule(protocol, workers) / lr_rule(protocol, old)``, under "global" each
+    worker's batch the old global batch / ``workers``. ValueError (one line) where a phase
+    cannot: a batch above ``max_batch`` (the input pipeline's largest), a global batch that
+    does not split evenly, a policy that cannot resize."""
+    if rule not in RULES:
+        raise ValueError(f"cluster.scale = {rule!r}: must be one of {', '.join(RULES)}")
+    if workers < 1:
+        raise ValueError(f"workers = {workers}: a job needs at least 1 worker")
+    sizes = []
+    for phase in phases:
+        policy = phase.policy
+        if rule == "global":
+            if policy.self_sizing or type(policy.sizer) is not BatchSizer or hasattr(policy, "lr_scales"):
+                raise ValueError(f"cluster.scale = 'global' keeps one global batch, but {policy.name} of this "
+                                 "plan sizes per worker; use cluster.scale = 'local'")
+            total = policy.sizer.batch_size * old
+            if total % workers:
+                raise ValueError(f"cluster.scale = 'global': the global batch {total} does not split evenly "
+                                 f"into {workers} workers")
+            sizes.append(total // workers)
+        else:
+            sizes.append(None)
+        batch = sizes[-1] or policy.max_batch(workers)
+        if batch > max_batch:
+            raise ValueError(f"{policy.name} would grant batches of {batch} on {workers} workers, more than the "
+                             f"input pipeline's {max_batch}")
+        policy.check_resize(workers)
+
+    def apply():
+        for phase, size in zip(phases, sizes):
+            phase.policy.resize(workers)
+            if size is not None:
+                phase.policy.sizer = BatchSizer(size)
+            else:   # the configuration policy's rate for the new count
+                phase.lr_scale *= lr_rule(phase.policy.name, workers) / lr_rule(phase.policy.name, old)
+                inner = getattr(phase.policy, "lr_scales", None)   # a straggler policy's, per protocol it runs
+                for protocol in inner or ():
+                    inner[protocol] *= lr_rule(protocol, workers) / lr_rule(protocol, old)
+    return apply
+
+
+def scale(engine, phases, workers: int, rule: str = "local", by: str = "command") -> str:
+    """Go on with ``workers`` workers (``phases``: the current phase and those still to
+    run); returns what was done and what it cost, in a line. Raises ValueError, having
+    changed nothing, where ``check_scale`` or ``rescale`` does."""
+    check_scale(engine, workers)
+    resized = rescale(phases, engine.workers, workers, rule, engine.lr_rule, engine.setup.max_batch_size)
+    old, policy, t0 = engine.workers, engine.policy, time.time()
+    engine.drain(policy)
+    path = engine.checkpoint("scale")
+    t_saved = time.time()
+    lifecycle = engine.lifecycle
+    if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
+        lifecycle.next_cluster.stop()
+        lifecycle.next_cluster = None
+    if engine.evaluator is not None:
+        engine.evaluator.wait()
+    engine.close_generation(kill=True)
+    engine.workers = lifecycle.workers = workers
+    engine.ledger.resize(workers)
+    resized()
+    t_stopped = time.time()
+    engine.open_generation(lifecycle.launch(), restore=path)
+    engine.ledger.forget_grants()
+    engine.ledger.lr_scale = phases[0].lr_scale
+    engine.generation.set_hyper(lr_scale=phases[0].lr_scale)
+    t1 = time.time()
+    event = {"from": old, "to": workers, "by": by, "rule": rule, "samples": engine.ledger.samples,
+             "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": phases[0].lr_scale,
+             "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
+             "seconds": round(t1 - t0, 3)}
+    engine.log.scaled(event)
+    engine.apply(policy.start(engine.view()))
+    logger.info("scaled %d -> %d workers in %.1f s", old, workers, t1 - t0)
+    return f"scaled {old} -> {workers} workers in {t1 - t0:.1f} s (learning rate x{phases[0].lr_scale:g}, {rule})"
