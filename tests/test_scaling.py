@@ -96,3 +96,43 @@ def test_bsp_scaled_2_3_2_mid_run_equals_single_process_adam_on_each_rounds_batc
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
     for got, want in zip(engine.final_weights(), model.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_lost_worker_shrinks_a_job_with_elastic_bounds_instead_of_restarting_its_task(tiny_problem, tmp_path):
+    """3 workers, min_workers = 2: worker 1's task is killed mid-run; the job goes on with 2
+    workers from a checkpoint taken at the loss (no restarted task, no rejoin): a 'scaled'
+    event by "loss", BSP rounds of 3 pushes before it and 2 after, the rate x n each time,
+    every counted update applied on the PS."""
+    from tfsync.engine.callbacks import Callback
+
+    class KillOnce(Callback):
+        done = False
+
+        def on_push(self, engine, push, record):
+            if engine.ledger.pushes >= 12 and not self.done:
+                self.done = True
+                engine.generation.cluster.kill_task("worker", 1)
+
+    x, y, model_fn, optimizer_fn, loss_fn = tiny_problem
+    setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=M, shuffle=False)
+    engine = Engine(setup, workers=3, run_dir=str(tmp_path), tensorboard=False, timeout_s=120,
+                    min_workers=2, callbacks=[KillOnce()])
+    summary = engine.run([Phase(BSP(BatchSizer(5)), lr_scale=3.0)], total_samples=15 * 8 + 10 * 12)
+    (scaled,) = summary["scales"]
+    assert (scaled["from"], scaled["to"], scaled["by"], scaled["lost"]) == (3, 2, "loss", [1])
+    assert summary["workers"] == 2 and len(engine.lifecycle.clusters) == 2
+    (lost,) = summary["recoveries"]
+    assert lost["task"] == "worker:1" and lost["shrunk_to"] == 2
+    recs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert not [r for r in recs if r.get("event") == "worker_rejoined"]
+    pushes = [r for r in recs if "worker" in r]
+    before = [r for r in pushes if r["updates"] < scaled["updates"]]
+    after = [r for r in pushes if r["updates"] >= scaled["updates"]]
+    assert {r["worker"] for r in after} == {0, 1} and len(after) >= 2 * 10
+    assert all(r["lr"] == pytest.approx(0.1 * 2) for r in after)
+    assert all(r["lr"] == pytest.approx(0.1 * 3) for r in before)
+    rounds = {}
+    for r in after:
+        rounds.setdefault(r["round"], []).append(r["worker"])
+    assert all(sorted(ws) == [0, 1] for ws in rounds.values())
+    assert summary["updates"] == summary["optimizer_iterations"]

@@ -18,11 +18,12 @@ def paper_rule(protocol, n):
     return float(n) if aggregating(protocol) else 1.0
 
 
-def _engine(workers=2, restartable=True, active=None):
+def _engine(workers=2, restartable=True, active=None, bounds=(None, None)):
     ledger = Ledger(workers)
     if active is not None:
         ledger.active = frozenset(active)
-    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)),
+    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)), min_workers=bounds[0],
+                           max_workers=bounds[1],
                            generation=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)))
 
 
@@ -34,6 +35,17 @@ def test_a_scale_is_refused_for_the_same_count_a_platforms_tasks_and_a_worker_he
     with pytest.raises(ValueError, match=r"holds worker\(s\) \[1\] out"):
         check_scale(_engine(active={0}), 3)
     check_scale(_engine(), 3)
+
+
+def test_a_scale_stays_within_the_jobs_bounds():
+    engine = _engine(3, bounds=(2, 4))
+    for n in (1, 5):
+        with pytest.raises(ValueError, match=f"workers = {n}: expected a whole number from 2 to 4"):
+            check_scale(engine, n)
+    check_scale(engine, 2)
+    check_scale(engine, 4)
+    with pytest.raises(ValueError, match="from 1 to 1024"):
+        check_scale(_engine(), 0)
 
 
 def test_local_keeps_each_workers_batch_and_gives_every_phase_still_to_run_the_rate_for_the_new_count():

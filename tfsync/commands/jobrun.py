@@ -215,6 +215,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg), scale_rule=cfg.cluster.scale,
+                    min_workers=cfg.cluster.min_workers, max_workers=cfg.cluster.max_workers,
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

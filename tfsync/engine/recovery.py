@@ -17,6 +17,10 @@ function then fails with NOT_FOUND for the BSP accumulator on the PS, while the 
 queues still work (tried, with a marker token to reconcile lost tokens); a restart from
 a checkpoint taken at the loss costs a few seconds more and works for every protocol.
 
+With elastic bounds (``min_workers``), a lost worker is not restarted while that many
+workers remain: the job goes on with the others from the same checkpoint
+(``scaling.shrink_after_loss``), and a ``scaled`` event says so.
+
 A node left out of a generation (its hook did not answer: it died or lost its link) that
 answers again is used again (``rejoin_nodes``): the engine drains, checkpoints and
 restarts on every node.
@@ -29,6 +33,7 @@ import time
 
 from ..policy.base import Decision
 from .checkpoints import newest_intact
+from .scaling import shrink_after_loss
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +104,16 @@ def _restart_without(engine, policy, dead, lost_workers) -> bool:
         engine.apply(Decision(barrier=True))
     engine.sync()
     path = engine.checkpoint("worker_lost")
-    engine.restart_generation(restore=path)
+    shrunk = shrink_after_loss(engine, lost_workers, path, t0)   # elastic bounds: go on without them
+    if shrunk is None:
+        engine.restart_generation(restore=path)
     for w in lost_workers:
         event = {"task": f"worker:{w}", "steps_lost": lost[w], "in_flight_lost": in_flight, "checkpoint": path,
-                 "seconds": round(time.time() - t0, 3)}
+                 "seconds": round(time.time() - t0, 3), **({"shrunk_to": shrunk["to"]} if shrunk else {})}
         engine.log.recoveries.append(event)
-        engine.log.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
-    if not engine.draining:
+        if shrunk is None:
+            engine.log.event("worker_rejoined", worker=w, steps_lost=lost[w], seconds=event["seconds"])
+    if shrunk is None and not engine.draining:   # (a shrink started the policy)
         engine.apply(policy.start(engine.view()))
     return True
 

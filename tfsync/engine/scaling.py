@@ -23,6 +23,7 @@ import logging
 import time
 
 from ..policy.base import BatchSizer
+from ..policy.commands import MAX_WORKERS, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def check_scale(engine, workers: int) -> None:
     """Raise ValueError (one line) for a scale of the running job that cannot be carried
     out, before touching anything (what the plan's phases allow: ``rescale``)."""
     old = engine.workers
+    check_workers(workers, engine.min_workers or 1, engine.max_workers or MAX_WORKERS)
     if workers == old:
         raise ValueError(f"the job already runs {old} workers")
     if not getattr(engine.generation.cluster, "restartable", True):
@@ -89,16 +91,46 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     return apply
 
 
-def scale(engine, phases, workers: int, rule: str = "local", by: str = "command") -> str:
+def scale(engine, phases, workers: int, rule: str = "local") -> str:
     """Go on with ``workers`` workers (``phases``: the current phase and those still to
     run); returns what was done and what it cost, in a line. Raises ValueError, having
     changed nothing, where ``check_scale`` or ``rescale`` does."""
     check_scale(engine, workers)
     resized = rescale(phases, engine.workers, workers, rule, engine.lr_rule, engine.setup.max_batch_size)
-    old, policy, t0 = engine.workers, engine.policy, time.time()
-    engine.drain(policy)
+    t0 = time.time()
+    engine.drain(engine.policy)
     path = engine.checkpoint("scale")
-    t_saved = time.time()
+    event = relaunch(engine, phases, workers, resized, path, t0, by="command", rule=rule)
+    return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
+            f"x{event['lr_scale']:g}, {rule})")
+
+
+def shrink_after_loss(engine, lost: list[int], path: str, t0: float) -> dict | None:
+    """Workers ``lost`` (their tasks died; the job drained and checkpointed at ``path``):
+    go on without them where the job has elastic bounds (``min_workers``) that allow it,
+    instead of restarting their tasks. The survivors take the numbers 0..n-1 (their
+    per-worker state kept by position, relearnt where it was a lost worker's). Returns the
+    ``scaled`` event, or None where the job restarts the lost tasks as before (no bounds,
+    too few left, a plan that cannot go on with fewer: said in a warning)."""
+    workers = engine.workers - len(lost)
+    if engine.min_workers is None or workers < engine.min_workers:
+        return None
+    phases = engine.phases[engine.phases.index(engine.phase):] if engine.phase in engine.phases else [engine.phase]
+    try:
+        resized = rescale(phases, engine.workers, workers, engine.scale_rule, engine.lr_rule,
+                          engine.setup.max_batch_size)
+    except ValueError as e:
+        logger.warning("the job cannot go on with %d workers (%s): the lost tasks are restarted", workers, e)
+        return None
+    return relaunch(engine, phases, workers, resized, path, t0, by="loss", rule=engine.scale_rule,
+                    lost=sorted(lost))
+
+
+def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: str, **detail) -> dict:
+    """Stop the drained job's tasks, make ``workers`` the count (ledger, ``resized``: the
+    phases' policies, rates and batches), start the new tasks restored from ``path`` and
+    start the policy; returns the ``scaled`` event it records."""
+    old, policy, t_saved = engine.workers, engine.policy, time.time()
     lifecycle = engine.lifecycle
     if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
         lifecycle.next_cluster.stop()
@@ -115,11 +147,12 @@ def scale(engine, phases, workers: int, rule: str = "local", by: str = "command"
     engine.ledger.lr_scale = phases[0].lr_scale
     engine.generation.set_hyper(lr_scale=phases[0].lr_scale)
     t1 = time.time()
-    event = {"from": old, "to": workers, "by": by, "rule": rule, "samples": engine.ledger.samples,
+    event = {"from": old, "to": workers, "by": by, **detail, "samples": engine.ledger.samples,
              "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": phases[0].lr_scale,
              "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
              "seconds": round(t1 - t0, 3)}
     engine.log.scaled(event)
-    engine.apply(policy.start(engine.view()))
-    logger.info("scaled %d -> %d workers in %.1f s", old, workers, t1 - t0)
-    return f"scaled {old} -> {workers} workers in {t1 - t0:.1f} s (learning rate x{phases[0].lr_scale:g}, {rule})"
+    if not engine.draining:
+        engine.apply(policy.start(engine.view()))
+    logger.info("scaled %d -> %d workers (%s) in %.1f s", old, workers, by, t1 - t0)
+    return event

@@ -49,7 +49,7 @@ class Engine:
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
                  callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str, int], float] | None = None,
-                 scale_rule: str = "local"):
+                 scale_rule: str = "local", min_workers: int | None = None, max_workers: int | None = None):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
@@ -58,7 +58,9 @@ class Engine:
         ``lr_rule(protocol, workers)``: the learning-rate factor a protocol switched to by a
         command runs at (the job's configuration policy; default its paper rule: n for a
         protocol that averages the workers' gradients, 1 for the others); ``scale_rule``:
-        the rate and batch across a change of the worker count (tfsync.engine.scaling)."""
+        the rate and batch across a change of the worker count (tfsync.engine.scaling);
+        ``min_workers`` / ``max_workers``: the bounds a scale keeps to; with ``min_workers``
+        a lost worker shrinks the job while that many remain, instead of restarting."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
@@ -78,6 +80,7 @@ class Engine:
         self.phase_end: int | None = None  # the samples at which it ends
         self.lr_rule = lr_rule or (lambda protocol, n: float(n) if aggregating(protocol) else 1.0)
         self.scale_rule = scale_rule
+        self.min_workers, self.max_workers = min_workers, max_workers
         self.phases: list[Phase] = []   # the run's plan (a scale changes the phases still to run)
         self.pilot = Pilot(self, enabled=ps_rounds)
         self.total_samples = 0

@@ -89,6 +89,10 @@ class ClusterSection:
     # The rate and batch when `tfsync scale` changes the worker count: "local" keeps each
     # worker's batch (the rate by switch.lr for the new count), "global" the global batch.
     scale: str = "local"
+    # Elastic bounds: `tfsync scale` stays within them; with min_workers set, a lost worker
+    # shrinks the job (while min_workers remain) instead of restarting its task.
+    min_workers: int | None = None
+    max_workers: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -646,6 +650,7 @@ _CHECKS: dict[str, Callable] = {
     "job.name": _text(r"[A-Za-z0-9_.-]{1,64}", "a name of 1 to 64 letters, digits, '.', '_', '-'"),
     "job.run_dir": _text(), "job.seed": _int(0, 2**32 - 1),
     "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(), "cluster.scale": _choice("SCALE_RULES"),
+    "cluster.min_workers": _int(1), "cluster.max_workers": _int(1),
     "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings, ports in 1..65535',
                            lambda v: type(v) is list, lambda v: all(map(_host_port, v)) and len(set(v)) == len(v),
                            tuple),
@@ -741,6 +746,10 @@ def _parse(d: Any, where: str) -> dict[str, Any]:
     if remote and c.task_ports is None:
         raise ConfigError(f"{where}cluster.hooks: {', '.join(remote)} not on this machine: give the ports their "
                           "tasks may listen on, cluster.task_ports = [first, last]", "cluster.task_ports")
+    if c.min_workers is not None and c.min_workers > c.workers:
+        _bad(where, "cluster.min_workers", c.min_workers, f"<= cluster.workers = {c.workers}")
+    if c.max_workers is not None and c.max_workers < c.workers:
+        _bad(where, "cluster.max_workers", c.max_workers, f">= cluster.workers = {c.workers}")
     for f, places, count in (("cluster.place_ps", c.place_ps, c.ps), ("cluster.place_workers", c.place_workers,
                                                                         c.workers)):
         if places and len(places) != count:
