@@ -208,6 +208,12 @@ def test_lbbsp_refuses_new_workers_it_has_no_profile_or_bounds_for_and_changes_n
         assert plain(policy.save_state()) == before
         policy.resize(1)  # a shrink keeps bounds and profiles for those left
         assert policy.sizer.workers == 1
+    policy = LBBSP(batch_size=32, lo=[4, 5, 6])   # bounds for 3: a shrink to 2, then back to 3
+    run_on(policy, 3)
+    policy.resize(2)
+    assert policy.sizer.lo == [4, 5]
+    policy.resize(3)
+    assert policy.sizer.lo == [4, 5, 6]
     policy = LBBSP(batch_size=32, hi=[20, 60])
     with pytest.raises(ValueError, match="total batch 32 cannot be split among 1 workers"):
         policy.resize(1)  # worker 0 alone may not take X = 32

@@ -14,8 +14,7 @@ from tfsync.manager.store import Store
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-JOB = linear_job("scale", "ssp", batch_size=16, epochs=20, checkpoint_every=0,
-                 extra='[switch]\nlr = "linear"\n')
+JOB = linear_job("scale", "bsp", batch_size=16, epochs=20, checkpoint_every=0)   # BSP at 2 x 0.05
 
 
 def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_path):
@@ -33,8 +32,12 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
         r = tfsync("scale", str(job), "--workers", "x", env=env)
         assert r.returncode == 2 and "invalid int value" in r.stderr
 
+        # a rate set by hand (x3 at 2 workers) follows the count: x4.5 at 3
+        sw = tfsync("switch", str(job), "--to", "bsp", "--lr-scale", "3", env=env)
+        assert sw.returncode == 0, sw.stderr
         up = tfsync("scale", str(job), "--workers", "3", env=env, timeout=150)
-        assert up.returncode == 0 and "scaled 2 -> 3 workers in" in up.stdout, up.stderr
+        assert up.returncode == 0 and "scaled 2 -> 3 workers in" in up.stdout and "learning rate x4.5" in up.stdout, \
+            up.stderr
         # the manager takes 3 batch sizes now (it checks them against the job's count)
         sizes = tfsync("batch-sizes", str(job), "4", "8", "12", env=env)
         assert sizes.returncode == 0, sizes.stderr
@@ -45,12 +48,13 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
     summary = json.loads(out)
     assert summary["workers"] == 3 and [(s["from"], s["to"]) for s in summary["scales"]] == [(2, 3)]
     recs = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    pushes = [r for r in recs if "worker" in r]
+    pushes = [r for r in recs if "worker" in r and "event" not in r]
     assert [r["pushes"] for r in pushes] == list(range(1, summary["pushes"] + 1))   # each once, none lost
     scaled_at = next(r for r in recs if r.get("event") == "scaled")["updates"]
     assert {r["worker"] for r in pushes if r["updates"] < scaled_at} == {0, 1}
     assert {r["worker"] for r in pushes if r["updates"] > scaled_at} == {0, 1, 2}
     assert summary["samples"] == sum(r["batch_size"] for r in pushes)
+    assert all(r["lr"] == pytest.approx(0.05 * 4.5) for r in pushes if r["updates"] > scaled_at)
 
     with Store(str(tmp_path / "home" / "jobs.db")) as store:
         (stored,) = store.jobs()
@@ -66,5 +70,8 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
     assert "goes on with 3 workers, as `tfsync scale` left it" in r.stderr
     resumed = json.loads(r.stdout)
     assert resumed["workers"] == 3 and resumed["scales"] == []
-    later = [x for x in map(json.loads, open(run_dir / "metrics.jsonl")) if "worker" in x][len(pushes):]
+    later = [x for x in map(json.loads, open(run_dir / "metrics.jsonl")) if "worker" in x and "event" not in x][len(pushes):]
     assert later and {x["worker"] for x in later} == {0, 1, 2}
+    # what the commands set holds, once, at the count it was set for
+    assert all(x["lr"] == pytest.approx(0.05 * 4.5) for x in later)
+    assert {(x["worker"], x["batch_size"]) for x in later} == {(0, 4), (1, 8), (2, 12)}

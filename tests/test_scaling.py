@@ -125,7 +125,7 @@ def test_a_lost_worker_shrinks_a_job_with_elastic_bounds_instead_of_restarting_i
     assert lost["task"] == "worker:1" and lost["shrunk_to"] == 2
     recs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert not [r for r in recs if r.get("event") == "worker_rejoined"]
-    pushes = [r for r in recs if "worker" in r]
+    pushes = [r for r in recs if "worker" in r and "event" not in r]
     before = [r for r in pushes if r["updates"] < scaled["updates"]]
     after = [r for r in pushes if r["updates"] >= scaled["updates"]]
     assert {r["worker"] for r in after} == {0, 1} and len(after) >= 2 * 10

@@ -23,7 +23,7 @@ def _engine(workers=2, restartable=True, active=None, bounds=(None, None)):
     if active is not None:
         ledger.active = frozenset(active)
     return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)), min_workers=bounds[0],
-                           max_workers=bounds[1],
+                           max_workers=bounds[1], fits=None,
                            generation=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)))
 
 
@@ -89,3 +89,48 @@ def test_the_ledger_keeps_the_counters_and_a_new_worker_starts_level_with_the_sl
     ledger.resize(1)
     assert ledger.clocks == [5] and ledger.num_workers == 1 and ledger.active == frozenset({0})
     assert ledger.restore_state(ledger.save_state()) is None
+
+
+def test_a_straggler_policys_rates_follow_the_count_for_each_protocol_it_runs():
+    """The straggler phase runs at BSP's rate (x n) and switches itself to ASP (x1): a
+    scale rescales the phase and its per-protocol factors by each protocol's rule, and
+    the rate in force is the one of the protocol it runs now."""
+    from tfsync.engine.scaling import running_protocol
+    from tfsync.switch.online import GreedyStragglerPolicy
+    from tfsync.switch.stragglers import StragglerDetector
+
+    policy = GreedyStragglerPolicy(StragglerDetector(1.0, 3), 150_000, lr_scales={"bsp": 2.0, "asp": 1.0})
+    phase = Phase(policy, lr_scale=2.0)
+    assert running_protocol(policy) == "bsp"
+    rescale([phase], 2, 4, "local", paper_rule, max_batch=64)()
+    assert phase.lr_scale == 4.0 and policy.lr_scales == {"bsp": 4.0, "asp": 1.0}
+    policy.state = "final"   # after its switch point: ASP
+    assert running_protocol(policy) == "asp" and running_protocol(BSP(BatchSizer(8))) == "bsp"
+    with pytest.raises(ValueError, match="sizes per worker; use cluster.scale = 'local'"):
+        rescale([phase], 4, 2, "global", paper_rule, max_batch=64)
+
+
+def test_what_commands_changed_in_a_phase_follows_the_count():
+    """A rate and batch sizes a command set are saved with checkpoints (``Phase.changed``)
+    and given back at a resume: after a scale they are the new count's."""
+    phase = Phase(BSP(BatchSizer(8)), lr_scale=2.0)
+    phase.set_batch_sizes([4, 12], max_batch=16)
+    phase.switched(BSP(phase.policy.sizer), "hot", 3.0, {})
+    phase.changed["batch_sizes"] = [4, 12]
+    rescale([phase], 2, 3, "local", paper_rule, max_batch=16)()
+    assert phase.lr_scale == 4.5 and phase.changed["lr_scale"] == 4.5
+    assert phase.changed["batch_sizes"] == [4, 12, 8]   # the new worker: the mean of those set
+
+
+def test_a_count_that_does_not_fit_the_machine_is_refused():
+    from tfsync.job.config import ConfigError
+
+    def fits(n):
+        if n > 3:
+            raise ConfigError(f"cluster.workers: {n} tasks need more memory than this machine has", "cluster.workers")
+
+    engine = _engine()
+    engine.fits = fits
+    check_scale(engine, 3)
+    with pytest.raises(ValueError, match="4 workers do not fit: cluster.workers: 4 tasks need more memory"):
+        check_scale(engine, 4)

@@ -197,8 +197,9 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     if cfg.cluster.scale == "global":   # each worker's batch: the global one / workers
         biggest = max(biggest, -(-cfg.train.batch_size * cfg.cluster.workers // workers))
     platform = platform_cluster(cfg)
-    check_job(workers, cfg.cluster.ps, biggest, example_bytes(*data.sample()),
-              local_tasks=not cfg.cluster.hooks and platform is None)
+    fits = functools.partial(check_job, ps=cfg.cluster.ps, max_batch=biggest, per_example=example_bytes(*data.sample()),
+                             local_tasks=not cfg.cluster.hooks and platform is None)   # fits(workers): a scale asks too
+    fits(workers)
     setup = TrainSetup(data.model_fn, data.optimizer_fn, data.loss_fn, data.x_train, data.y_train,
                        max_batch_size=biggest, x_test=data.x_test, y_test=data.y_test, metrics=data.metrics,
                        meta={"job": cfg.job.name, "data": data.source, "model": data.model_name,
@@ -215,7 +216,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     run_dir=cfg.job.run_dir,  # the base rate is the optimizer's (number or schedule)
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg), scale_rule=cfg.cluster.scale,
-                    min_workers=cfg.cluster.min_workers, max_workers=cfg.cluster.max_workers,
+                    min_workers=cfg.cluster.min_workers, max_workers=cfg.cluster.max_workers, fits=fits,
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

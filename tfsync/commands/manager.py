@@ -16,6 +16,9 @@ from tfsync.commands.lookup import ControlError, NotRunning, locate
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1  # the API's integer fields (batch sizes, steps)
+# How long a command waits for its answer: the manager answers "queued" after 60 s (300 s
+# for a scale or a restart switch, which restart the tasks), a little before these
+COMMAND_S, SLOW_COMMAND_S = 90, 330
 
 
 def client_tls(args, info: dict | None = None):
@@ -122,19 +125,20 @@ def cmd_switch(args):
     if args.lr_scale is not None:
         options["lr_scale"] = float(args.lr_scale)
     return _call(args, lambda s, j: s.Switch(manager_pb2.SwitchRequest(
-        request_id=uuid.uuid4().hex, job_id=j, protocol=args.to, method=method, options=options), timeout=10))
+        request_id=uuid.uuid4().hex, job_id=j, protocol=args.to, method=method, options=options),
+        timeout=SLOW_COMMAND_S))
 
 
 def cmd_stop(args):
     from tfsync.api.v1 import manager_pb2
     return _call(args, lambda s, j: s.Stop(manager_pb2.StopRequest(
-        request_id=uuid.uuid4().hex, job_id=j, checkpoint=not args.no_checkpoint), timeout=10))
+        request_id=uuid.uuid4().hex, job_id=j, checkpoint=not args.no_checkpoint), timeout=COMMAND_S))
 
 
 def cmd_checkpoint(args):
     from tfsync.api.v1 import manager_pb2
     return _call(args, lambda s, j: s.Checkpoint(manager_pb2.CheckpointRequest(
-        request_id=uuid.uuid4().hex, job_id=j), timeout=10))
+        request_id=uuid.uuid4().hex, job_id=j), timeout=COMMAND_S))
 
 
 def cmd_scale(args):
@@ -144,9 +148,8 @@ def cmd_scale(args):
         check_workers(args.workers)   # the manager's and the engine's check
     except ValueError as e:
         return fail(str(e), EXIT_BAD_INPUT)
-    # a scale drains, checkpoints and restarts the tasks: seconds, more on a slow network
     return _call(args, lambda s, j: s.Scale(manager_pb2.ScaleRequest(
-        request_id=uuid.uuid4().hex, job_id=j, workers=args.workers), timeout=120))
+        request_id=uuid.uuid4().hex, job_id=j, workers=args.workers), timeout=SLOW_COMMAND_S))
 
 
 def out_of_range(name: str, values, lo: int, hi: int) -> str | None:
@@ -162,7 +165,7 @@ def cmd_batch_sizes(args):
     if problem:
         return fail(f"{problem} (one per worker)", EXIT_BAD_INPUT)
     return _call(args, lambda s, j: s.SetBatchSizes(manager_pb2.SetBatchSizesRequest(
-        request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=10))
+        request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=COMMAND_S))
 
 
 def cmd_metrics(args):

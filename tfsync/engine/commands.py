@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
 from ..policy.commands import check_batch_sizes, check_switch, check_workers
+from .phase import EngineError
 from .scaling import scale
 from .switching import switch
 
@@ -141,5 +142,8 @@ def obey(engine, phase, cmd: Command) -> None:
         logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
         engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
         return
+    except EngineError as e:   # it failed halfway (a scale whose new tasks died): the run ends with it
+        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
+        raise
     engine.log.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
     engine.controller.result(CommandResult(cmd.id, True, message, engine.ledger.updates, path))

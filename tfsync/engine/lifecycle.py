@@ -54,11 +54,12 @@ class Lifecycle:
         self.recovering: set | None = None   # the lost workers while recovering from their loss
         self.dead_checked = 0.0    # when the tasks were last looked at (monotonic)
 
-    def launch(self):
-        """A new generation's tasks, starting (``open`` waits for them)."""
+    def launch(self, workers: int | None = None):
+        """A new generation's tasks, starting (``open`` waits for them); ``workers``: how
+        many (default: as now; tfsync.engine.scaling starts another count ahead)."""
         if self.records is None:   # before the tasks start: hooks on other nodes are sent the files
             self.records = write_records(self.setup, self.run_dir)
-        cluster = self.cluster_factory(self.workers, self.ps, self.host, log_dir=os.path.join(self.run_dir, "logs"),
+        cluster = self.cluster_factory(workers or self.workers, self.ps, self.host, log_dir=os.path.join(self.run_dir, "logs"),
                                        start_timeout=self.start_timeout, work_dir=self.run_dir,
                                        files=self.records.get("files", ()))
         self.clusters.append(cluster)

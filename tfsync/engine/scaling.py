@@ -14,7 +14,14 @@ The learning rate and batch across a scale (``rule``, the job file's ``cluster.s
 still to run, the configuration policy's rate for the new count (x n for a protocol that
 averages n workers' gradients: BSP and LB-BSP run n/m times the global batch at n/m
 times the rate); "global" keeps the global batch (each worker's batch becomes the old
-global batch / n, which must divide evenly) and the rate.
+global batch / n, which must divide evenly) and the rate. Momentum is not rescaled (a
+momentum rule that depends on n, ``switch.momentum = "inverse_n"`` or a ramp, keeps the
+job file's n).
+
+A scale by command starts the new tasks while the old ones still train (as a planned
+restart switch does): a count the machine or the hooks cannot start is refused with
+nothing changed; what fails after the old tasks stopped ends the run in one line, with
+everything counted in the checkpoint the scale took (``tfsync resume``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import time
 
 from ..policy.base import BatchSizer
 from ..policy.commands import MAX_WORKERS, check_workers
+from .phase import EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +52,26 @@ def check_scale(engine, workers: int) -> None:
         out = sorted(frozenset(range(old)) - engine.ledger.active)
         raise ValueError(f"{engine.policy.name} holds worker(s) {out} out of the membership now; scale once "
                          "they are members again (one owner of membership at a time)")
+    if engine.fits is not None:   # memory and open files for that many tasks (tfsync.job.limits)
+        try:
+            engine.fits(workers)
+        except Exception as e:   # noqa: BLE001 - a ConfigError naming what does not fit
+            raise ValueError(f"{workers} workers do not fit: {e}") from None
+
+
+def running_protocol(policy) -> str:
+    """The protocol ``policy`` runs now: a straggler policy's BSP or ASP, else its own."""
+    return getattr(policy, "running", policy.name)
 
 
 def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     """Check that ``phases`` (the one running and those still to run) can go on with
     ``workers`` workers instead of ``old`` under ``rule``; return what makes them so,
     having changed nothing: their policies resized and, under "local", each rate factor
-    times ``lr_rule(protocol, workers) / lr_rule(protocol, old)``, under "global" each
-    worker's batch the old global batch / ``workers``. ValueError (one line) where a phase
+    times ``lr_rule(protocol, workers) / lr_rule(protocol, old)`` (a straggler policy's
+    for each protocol it runs), under "global" each worker's batch the old global batch /
+    ``workers``; what commands changed in a phase (``Phase.changed``: its rate, batch sizes)
+    follows, so a resume finds it at the new count. ValueError (one line) where a phase
     cannot: a batch above ``max_batch`` (the input pipeline's largest), a global batch that
     does not split evenly, a policy that cannot resize."""
     if rule not in RULES:
@@ -78,29 +98,48 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
                              f"input pipeline's {max_batch}")
         policy.check_resize(workers)
 
+    def factor(protocol: str) -> float:   # the configuration policy's rate for the new count
+        return lr_rule(protocol, workers) / lr_rule(protocol, old)
+
     def apply():
         for phase, size in zip(phases, sizes):
-            phase.policy.resize(workers)
+            policy = phase.policy
+            policy.resize(workers)
             if size is not None:
-                phase.policy.sizer = BatchSizer(size)
-            else:   # the configuration policy's rate for the new count
-                phase.lr_scale *= lr_rule(phase.policy.name, workers) / lr_rule(phase.policy.name, old)
-                inner = getattr(phase.policy, "lr_scales", None)   # a straggler policy's, per protocol it runs
-                for protocol in inner or ():
-                    inner[protocol] *= lr_rule(protocol, workers) / lr_rule(protocol, old)
+                policy.sizer = BatchSizer(size)
+                continue
+            inner = getattr(policy, "lr_scales", None)   # a straggler policy: the phase runs at BSP's rate
+            phase.lr_scale *= factor("bsp" if inner is not None else policy.name)
+            for protocol in inner or ():
+                inner[protocol] *= factor(protocol)
+            if "lr_scale" in phase.changed:
+                phase.changed["lr_scale"] = phase.lr_scale
+            if "batch_sizes" in phase.changed and hasattr(policy.sizer, "per_worker"):
+                phase.changed["batch_sizes"] = list(policy.sizer.per_worker)
     return apply
 
 
 def scale(engine, phases, workers: int, rule: str = "local") -> str:
     """Go on with ``workers`` workers (``phases``: the current phase and those still to
-    run); returns what was done and what it cost, in a line. Raises ValueError, having
-    changed nothing, where ``check_scale`` or ``rescale`` does."""
+    run); returns what was done and what it cost, in a line. ValueError, having changed
+    nothing, where ``check_scale`` or ``rescale`` refuses or the new tasks cannot start;
+    EngineError where it fails after the old tasks stopped."""
     check_scale(engine, workers)
     resized = rescale(phases, engine.workers, workers, rule, engine.lr_rule, engine.setup.max_batch_size)
     t0 = time.time()
-    engine.drain(engine.policy)
-    path = engine.checkpoint("scale")
-    event = relaunch(engine, phases, workers, resized, path, t0, by="command", rule=rule)
+    try:
+        cluster = engine.lifecycle.launch(workers)   # the new tasks start while the old ones train
+    except Exception as e:   # noqa: BLE001 - e.g. the hooks' task ports are fewer than the tasks
+        raise ValueError(f"{workers} workers could not be started: {e}") from None
+    path = None
+    try:
+        engine.drain(engine.policy)
+        path = engine.checkpoint("scale")
+        event = relaunch(engine, phases, workers, resized, path, t0, by="command", cluster=cluster, rule=rule)
+    except Exception as e:
+        cluster.stop()
+        where = f"; everything counted is in {path}: `tfsync resume`" if path else ""
+        raise EngineError(f"the scale to {workers} workers failed: {e}{where}") from e
     return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
             f"x{event['lr_scale']:g}, {rule})")
 
@@ -126,11 +165,15 @@ def shrink_after_loss(engine, lost: list[int], path: str, t0: float) -> dict | N
                     lost=sorted(lost))
 
 
-def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: str, **detail) -> dict:
+def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: str, cluster=None,
+             rule: str = "local", **detail) -> dict:
     """Stop the drained job's tasks, make ``workers`` the count (ledger, ``resized``: the
-    phases' policies, rates and batches), start the new tasks restored from ``path`` and
-    start the policy; returns the ``scaled`` event it records."""
+    phases' policies, rates and batches), open ``cluster`` (or new tasks) restored from
+    ``path`` and start the policy; returns the ``scaled`` event it records."""
     old, policy, t_saved = engine.workers, engine.policy, time.time()
+    running = running_protocol(policy)
+    rate = engine.ledger.lr_scale * (engine.lr_rule(running, workers) / engine.lr_rule(running, old)
+                                     if rule == "local" else 1.0)
     lifecycle = engine.lifecycle
     if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
         lifecycle.next_cluster.stop()
@@ -138,21 +181,22 @@ def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: st
     if engine.evaluator is not None:
         engine.evaluator.wait()
     engine.close_generation(kill=True)
+    engine.ledger.forget_grants()   # (after a loss: the steps the killed tasks held)
     engine.workers = lifecycle.workers = workers
     engine.ledger.resize(workers)
     resized()
     t_stopped = time.time()
-    engine.open_generation(lifecycle.launch(), restore=path)
+    engine.open_generation(cluster or lifecycle.launch(), restore=path)
     engine.ledger.forget_grants()
-    engine.ledger.lr_scale = phases[0].lr_scale
-    engine.generation.set_hyper(lr_scale=phases[0].lr_scale)
+    engine.ledger.lr_scale = rate
+    engine.generation.set_hyper(lr_scale=rate)
     t1 = time.time()
-    event = {"from": old, "to": workers, "by": by, **detail, "samples": engine.ledger.samples,
-             "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": phases[0].lr_scale,
+    event = {"from": old, "to": workers, "by": by, "rule": rule, **detail, "samples": engine.ledger.samples,
+             "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": rate,
              "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
              "seconds": round(t1 - t0, 3)}
     engine.log.scaled(event)
-    if not engine.draining:
+    if not engine.draining and (engine.phase_end is None or engine.ledger.samples < engine.phase_end):
         engine.apply(policy.start(engine.view()))
     logger.info("scaled %d -> %d workers (%s) in %.1f s", old, workers, by, t1 - t0)
     return event

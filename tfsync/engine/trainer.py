@@ -49,7 +49,8 @@ class Engine:
                  controller: Controller | None = None, eval_every: int = 0, eval_samples: int = 0,
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
                  callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str, int], float] | None = None,
-                 scale_rule: str = "local", min_workers: int | None = None, max_workers: int | None = None):
+                 scale_rule: str = "local", min_workers: int | None = None, max_workers: int | None = None,
+                 fits: Callable[[int], None] | None = None):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
@@ -60,7 +61,8 @@ class Engine:
         protocol that averages the workers' gradients, 1 for the others); ``scale_rule``:
         the rate and batch across a change of the worker count (tfsync.engine.scaling);
         ``min_workers`` / ``max_workers``: the bounds a scale keeps to; with ``min_workers``
-        a lost worker shrinks the job while that many remain, instead of restarting."""
+        a lost worker shrinks the job while that many remain, instead of restarting;
+        ``fits(n)``: raises where n workers do not fit the machine (tfsync.job.limits)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
@@ -80,7 +82,7 @@ class Engine:
         self.phase_end: int | None = None  # the samples at which it ends
         self.lr_rule = lr_rule or (lambda protocol, n: float(n) if aggregating(protocol) else 1.0)
         self.scale_rule = scale_rule
-        self.min_workers, self.max_workers = min_workers, max_workers
+        self.min_workers, self.max_workers, self.fits = min_workers, max_workers, fits
         self.phases: list[Phase] = []   # the run's plan (a scale changes the phases still to run)
         self.pilot = Pilot(self, enabled=ps_rounds)
         self.total_samples = 0
@@ -333,8 +335,6 @@ class Engine:
             # the phase the checkpoint was taken in gets its policy's saved state
             resumed = None if saved is None else \
                 next((p for p in phases if p.until * total_samples > self.ledger.samples), phases[-1])
-            if resumed is not None and resume.get("changed"):
-                carry_changes(resumed, resume["changed"], self.workers, self.setup.max_batch_size)   # as the commands before the stop left it
             # a resumed run starts in the phase its checkpoint was taken in: the phases before
             # it are done (run again, each would start its policy and train a round of it)
             first = phases.index(resumed) if resumed is not None else 0
@@ -344,6 +344,8 @@ class Engine:
                             self.setup.max_batch_size)()
                 except ValueError as e:
                     raise EngineError(f"resume with the {self.workers} workers the job was scaled to: {e}") from None
+            if resumed is not None and resume.get("changed"):   # as the commands before the stop left it
+                carry_changes(resumed, resume["changed"], self.workers, self.setup.max_batch_size)
             set_config(self.ledger, self.generation, phases[first])
             stopped = None
             for i, phase in enumerate(phases):

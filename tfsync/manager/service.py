@@ -34,7 +34,7 @@ from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
 from tfsync.policy.base import PolicyError
 from tfsync.policy.catalogue import from_numbers
-from tfsync.policy.commands import MAX_WORKERS, check_batch_sizes, check_switch, check_workers
+from tfsync.policy.commands import check_batch_sizes, check_switch, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +191,11 @@ class ManagerService(ResourceReports):
                 return
 
     # -- commands -------------------------------------------------------------------------
-    def _issue(self, request, context, kind: str, **fields) -> manager_pb2.CommandAck:
+    def _issue(self, request, context, kind: str, slow: bool = False) -> manager_pb2.CommandAck:
+        """Queue a command for the job's engine and answer with its outcome; ``slow``: one
+        that restarts the tasks (a scale, a restart switch) is waited for 5 x as long."""
         job = self._job(request.job_id, context)
+        wait_s = self.command_wait_s * (5 if slow else 1)
         if len(request.request_id) > MAX_ID:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id: expected at most {MAX_ID} characters, "
                           f"got {len(request.request_id)}")
@@ -209,13 +212,16 @@ class ManagerService(ResourceReports):
         logger.info("job %s: %s queued as %s", job.job_id, kind, cmd.command_id)
         with job.changed:  # the engine checks and carries it out at its next step boundary
             job.changed.wait_for(lambda: cmd.command_id in job.results or job.ended or not context.is_active(),
-                                 timeout=self.command_wait_s)
-            result = job.results.get(cmd.command_id)
+                                 timeout=wait_s)
+            result, ended = job.results.get(cmd.command_id), job.ended
+        if result is None and ended:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the run ended before it carried out the {kind}; see `tfsync "
+                          "status` and the run's log")
         if result is not None and not result.ok:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{kind} refused by the running job: {one_line(result.message)}")
         message = one_line(result.message) if result is not None else (
-            f"{kind} queued; not carried out within {self.command_wait_s:.0f} s (the job acts at a step "
+            f"{kind} queued; not carried out within {wait_s:.0f} s (the job acts at a step "
             "boundary; see `tfsync status`)")
         ack = manager_pb2.CommandAck(job_id=job.job_id, command_id=cmd.command_id, message=message)
         if request.request_id:
@@ -231,7 +237,7 @@ class ManagerService(ResourceReports):
             check_switch(request.protocol, *switch_fields(request))
         except (ValueError, PolicyError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
-        return self._issue(request, context, "switch")
+        return self._issue(request, context, "switch", slow=request.method == manager_pb2.SWITCH_METHOD_RESTART)
 
     def SetBatchSizes(self, request, context):
         job = self._job(request.job_id, context)
@@ -249,7 +255,7 @@ class ManagerService(ResourceReports):
                 raise ValueError(f"the job already runs {job.workers} workers")
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
-        return self._issue(request, context, "scale")
+        return self._issue(request, context, "scale", slow=True)
 
     def Checkpoint(self, request, context):
         return self._issue(request, context, "checkpoint")
@@ -358,7 +364,7 @@ class ManagerService(ResourceReports):
             self._flush(job)
 
     def _event(self, job: JobRuntime, ev) -> None:
-        if ev.kind not in EVENT_KINDS or not job.run_id:
+        if ev.kind not in EVENT_KINDS:
             return  # the store keeps the kinds the job's history needs
         try:
             detail = json.loads(ev.detail_json or "{}")
@@ -370,6 +376,8 @@ class ManagerService(ResourceReports):
             with job.changed:   # before the steps of the new workers (the stream keeps its order)
                 job.workers = detail["to"]
                 job.batch_sizes = {w: b for w, b in job.batch_sizes.items() if w < job.workers}
+        if not job.run_id:
+            return
         try:
             self.store.add_event(job.run_id, ev.kind, detail, at=ev.time or None)
         except (StoreError, ValueError, RecursionError) as e:  # a broken store; a detail JSON cannot write

@@ -121,6 +121,7 @@ class LBBSPSizer(BatchSizer):
         self.profiles = self._profiles(profiles)
         self.blocking, self.background = bool(blocking), bool(background)
         self.lo, self.hi = lo, hi
+        self._bounds_given = (lo, hi)   # per-worker lists as configured: a resize takes its first n
         self.hysteresis = Hysteresis(min_gain, max_change)
         self.comm_alpha = comm_alpha
         self.predictors: dict = {}
@@ -288,7 +289,7 @@ class LBBSPSizer(BatchSizer):
             if missing:
                 raise ValueError(f"{what}: it has GPU profiles for workers {sorted(self.profiles)}, not for "
                                  f"{missing}; profile every worker or drop profiles")
-        lo, hi = (b if b is None or isinstance(b, (int, float)) else list(b)[:workers] for b in (self.lo, self.hi))
+        lo, hi = (b if b is None or isinstance(b, (int, float)) else list(b)[:workers] for b in self._bounds_given)
         try:  # per-worker bounds for every worker, and X splits within them
             bounds(workers, self.batch_size * workers, lo, hi)
         except ValueError as e:

@@ -127,6 +127,12 @@ class _StragglerAware(Policy):
         d = self.bsp.start(view)
         return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
 
+    @property
+    def running(self) -> str:
+        """The protocol it runs now: "bsp", or "asp" while a straggler is seen and after the
+        switch point (the rate factor in force is ``lr_scales``' for it)."""
+        return "bsp" if self.state == "bsp" else "asp"
+
     def start(self, view: ClusterView) -> Decision:
         self._see(view)
         self.timeline.append((view.now, self.state))
