@@ -115,6 +115,8 @@ def changes(recs: list[dict], waited: list, latency: float) -> list[dict]:
         rows.append({"latency_ms": latency, "change": what, "engine_s": round(t1 - t0, 2),
                      "drain_save_s": e.get("drain_save_s", round(e.get("drain_s", 0) + e.get("save_s", 0), 3)),
                      "restart_s": e.get("restart_s", round(e.get("stop_old_s", 0) + e.get("start_new_s", 0), 3)),
+                     # the new generation's open: its tasks listening, connect + build, restore, trace
+                     **{k: e.get(k) for k in ("wait_tasks_s", "connect_build_s", "restore_s", "trace_s")},
                      "pause_s": round(after - before, 2), "command_s": round(waited[i][0], 2) if i < len(waited)
                      else None, "samples_per_s_before": segments[i], "samples_per_s_after": segments[i + 1]})
     return rows

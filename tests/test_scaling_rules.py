@@ -86,8 +86,13 @@ def test_the_ledger_keeps_the_counters_and_a_new_worker_starts_level_with_the_sl
     ledger.resize(3)
     assert ledger.clocks == [5, 3, 3] and (ledger.pushes, ledger.updates, ledger.samples) == (8, 8, 64)
     assert ledger.view(0.0).members == frozenset({0, 1, 2}) and ledger.view(0.0).min_clock == 3
+    from tfsync.policy.base import PushMode
+    for w in (0, 2):
+        ledger.granted[w] += 1
+        ledger.push(w, 8, PushMode.APPLY, 0, 8, start=0.0, end=0.1, arrival=0.2, loss=1.0)
     ledger.resize(1)
-    assert ledger.clocks == [5] and ledger.num_workers == 1 and ledger.active == frozenset({0})
+    assert ledger.clocks == [6] and ledger.num_workers == 1 and ledger.active == frozenset({0})
+    assert [p.worker for p in ledger.history] == [0]   # the removed workers' pushes leave the history
     assert ledger.restore_state(ledger.save_state()) is None
 
 

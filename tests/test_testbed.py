@@ -223,7 +223,7 @@ def _probes(targets: dict) -> dict:
     return {name: p.communicate(timeout=30)[0].strip() for name, p in procs.items()}
 
 
-def _job(tmp_path, bed, name, epochs, checkpoint_every):
+def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster=""):
     run_dir = tmp_path / name
     job = tmp_path / f"{name}.toml"
     job.write_text(textwrap.dedent(f"""
@@ -239,7 +239,7 @@ def _job(tmp_path, bed, name, epochs, checkpoint_every):
         checkpoint_every = {checkpoint_every}
         [[protocol]]
         name = "bsp"
-        """) + bed.cluster_toml() + "workers = 2\n")
+        """) + bed.cluster_toml() + "workers = 2\n" + cluster)
     proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report"]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return run_dir, proc
@@ -315,6 +315,30 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
 
 
 @pytest.mark.slow
+def test_a_lost_node_shrinks_a_job_with_elastic_bounds_and_it_trains_on(bed, tmp_path):
+    """cluster.min_workers = 1: n3's link goes down mid-BSP; its worker is not restarted
+    elsewhere, the job goes on with one worker (a 'scaled' event by "loss", no rejoin),
+    from the checkpoint taken at the loss, to the end of its workload."""
+    run_dir, coordinator = _job(tmp_path, bed, "shrink", 0.3, 0, cluster="min_workers = 1\n")
+    try:
+        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
+        bed.set("n3", up=False)
+        out, _ = coordinator.communicate(timeout=300)
+    finally:
+        bed.set("n3", up=True)
+        kill_if_running(coordinator)
+    assert coordinator.returncode == 0, out[-3000:]
+    rs = records(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (scaled,) = summary["scales"]
+    assert (scaled["from"], scaled["to"], scaled["by"], scaled["lost"]) == (2, 1, "loss", [1])
+    assert summary["workers"] == 1 and not [r for r in rs if r.get("event") == "worker_rejoined"]
+    scaled_at = next(e["time"] for e in rs if e.get("event") == "scaled")
+    after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
+    assert after and {r["worker"] for r in after} == {0}
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+
+
 def test_a_partitioned_node_rejoins_when_its_link_is_back_and_the_job_outlives_the_ps_node(bed, tmp_path):
     """n3's link goes down mid-BSP (n3 and its hook live on, unreachable): its worker is
     lost, the next generation runs both workers on n1 and n2, and when the link is back

@@ -69,9 +69,10 @@ class Progress:
     @staticmethod
     def _info(engine, policy, steps_s: float) -> str:
         workers = {}
-        for p in reversed(engine.history):
-            workers.setdefault(p.worker, p)
         sizes = engine.ledger.batch_sizes   # in force: the latest grant's, not the last push's (a switch)
+        for p in reversed(engine.history):
+            if p.worker < len(sizes):   # (a worker a scale removed: gone)
+                workers.setdefault(p.worker, p)
         speed = "  ".join(f"w{w} b={sizes[w] or p.batch_size} {p.samples_per_s:,.0f}/s"
                           for w, p in sorted(workers.items()))
         loss = engine.history[-1].loss if engine.history else float("nan")

@@ -342,17 +342,20 @@ class HookCluster:
             raise ClusterError(str(err)) if isinstance(err, LaunchError) else err
 
     def dead_tasks(self) -> list[tuple[str, int, int]]:
-        """Tasks of this generation that ended, asking every hook that runs one (Health)."""
+        """Tasks of this generation that ended, asking every hook that runs one (Health),
+        all at once: one round trip to the farthest node, not one per node in turn (the
+        engine's loop asks twice a second; 9 nodes at 30 ms one way took it 0.6 s a time)."""
         if self._thread is not None and not self._thread.is_alive() and self._error is None:
-            for h, stub in enumerate(self.launcher._stubs):
+            # wait_for_ready: a hook restarting in place (SIGHUP, a second or two) is waited
+            # for, not taken for lost; one silent for HEALTH_TIMEOUT_S is
+            asked = {h: stub.Health.future(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S,
+                                           wait_for_ready=True)
+                     for h, stub in enumerate(self.launcher._stubs)
+                     if self.launcher.tasks_of(h) and h not in self._unreachable}
+            for h, answer in asked.items():
                 mine = self.launcher.tasks_of(h)
-                if not mine or h in self._unreachable:
-                    continue
                 try:
-                    # wait_for_ready: a hook restarting in place (SIGHUP, a second or two) is waited
-                    # for, not taken for lost; one silent for HEALTH_TIMEOUT_S is
-                    health = stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S,
-                                         wait_for_ready=True)
+                    health = answer.result()
                 except Exception as e:  # noqa: BLE001 - an unreachable hook: its tasks count as lost
                     logger.warning("hook %s did not answer Health: %s", self.launcher.addresses[h], e)
                     self._unreachable.add(h)

@@ -186,7 +186,7 @@ def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: st
     engine.ledger.resize(workers)
     resized()
     t_stopped = time.time()
-    engine.open_generation(cluster or lifecycle.launch(), restore=path)
+    opened = engine.open_generation(cluster or lifecycle.launch(), restore=path)   # its parts' seconds
     engine.ledger.forget_grants()
     engine.ledger.lr_scale = rate
     engine.generation.set_hyper(lr_scale=rate)
@@ -194,7 +194,7 @@ def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: st
     event = {"from": old, "to": workers, "by": by, "rule": rule, **detail, "samples": engine.ledger.samples,
              "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": rate,
              "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
-             "seconds": round(t1 - t0, 3)}
+             **{k: round(v, 3) for k, v in opened.items()}, "seconds": round(t1 - t0, 3)}
     engine.log.scaled(event)
     if not engine.draining and (engine.phase_end is None or engine.ledger.samples < engine.phase_end):
         engine.apply(policy.start(engine.view()))

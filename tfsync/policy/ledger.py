@@ -155,8 +155,8 @@ class Ledger:
         """The job now has ``workers`` workers (0..workers-1), between generations, with
         nothing in flight and no round open: the kept workers keep their clocks; a new one
         starts level with the slowest member (a clock of 0 would hold SSP's fast workers
-        back until it caught up); every worker is a member. Counters are the job's and
-        stay."""
+        back until it caught up); every worker is a member; the recent pushes of removed
+        workers leave the history. Counters are the job's and stay."""
         if self.in_flight() or self.pending_workers:
             raise ValueError("resize needs a drained ledger: steps are in flight or a round is open")
         start = self._min.value if self.active else 0
@@ -165,6 +165,7 @@ class Ledger:
         self.batch_sizes = self.batch_sizes[:keep] + [0] * (workers - keep)
         self._arrivals = self._arrivals[:keep] + [0.0] * (workers - keep)
         self._grant_times = [collections.deque() for _ in range(workers)]
+        self.history = collections.deque((p for p in self.history if p.worker < workers), maxlen=self.history.maxlen)
         self.num_workers = workers
         self.active = frozenset(range(workers))
         self._min = _MinClock(self.clocks, self.active)
