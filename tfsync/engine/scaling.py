@@ -1,7 +1,9 @@
 """Elastic workers: a running job goes on with another number of workers.
 
-A scale is a restart at a step boundary (as a restart switch is): drain, checkpoint, stop
-the tasks, start ``n`` workers (and the PS) restored from the checkpoint, go on. Workers
+A scale is a restart at a step boundary (as a restart switch is): ``n`` workers' tasks
+(and the PS) start, the job drains, checkpoints, stops the old tasks and goes on with the
+new ones, restored from the checkpoint. With elastic bounds, a lost worker shrinks the
+job the same way (``shrink_after_loss``) instead of being restarted. Workers
 keep their numbers 0..n-1: a shrink drops the highest-numbered ones, a grow adds new ones.
 What counts per worker follows: the ledger's clocks (a new worker starts level with the
 slowest, ``Ledger.resize``) and the running policy's state (``Policy.resize``: LB-BSP's
