@@ -286,3 +286,15 @@ def test_a_step_error_of_several_workers_is_said_by_its_first_root_error():
     assert error_line(err) == "the loss : Tensor had NaN values"
     assert error_line(RuntimeError("Graph execution error:\n\nthe loss : Tensor had NaN values")) == \
         "the loss : Tensor had NaN values"
+
+
+def test_the_report_shows_how_a_scale_changed_the_worker_count(tmp_path):
+    """A run scaled 2 -> 3 -> 2: the summary table says so, and the timeline is drawn with
+    each scale's cost (tfsync scale)."""
+    run = write_run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:   # (after the line a crash cut short)
+        f.write("\n" + "".join(json.dumps({"event": "scaled", "time": t, "from": a, "to": b, "seconds": 0.5,
+                                           "by": "command"}) + "\n" for t, a, b in ((6.0, 2, 3), (8.0, 3, 2))))
+    page = open(write_report([str(run)])).read()
+    assert "<th>workers / PS</th><td>2 -&gt; 3 -&gt; 2 / 1</td>" in page
+    assert load_run(str(run)).of("scaled")[1]["to"] == 2
