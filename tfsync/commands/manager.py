@@ -333,13 +333,15 @@ def add_commands(sub) -> None:
     bs = job_command("batch-sizes", "set a running job's per-worker batch sizes", cmd_batch_sizes)
     bs.add_argument("sizes", type=int, nargs="+", help="one batch size per worker")
     sc = job_command("scale", "go on with another number of workers (checkpoint, restart, restore)", cmd_scale)
-    sc.description += (" At its next step boundary the job drains, checkpoints, stops its tasks and starts N "
-                       "workers restored from the checkpoint: a shrink drops the highest-numbered workers, a "
+    sc.description += (" The N workers' tasks start while the old ones train; at its next step boundary the job "
+                       "drains, checkpoints, stops the old tasks and goes on with the new ones restored from the "
+                       "checkpoint: a shrink drops the highest-numbered workers, a "
                        "grow adds new ones, nothing counted is lost. The learning rate and batch follow the job "
                        "file's cluster.scale ('local': each worker's batch kept, the rate by switch.lr for the "
                        "new count; 'global': the global batch and the rate kept). The answer says what it cost. "
                        "Not for a job on a platform's tasks (TF_CONFIG).")
-    sc.add_argument("--workers", type=int, required=True, metavar="N", help="the new worker count")
+    sc.add_argument("--workers", type=int, required=True, metavar="N",
+                    help="the new worker count, within the job file's cluster.min_workers and max_workers")
     mg = sub.add_parser("manager", help="run a standalone manager that trains submitted jobs",
                         description="Serve the tfsync Manager API: `tfsync submit` sends it jobs, which it "
                                     "trains (one coordinator process each, tasks on the job's hooks or on this "
