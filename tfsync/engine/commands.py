@@ -16,7 +16,7 @@ from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
 from ..policy.commands import check_batch_sizes, check_switch, check_workers
 from .phase import EngineError
-from .scaling import scale
+from .scaling import phases_left, scale
 from .switching import switch
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
         engine.drain(old)
         raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
     if cmd.kind == "scale":   # this phase and the plan's later ones
-        return scale(engine, engine.phases[engine.phases.index(phase):], cmd.workers, engine.scale_rule), ""
+        return scale(engine, phases_left(engine, phase), cmd.workers, engine.scale_rule), ""
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
     if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "

@@ -61,6 +61,11 @@ def check_scale(engine, workers: int) -> None:
             raise ValueError(f"{workers} workers do not fit: {e}") from None
 
 
+def phases_left(engine, phase) -> list:
+    """``phase`` (the one running) and the plan's phases after it: what a scale changes."""
+    return engine.phases[engine.phases.index(phase):] if phase in engine.phases else [phase]
+
+
 def running_protocol(policy) -> str:
     """The protocol ``policy`` runs now: a straggler policy's BSP or ASP, else its own."""
     return getattr(policy, "running", policy.name)
@@ -78,9 +83,7 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     does not split evenly, a policy that cannot resize."""
     if rule not in RULES:
         raise ValueError(f"cluster.scale = {rule!r}: must be one of {', '.join(RULES)}")
-    if workers < 1:
-        raise ValueError(f"workers = {workers}: a job needs at least 1 worker")
-    sizes = []
+    sizes = []   # (a count under 1: each policy's check_resize refuses it)
     for phase in phases:
         policy = phase.policy
         if rule == "global":
@@ -156,7 +159,7 @@ def shrink_after_loss(engine, lost: list[int], path: str, t0: float) -> dict | N
     workers = engine.workers - len(lost)
     if engine.min_workers is None or workers < engine.min_workers:
         return None
-    phases = engine.phases[engine.phases.index(engine.phase):] if engine.phase in engine.phases else [engine.phase]
+    phases = phases_left(engine, engine.phase)
     try:
         resized = rescale(phases, engine.workers, workers, engine.scale_rule, engine.lr_rule,
                           engine.setup.max_batch_size)
@@ -189,7 +192,6 @@ def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: st
     resized()
     t_stopped = time.time()
     opened = engine.open_generation(cluster or lifecycle.launch(), restore=path)   # its parts' seconds
-    engine.ledger.forget_grants()
     engine.ledger.lr_scale = rate
     engine.generation.set_hyper(lr_scale=rate)
     t1 = time.time()

@@ -64,6 +64,6 @@ MAX_WORKERS = 1024   # a scale's worker count: more task processes than any one 
 
 def check_workers(workers: int, low: int = 1, high: int = MAX_WORKERS) -> None:
     """ValueError unless a scale's ``workers`` is a whole number in [low, high] (the job's
-    bounds, ``cluster.workers = {min, max}``)."""
+    bounds, ``cluster.min_workers`` and ``cluster.max_workers``)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or not low <= workers <= high:
         raise ValueError(f"workers = {shown(workers)}: expected a whole number from {low} to {high}")
