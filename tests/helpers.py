@@ -48,13 +48,14 @@ def tfsync(*args, env=None, timeout=60, **kw):
 
 
 @contextlib.contextmanager
-def tfsync_run(tmp_path, job_text: str, env=None, output=subprocess.PIPE):
-    """`tfsync run JOB --json` in its own process, JOB written to tmp_path/job.toml from
-    ``job_text`` with ``{run_dir}`` = tmp_path/run; yields (process, run_dir, job). The
-    process is killed on the way out if it still runs, also when the test failed."""
+def tfsync_run(tmp_path, job_text: str, env=None, output=subprocess.PIPE, args=()):
+    """`tfsync run JOB --json` (and ``args``) in its own process, JOB written to
+    tmp_path/job.toml from ``job_text`` with ``{run_dir}`` = tmp_path/run; yields (process,
+    run_dir, job). The process is killed on the way out if it still runs, also when the
+    test failed."""
     run_dir, job = tmp_path / "run", tmp_path / "job.toml"
     job.write_text(job_text.format(run_dir=run_dir))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA, *args],
                            stdout=output, stderr=output, text=True, env=env)
     try:
         yield run, run_dir, job
@@ -172,11 +173,12 @@ def check_imports_no_tensorflow(*modules: str) -> None:
 
 
 # -- node hooks -----------------------------------------------------------------------------
-def start_hook(tmp_path, name, token_file, port):
-    """`tfsync hook` on 127.0.0.1:port, its output in tmp_path/name.out, once it listens."""
+def start_hook(tmp_path, name, token_file, port, args=()):
+    """`tfsync hook` on 127.0.0.1:port (and ``args``), its output in tmp_path/name.out,
+    once it listens."""
     log = open(tmp_path / f"{name}.out", "w")
     proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "hook", "--listen", f"127.0.0.1:{port}",
-                             "--token-file", str(token_file), "--log-dir", str(tmp_path / name)],
+                             "--token-file", str(token_file), "--log-dir", str(tmp_path / name), *args],
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     log.close()
     deadline = time.monotonic() + 60

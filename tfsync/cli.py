@@ -15,7 +15,7 @@ import sys
 import time
 
 from .base import rundir
-from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, TfsyncError, codes_help, fail, interrupt
+from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, TfsyncError, codes_help, fail, interrupt
 from .base.quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
@@ -41,10 +41,31 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def manager_token(args) -> str | None:
+    """The embedded manager's token where it listens where other machines' hooks join
+    (``--manager-listen``): read from ``--manager-token-file`` (made if missing); else None
+    (a new token per run). A token file without --manager-listen is refused."""
+    from .api import auth, transport
+    from .manager.home import home
+    if not args.manager_listen:
+        if args.manager_token_file or args.allow_remote:
+            raise BadInput("--manager-token-file and --allow-remote are for --manager-listen")
+        return None
+    if args.no_manager or args.attach:
+        raise BadInput("--manager-listen is for the manager `tfsync run` embeds (not with --no-manager or --attach)")
+    try:
+        transport.check_listen(args.manager_listen, args.allow_remote, None, warn=False)
+    except (ValueError, transport.TransportError) as e:
+        raise BadInput(f"--manager-listen: {e}") from None
+    path = os.path.expanduser(args.manager_token_file or str(home() / "manager.token"))
+    return auth.read_token(path) if os.path.exists(path) else auth.write_token(path)
+
+
 def cmd_run(args) -> int:
     from .job.config import load_job
 
     cfg = load_job(args.job, overrides=args.set)
+    args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
     from .commands.switch import stored_switch_point
@@ -128,7 +149,8 @@ def _run(args, cfg, found) -> int:
             from .manager import embedded
             manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
                                      (resume or {}).get("workers") or cfg.cluster.workers, cfg.protocol[0].name,
-                                     resume=resume is not None)
+                                     resume=resume is not None, listen=args.manager_listen,
+                                     allow_remote=args.allow_remote, token=args.manager_token)
         summary = run_job(cfg, progress=progress, data_path=args.data,
                           controller=manager.link if manager else None, resume=resume,
                           cluster_factory=manager.nodes if manager else None)
@@ -233,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
                             f"default: ${ENV_NO_REPORT})")
         q.add_argument("--no-manager", action="store_true",
                        help="no embedded manager: the run cannot be reached by status/switch/stop")
+        q.add_argument("--manager-listen", metavar="HOST:PORT",
+                       help="where the embedded manager listens (default: loopback, a free port); an address other "
+                            "machines reach lets their hooks join the job (`tfsync hook --join HOST:PORT`)")
+        q.add_argument("--allow-remote", action="store_true",
+                       help="allow a non-loopback --manager-listen (plaintext: keep it on a trusted network)")
+        q.add_argument("--manager-token-file", metavar="PATH",
+                       help="with --manager-listen: the manager's token (created, mode 0600, if missing; default "
+                            "$TFSYNC_HOME/manager.token); joining hooks need a copy (their --manager-token-file)")
         q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "
                        "embedding one (set by `tfsync manager` for submitted jobs, with the options below)")
         q.add_argument("--token-file", help=argparse.SUPPRESS)

@@ -16,12 +16,12 @@ from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
 from ..policy.commands import check_batch_sizes, check_switch, check_workers
 from .phase import EngineError
-from .scaling import phases_left, scale
+from .scaling import join, phases_left, scale
 from .switching import switch
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("switch", "batch_sizes", "checkpoint", "stop", "scale")
+KINDS = ("switch", "batch_sizes", "checkpoint", "stop", "scale", "join")
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class Command:
     """``switch``: to ``protocol`` (with ``options``) by ``method`` ("hot" | "restart"),
     learning rate x ``lr_scale`` (None: keep). ``batch_sizes``: one per worker from the
     next grant on. ``checkpoint``: save now. ``stop``: drain, save if ``save``, end.
-    ``scale``: go on with ``workers`` workers (tfsync.engine.scaling)."""
+    ``scale``: go on with ``workers`` workers (tfsync.engine.scaling). ``join``: the node
+    hook at ``hook`` joins; the job grows by ``workers`` onto it, up to its maximum."""
 
     id: str
     kind: str
@@ -40,6 +41,7 @@ class Command:
     batch_sizes: tuple[int, ...] = ()
     save: bool = True
     workers: int = 0
+    hook: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,10 @@ def check(cmd: Command, workers: int) -> dict:
         return check_switch(cmd.protocol, cmd.options, cmd.method, cmd.lr_scale)
     if cmd.kind == "batch_sizes":
         check_batch_sizes(cmd.batch_sizes, workers)
-    if cmd.kind == "scale":
+    if cmd.kind in ("scale", "join"):
         check_workers(cmd.workers)
+    if cmd.kind == "join" and not cmd.hook:
+        raise ValueError("join: the hook's address (host:port) is missing")
     return {}
 
 
@@ -108,6 +112,8 @@ def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
         raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
     if cmd.kind == "scale":   # this phase and the plan's later ones
         return scale(engine, phases_left(engine, phase), cmd.workers, engine.scale_rule), ""
+    if cmd.kind == "join":
+        return join(engine, phases_left(engine, phase), cmd.hook, cmd.workers, engine.scale_rule), ""
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
     if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "

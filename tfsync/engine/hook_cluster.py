@@ -169,6 +169,39 @@ class HookNodes:
                                self.hooks[hook][0], e.code().name)
             return False
 
+    def add_hook(self, address: str) -> None:
+        """A node hook joins (``tfsync hook --join``): new generations place tasks on it
+        too, with the job's token (its hooks share one, cluster.token_file). ValueError,
+        with nothing added, where it is already a node, is on this machine while the
+        others are not (or the reverse), does not answer, or refuses the token."""
+        host, _ = transport.split_address(address)
+        if address in (a for a, _ in self.hooks):
+            raise ValueError(f"hook {address} is already one of the job's nodes")
+        if is_loopback(host) != self.local:
+            raise ValueError(f"hook {address} is {'on this machine' if is_loopback(host) else 'on another machine'}, "
+                             f"the job's hooks are {'on this one' if self.local else 'on other machines'}: "
+                             "a job's hooks are all local or all remote")
+        if not self.local and self.ports is None:
+            raise ValueError(f"hook {address} is on another machine: the job needs cluster.task_ports")
+        token = self.hooks[0][1]
+        channel = transport.make_channel(address, token=token, tls=self.tls)
+        try:
+            node_hook_pb2_grpc.NodeHookStub(channel).Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+        except grpc.RpcError as e:
+            why = ("refused the job's hook token (cluster.token_file): start it with the same --token-file"
+                   if e.code() == grpc.StatusCode.UNAUTHENTICATED else
+                   f"does not answer from here ({e.code().name}: {e.details()})")
+            raise ValueError(f"hook {address} {why}") from None
+        finally:
+            channel.close()
+        self.hooks.append((address, token))
+        logger.info("hook %s joined the job's nodes", address)
+
+    def remove_hook(self, address: str) -> None:
+        """Undo ``add_hook`` (a join whose scale was refused): the last hook, with no tasks yet."""
+        if self.hooks and self.hooks[-1][0] == address and len(self.hooks) > 1:
+            self.hooks.pop()
+
     def found_silent(self, hook: int) -> None:
         """A generation waited ``HEALTH_TIMEOUT_S`` for ``hook`` in vain: the next
         ``live_hooks`` asks it for ``RECHECK_TIMEOUT_S`` only."""

@@ -124,11 +124,12 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     return apply
 
 
-def scale(engine, phases, workers: int, rule: str = "local") -> str:
+def scale(engine, phases, workers: int, rule: str = "local", by: str = "command", **detail) -> str:
     """Go on with ``workers`` workers (``phases``: the current phase and those still to
     run); returns what was done and what it cost, in a line. ValueError, having changed
     nothing, where ``check_scale`` or ``rescale`` refuses or the new tasks cannot start;
-    EngineError where it fails after the old tasks stopped."""
+    EngineError where it fails after the old tasks stopped. ``by`` and ``detail`` go into
+    the ``scaled`` event."""
     check_scale(engine, workers)
     resized = rescale(phases, engine.workers, workers, rule, engine.lr_rule, engine.setup.max_batch_size)
     t0 = time.time()
@@ -140,13 +141,40 @@ def scale(engine, phases, workers: int, rule: str = "local") -> str:
     try:
         engine.drain(engine.policy)
         path = engine.checkpoint("scale")
-        event = relaunch(engine, phases, workers, resized, path, t0, by="command", cluster=cluster, rule=rule)
+        event = relaunch(engine, phases, workers, resized, path, t0, by=by, cluster=cluster, rule=rule, **detail)
     except Exception as e:
         cluster.stop()
         where = f"; everything counted is in {path}: `tfsync resume`" if path else ""
         raise EngineError(f"the scale to {workers} workers failed: {e}{where}") from e
     return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
             f"x{event['lr_scale']:g}, {rule})")
+
+
+def join(engine, phases, address: str, add: int, rule: str = "local") -> str:
+    """The node hook at ``address`` joins the running job (``tfsync hook --join``): it
+    becomes one of the job's nodes and the job grows by ``add`` workers, up to its
+    ``max_workers``, by a scale whose new generation places tasks on it (round-robin over
+    the nodes, the joined one last). At the maximum the node is only added: the job's next
+    restart places tasks on it. ValueError, with nothing changed, where the job does not
+    run on node hooks, the hook does not answer or refuses the job's token, or the scale
+    is refused."""
+    nodes = engine.lifecycle.cluster_factory
+    if not hasattr(nodes, "add_hook"):
+        raise ValueError("this job's tasks are not run by node hooks (cluster.hooks): a hook cannot join it")
+    target = min(engine.workers + add, engine.max_workers or MAX_WORKERS)
+    if target > engine.workers:
+        check_scale(engine, target)
+    nodes.add_hook(address)
+    if target == engine.workers:
+        engine.log.event("node_joined", node=address, workers=engine.workers)
+        return (f"hook {address} joined; the job already runs its maximum of {engine.workers} workers "
+                "(cluster.max_workers): its next restart places tasks there too")
+    try:
+        done = scale(engine, phases, target, rule, by="join", node=address)
+    except ValueError:
+        nodes.remove_hook(address)
+        raise
+    return f"hook {address} joined; {done}"
 
 
 def shrink_after_loss(engine, lost: list[int], path: str, t0: float) -> dict | None:

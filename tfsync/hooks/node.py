@@ -29,7 +29,7 @@ import psutil
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import forkserver, safefile
-from tfsync.base.exits import EXIT_BAD_INPUT, fail, interrupt
+from tfsync.base.exits import EXIT_BAD_INPUT, EXIT_FAILED, fail, interrupt
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
@@ -272,6 +272,38 @@ def check_arguments(args, tls: transport.TlsConfig | None) -> None:
     check_task_allow(args.task_allow)
     if tls is not None:
         transport.server_credentials(tls)
+    if not args.join:
+        given = [f for f in ("job", "manager_token_file", "manager_ca") if getattr(args, f)]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} is for --join MANAGER")
+        return
+    transport.split_address(args.join)
+    if transport.split_address(args.listen)[0] in ("0.0.0.0", "::"):
+        raise ValueError("--join: the hook tells the job its --listen address; listen on the address the job's "
+                         f"coordinator reaches, not {args.listen}")
+    if not args.manager_token_file:
+        raise ValueError("--join needs --manager-token-file: the token of the manager it joins through")
+    if not 1 <= args.join_workers <= 1000:
+        raise ValueError(f"--join-workers {args.join_workers}: expected 1..1000")
+
+
+def join_job(args, port: int, tls: transport.TlsConfig | None) -> int:
+    """``--join``: announce this hook to the job's manager; 0 when joined, else an exit code
+    (said in one line)."""
+    from tfsync.hooks.join import JoinRefused, announce
+
+    host = transport.split_address(args.listen)[0]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    manager_tls = transport.TlsConfig(ca_file=args.manager_ca) if args.manager_ca else None
+    try:
+        message = announce(args.join, auth.read_token(args.manager_token_file), address, args.job or "",
+                           args.join_workers, manager_tls)
+    except JoinRefused as e:
+        return fail(f"--join: the job did not take this hook: {e}", EXIT_BAD_INPUT)
+    except (auth.TokenFileError, transport.TransportError) as e:
+        return fail(f"--join: {e}", EXIT_FAILED)
+    print(f"tfsync hook: joined: {message}", flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -291,6 +323,16 @@ def main(argv=None) -> int:
     p.add_argument("--task-allow", action="append", default=[], metavar="ADDRESS",
                    help="also let this address or network reach the task ports through the hook's firewall (a NAT "
                         "or relay between the nodes); the cluster's hosts and loopback always can")
+    j = p.add_argument_group("joining a running job (elastic workers; the job grows onto this node)")
+    j.add_argument("--join", metavar="MANAGER", help="once serving, announce this hook to the manager at host:port "
+                   "(`tfsync run --manager-listen`, or `tfsync manager`): the job checks that the hook answers with "
+                   "its hook token (this --token-file must hold the job's cluster.token_file) and grows onto it, "
+                   "up to cluster.max_workers")
+    j.add_argument("--job", metavar="JOB_ID", help="the job to join (default: the manager's only running job)")
+    j.add_argument("--manager-token-file", metavar="PATH", help="the manager's token")
+    j.add_argument("--manager-ca", metavar="PATH", help="the CA certificate of a manager that serves TLS")
+    j.add_argument("--join-workers", type=int, default=1, metavar="N",
+                   help="how many workers the job adds on this node (default 1)")
     hook_args = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(hook_args)
     try:
@@ -301,8 +343,8 @@ def main(argv=None) -> int:
             print(f"tfsync hook: wrote a new token to {args.token_file} (mode 0600); the job's "
                   "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
-        rows = []
-        if os.environ.get(adopt.ENV):   # re-executed: the tasks to adopt, and what else ran
+        rows, restarted = [], bool(os.environ.get(adopt.ENV))
+        if restarted:   # re-executed: the tasks to adopt, and what else ran
             rows = adopt.load(os.environ.pop(adopt.ENV))
             adopt.reap_leftovers({row["pid"] for row in rows})
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
@@ -316,6 +358,10 @@ def main(argv=None) -> int:
     forkserver.prestart()   # TensorFlow imported before the first job asks for tasks
     try:
         print(f"tfsync hook listening on port {port}", flush=True)
+        if args.join and not restarted:   # (a hook restarted in place has joined already)
+            code = join_job(args, port, tls)
+            if code:
+                return code
         server.wait_for_termination()
     except KeyboardInterrupt:
         pass

@@ -1,4 +1,4 @@
-"""The manager `tfsync run` embeds: a gRPC server on loopback for one job, its job store
+"""The manager `tfsync run` embeds: a gRPC server on loopback (or ``--manager-listen``) for one job, its job store
 entry, the coordinator's link to it, and a node hook on loopback (``nodes``, the
 engine's cluster factory) that runs the job's PS and worker tasks on this machine.
 
@@ -117,11 +117,17 @@ def write_control(run_dir: str, token: str, info: dict) -> Path:
 
 
 def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
-          store_path: str | None = None, resume: bool = False) -> EmbeddedManager:
+          store_path: str | None = None, resume: bool = False, listen: str | None = None,
+          allow_remote: bool = False, token: str | None = None) -> EmbeddedManager:
     """``resume``: a new run of the newest stored job with this run directory (if any).
-    An unusable run directory fails first, before the store holds anything; a failure after
-    that stops what was started and records the job as failed."""
-    token = auth.new_token()
+    ``listen``: where the manager listens (default: loopback, a free port; another
+    machine's hooks join through a reachable address, ``allow_remote``), with ``token``
+    (default: a new one for this run). An unusable run directory fails first, before the
+    store holds anything; a failure after that stops what was started and records the
+    job as failed."""
+    listen = listen or f"{transport.DEFAULT_HOST}:0"
+    transport.check_listen(listen, allow_remote, None, warn=False)   # before the store holds anything
+    token = token or auth.new_token()
     control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
     store_path = store_path or default_store()
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -136,10 +142,10 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     service.register(job.id, name)
     server, hook = None, None
     try:
-        server, port = transport.make_server(f"{transport.DEFAULT_HOST}:0", token=token)
+        server, port = transport.make_server(listen, token=token, allow_remote=allow_remote)
         manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
         server.start()
-        address = f"{transport.DEFAULT_HOST}:{port}"
+        address = f"{listen.rsplit(':', 1)[0]}:{port}"
         link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
         hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
         info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,

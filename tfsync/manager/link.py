@@ -38,6 +38,8 @@ def to_command(msg: manager_pb2.Command) -> Command:
         return Command(msg.command_id, "checkpoint")
     if kind == "scale":
         return Command(msg.command_id, "scale", workers=msg.scale.workers)
+    if kind == "join":
+        return Command(msg.command_id, "join", hook=msg.join.hook_address, workers=msg.join.workers or 1)
     return Command(msg.command_id, "stop", save=msg.stop.checkpoint)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tfsync.api.transport import split_address
 from tfsync.api.v1 import manager_pb2
 from tfsync.base.exits import shown
 from tfsync.manager.resources import ResourceBoard, ResourceReports
@@ -256,6 +257,28 @@ class ManagerService(ResourceReports):
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         return self._issue(request, context, "scale", slow=True)
+
+    def Join(self, request, context):
+        if not request.job_id:   # the hook was not told the job: the manager's only running one
+            running = [j for j in self.jobs.values() if not j.ended]
+            if len(running) != 1:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: this manager runs {len(running)} "
+                              "jobs; name the one to join (`tfsync hook --join ... --job JOB_ID`)")
+            request.job_id = running[0].job_id
+        job = self._job(request.job_id, context)
+        try:
+            if len(request.hook_address) > MAX_NAME:
+                raise ValueError(f"hook_address: expected at most {MAX_NAME} characters")
+            _, port = split_address(request.hook_address)
+            if not port:
+                raise ValueError(f"hook_address {shown(request.hook_address)}: port 0 is not where a hook listens")
+            request.workers = request.workers or 1
+            check_workers(request.workers)
+            if job.workers + request.workers > MAX_WORKERS:
+                raise ValueError(f"workers: {job.workers} + {request.workers} exceeds {MAX_WORKERS}")
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+        return self._issue(request, context, "join", slow=True)
 
     def Checkpoint(self, request, context):
         return self._issue(request, context, "checkpoint")

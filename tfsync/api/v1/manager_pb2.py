@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tfsync.api.v1 import common_pb2 as tfsync_dot_api_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btfsync/api/v1/manager.proto\x12\rtfsync.api.v1\x1a\x1atfsync/api/v1/common.proto\"\\\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\t\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf9\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.tfsync.api.v1.JobState\x12\x10\n\x08protocol\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x0f\n\x07samples\x18\x06 \x01(\x03\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x0f\n\x07\x63reated\x18\x08 \x01(\x01\x12\x0f\n\x07updated\x18\t \x01(\x01\x12\x0f\n\x07run_dir\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x0c \x03(\x05\x12\x0e\n\x06run_id\x18\r \x01(\x03\"9\n\x14StreamMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xab\x01\n\nStepRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0e\n\x06worker\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05start\x18\x05 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\x03\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x12\n\nbatch_size\x18\t \x01(\x05\x12\x10\n\x08protocol\x18\n \x01(\t\"\xde\x01\n\rSwitchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12+\n\x06method\x18\x04 \x01(\x0e\x32\x1b.tfsync.api.v1.SwitchMethod\x12:\n\x07options\x18\x05 \x03(\x0b\x32).tfsync.api.v1.SwitchRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x14SetBatchSizesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x03 \x03(\x05\"C\n\x0cScaleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07workers\x18\x03 \x01(\x05\"7\n\x11\x43heckpointRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"E\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ncheckpoint\x18\x03 \x01(\x08\"3\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"T\n\nCommandAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"G\n\x16ReportResourcesRequest\x12-\n\x06sample\x18\x01 \x01(\x0b\x32\x1d.tfsync.api.v1.ResourceSample\"-\n\x17ReportResourcesResponse\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xce\x01\n\x12\x43oordinatorMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.tfsync.api.v1.AttachHelloH\x00\x12)\n\x04step\x18\x02 \x01(\x0b\x32\x19.tfsync.api.v1.StepRecordH\x00\x12.\n\x06result\x18\x03 \x01(\x0b\x32\x1c.tfsync.api.v1.CommandResultH\x00\x12(\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x17.tfsync.api.v1.RunEventH\x00\x42\x06\n\x04kind\";\n\x08RunEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65tail_json\x18\x03 \x01(\t\"^\n\x0b\x41ttachHello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x01(\x05\x12\x10\n\x08protocol\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\"g\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x05 \x01(\t\"\xb7\x02\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12.\n\x06switch\x18\x03 \x01(\x0b\x32\x1c.tfsync.api.v1.SwitchRequestH\x00\x12>\n\x0fset_batch_sizes\x18\x04 \x01(\x0b\x32#.tfsync.api.v1.SetBatchSizesRequestH\x00\x12\x36\n\ncheckpoint\x18\x05 \x01(\x0b\x32 .tfsync.api.v1.CheckpointRequestH\x00\x12*\n\x04stop\x18\x06 \x01(\x0b\x32\x1a.tfsync.api.v1.StopRequestH\x00\x12,\n\x05scale\x18\x07 \x01(\x0b\x32\x1b.tfsync.api.v1.ScaleRequestH\x00\x42\x06\n\x04kind*\x96\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x15\n\x11JOB_STATE_STOPPED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x12\n\x0eJOB_STATE_DONE\x10\x05*_\n\x0cSwitchMethod\x12\x1d\n\x19SWITCH_METHOD_UNSPECIFIED\x10\x00\x12\x15\n\x11SWITCH_METHOD_HOT\x10\x01\x12\x19\n\x15SWITCH_METHOD_RESTART\x10\x02\x32\xa2\x07\n\x07Manager\x12\x46\n\tSubmitJob\x12\x1f.tfsync.api.v1.SubmitJobRequest\x1a\x18.tfsync.api.v1.JobStatus\x12\x46\n\tGetStatus\x12\x1f.tfsync.api.v1.GetStatusRequest\x1a\x18.tfsync.api.v1.JobStatus\x12Q\n\rStreamMetrics\x12#.tfsync.api.v1.StreamMetricsRequest\x1a\x19.tfsync.api.v1.StepRecord0\x01\x12\x41\n\x06Switch\x12\x1c.tfsync.api.v1.SwitchRequest\x1a\x19.tfsync.api.v1.CommandAck\x12O\n\rSetBatchSizes\x12#.tfsync.api.v1.SetBatchSizesRequest\x1a\x19.tfsync.api.v1.CommandAck\x12I\n\nCheckpoint\x12 .tfsync.api.v1.CheckpointRequest\x1a\x19.tfsync.api.v1.CommandAck\x12=\n\x04Stop\x12\x1a.tfsync.api.v1.StopRequest\x1a\x19.tfsync.api.v1.CommandAck\x12?\n\x05Scale\x12\x1b.tfsync.api.v1.ScaleRequest\x1a\x19.tfsync.api.v1.CommandAck\x12@\n\x06Resume\x12\x1c.tfsync.api.v1.ResumeRequest\x1a\x18.tfsync.api.v1.JobStatus\x12`\n\x0fReportResources\x12%.tfsync.api.v1.ReportResourcesRequest\x1a&.tfsync.api.v1.ReportResourcesResponse\x12h\n\x15StreamReportResources\x12%.tfsync.api.v1.ReportResourcesRequest\x1a&.tfsync.api.v1.ReportResourcesResponse(\x01\x12G\n\x06\x41ttach\x12!.tfsync.api.v1.CoordinatorMessage\x1a\x16.tfsync.api.v1.Command(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btfsync/api/v1/manager.proto\x12\rtfsync.api.v1\x1a\x1atfsync/api/v1/common.proto\"\\\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\t\"\"\n\x10GetStatusRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xf9\x01\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.tfsync.api.v1.JobState\x12\x10\n\x08protocol\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x0f\n\x07samples\x18\x06 \x01(\x03\x12\x0c\n\x04loss\x18\x07 \x01(\x01\x12\x0f\n\x07\x63reated\x18\x08 \x01(\x01\x12\x0f\n\x07updated\x18\t \x01(\x01\x12\x0f\n\x07run_dir\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x0c \x03(\x05\x12\x0e\n\x06run_id\x18\r \x01(\x03\"9\n\x14StreamMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tfrom_step\x18\x02 \x01(\x03\"\xab\x01\n\nStepRecord\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0e\n\x06worker\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05start\x18\x05 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\x03\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x12\n\nbatch_size\x18\t \x01(\x05\x12\x10\n\x08protocol\x18\n \x01(\t\"\xde\x01\n\rSwitchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12+\n\x06method\x18\x04 \x01(\x0e\x32\x1b.tfsync.api.v1.SwitchMethod\x12:\n\x07options\x18\x05 \x03(\x0b\x32).tfsync.api.v1.SwitchRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x14SetBatchSizesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x62\x61tch_sizes\x18\x03 \x03(\x05\"C\n\x0cScaleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07workers\x18\x03 \x01(\x05\"X\n\x0bJoinRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x14\n\x0chook_address\x18\x03 \x01(\t\x12\x0f\n\x07workers\x18\x04 \x01(\x05\"7\n\x11\x43heckpointRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"E\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ncheckpoint\x18\x03 \x01(\x08\"3\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"T\n\nCommandAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"G\n\x16ReportResourcesRequest\x12-\n\x06sample\x18\x01 \x01(\x0b\x32\x1d.tfsync.api.v1.ResourceSample\"-\n\x17ReportResourcesResponse\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xce\x01\n\x12\x43oordinatorMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.tfsync.api.v1.AttachHelloH\x00\x12)\n\x04step\x18\x02 \x01(\x0b\x32\x19.tfsync.api.v1.StepRecordH\x00\x12.\n\x06result\x18\x03 \x01(\x0b\x32\x1c.tfsync.api.v1.CommandResultH\x00\x12(\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x17.tfsync.api.v1.RunEventH\x00\x42\x06\n\x04kind\";\n\x08RunEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65tail_json\x18\x03 \x01(\t\"^\n\x0b\x41ttachHello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\x03\x12\x0f\n\x07workers\x18\x03 \x01(\x05\x12\x10\n\x08protocol\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x03\"g\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x17\n\x0f\x63heckpoint_path\x18\x05 \x01(\t\"\xe3\x02\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12.\n\x06switch\x18\x03 \x01(\x0b\x32\x1c.tfsync.api.v1.SwitchRequestH\x00\x12>\n\x0fset_batch_sizes\x18\x04 \x01(\x0b\x32#.tfsync.api.v1.SetBatchSizesRequestH\x00\x12\x36\n\ncheckpoint\x18\x05 \x01(\x0b\x32 .tfsync.api.v1.CheckpointRequestH\x00\x12*\n\x04stop\x18\x06 \x01(\x0b\x32\x1a.tfsync.api.v1.StopRequestH\x00\x12,\n\x05scale\x18\x07 \x01(\x0b\x32\x1b.tfsync.api.v1.ScaleRequestH\x00\x12*\n\x04join\x18\x08 \x01(\x0b\x32\x1a.tfsync.api.v1.JoinRequestH\x00\x42\x06\n\x04kind*\x96\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUBMITTED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x15\n\x11JOB_STATE_STOPPED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x12\n\x0eJOB_STATE_DONE\x10\x05*_\n\x0cSwitchMethod\x12\x1d\n\x19SWITCH_METHOD_UNSPECIFIED\x10\x00\x12\x15\n\x11SWITCH_METHOD_HOT\x10\x01\x12\x19\n\x15SWITCH_METHOD_RESTART\x10\x02\x32\xe1\x07\n\x07Manager\x12\x46\n\tSubmitJob\x12\x1f.tfsync.api.v1.SubmitJobRequest\x1a\x18.tfsync.api.v1.JobStatus\x12\x46\n\tGetStatus\x12\x1f.tfsync.api.v1.GetStatusRequest\x1a\x18.tfsync.api.v1.JobStatus\x12Q\n\rStreamMetrics\x12#.tfsync.api.v1.StreamMetricsRequest\x1a\x19.tfsync.api.v1.StepRecord0\x01\x12\x41\n\x06Switch\x12\x1c.tfsync.api.v1.SwitchRequest\x1a\x19.tfsync.api.v1.CommandAck\x12O\n\rSetBatchSizes\x12#.tfsync.api.v1.SetBatchSizesRequest\x1a\x19.tfsync.api.v1.CommandAck\x12I\n\nCheckpoint\x12 .tfsync.api.v1.CheckpointRequest\x1a\x19.tfsync.api.v1.CommandAck\x12=\n\x04Stop\x12\x1a.tfsync.api.v1.StopRequest\x1a\x19.tfsync.api.v1.CommandAck\x12?\n\x05Scale\x12\x1b.tfsync.api.v1.ScaleRequest\x1a\x19.tfsync.api.v1.CommandAck\x12=\n\x04Join\x12\x1a.tfsync.api.v1.JoinRequest\x1a\x19.tfsync.api.v1.CommandAck\x12@\n\x06Resume\x12\x1c.tfsync.api.v1.ResumeRequest\x1a\x18.tfsync.api.v1.JobStatus\x12`\n\x0fReportResources\x12%.tfsync.api.v1.ReportResourcesRequest\x1a&.tfsync.api.v1.ReportResourcesResponse\x12h\n\x15StreamReportResources\x12%.tfsync.api.v1.ReportResourcesRequest\x1a&.tfsync.api.v1.ReportResourcesResponse(\x01\x12G\n\x06\x41ttach\x12!.tfsync.api.v1.CoordinatorMessage\x1a\x16.tfsync.api.v1.Command(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SWITCHREQUEST_OPTIONSENTRY']._loaded_options = None
   _globals['_SWITCHREQUEST_OPTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=2237
-  _globals['_JOBSTATE']._serialized_end=2387
-  _globals['_SWITCHMETHOD']._serialized_start=2389
-  _globals['_SWITCHMETHOD']._serialized_end=2484
+  _globals['_JOBSTATE']._serialized_start=2371
+  _globals['_JOBSTATE']._serialized_end=2521
+  _globals['_SWITCHMETHOD']._serialized_start=2523
+  _globals['_SWITCHMETHOD']._serialized_end=2618
   _globals['_SUBMITJOBREQUEST']._serialized_start=74
   _globals['_SUBMITJOBREQUEST']._serialized_end=166
   _globals['_GETSTATUSREQUEST']._serialized_start=168
@@ -56,28 +56,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETBATCHSIZESREQUEST']._serialized_end=993
   _globals['_SCALEREQUEST']._serialized_start=995
   _globals['_SCALEREQUEST']._serialized_end=1062
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1064
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1119
-  _globals['_STOPREQUEST']._serialized_start=1121
-  _globals['_STOPREQUEST']._serialized_end=1190
-  _globals['_RESUMEREQUEST']._serialized_start=1192
-  _globals['_RESUMEREQUEST']._serialized_end=1243
-  _globals['_COMMANDACK']._serialized_start=1245
-  _globals['_COMMANDACK']._serialized_end=1329
-  _globals['_REPORTRESOURCESREQUEST']._serialized_start=1331
-  _globals['_REPORTRESOURCESREQUEST']._serialized_end=1402
-  _globals['_REPORTRESOURCESRESPONSE']._serialized_start=1404
-  _globals['_REPORTRESOURCESRESPONSE']._serialized_end=1449
-  _globals['_COORDINATORMESSAGE']._serialized_start=1452
-  _globals['_COORDINATORMESSAGE']._serialized_end=1658
-  _globals['_RUNEVENT']._serialized_start=1660
-  _globals['_RUNEVENT']._serialized_end=1719
-  _globals['_ATTACHHELLO']._serialized_start=1721
-  _globals['_ATTACHHELLO']._serialized_end=1815
-  _globals['_COMMANDRESULT']._serialized_start=1817
-  _globals['_COMMANDRESULT']._serialized_end=1920
-  _globals['_COMMAND']._serialized_start=1923
-  _globals['_COMMAND']._serialized_end=2234
-  _globals['_MANAGER']._serialized_start=2487
-  _globals['_MANAGER']._serialized_end=3417
+  _globals['_JOINREQUEST']._serialized_start=1064
+  _globals['_JOINREQUEST']._serialized_end=1152
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1154
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1209
+  _globals['_STOPREQUEST']._serialized_start=1211
+  _globals['_STOPREQUEST']._serialized_end=1280
+  _globals['_RESUMEREQUEST']._serialized_start=1282
+  _globals['_RESUMEREQUEST']._serialized_end=1333
+  _globals['_COMMANDACK']._serialized_start=1335
+  _globals['_COMMANDACK']._serialized_end=1419
+  _globals['_REPORTRESOURCESREQUEST']._serialized_start=1421
+  _globals['_REPORTRESOURCESREQUEST']._serialized_end=1492
+  _globals['_REPORTRESOURCESRESPONSE']._serialized_start=1494
+  _globals['_REPORTRESOURCESRESPONSE']._serialized_end=1539
+  _globals['_COORDINATORMESSAGE']._serialized_start=1542
+  _globals['_COORDINATORMESSAGE']._serialized_end=1748
+  _globals['_RUNEVENT']._serialized_start=1750
+  _globals['_RUNEVENT']._serialized_end=1809
+  _globals['_ATTACHHELLO']._serialized_start=1811
+  _globals['_ATTACHHELLO']._serialized_end=1905
+  _globals['_COMMANDRESULT']._serialized_start=1907
+  _globals['_COMMANDRESULT']._serialized_end=2010
+  _globals['_COMMAND']._serialized_start=2013
+  _globals['_COMMAND']._serialized_end=2368
+  _globals['_MANAGER']._serialized_start=2621
+  _globals['_MANAGER']._serialized_end=3614
 # @@protoc_insertion_point(module_scope)

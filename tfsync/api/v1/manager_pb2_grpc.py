@@ -74,6 +74,11 @@ class ManagerStub:
                 request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/tfsync.api.v1.Manager/Join',
+                request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.JoinRequest.SerializeToString,
+                response_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
+                _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/tfsync.api.v1.Manager/Resume',
                 request_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ResumeRequest.SerializeToString,
@@ -150,6 +155,13 @@ class ManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """A node hook joins a running job (`tfsync hook --join`): the job grows onto it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Resume(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -219,6 +231,11 @@ def add_ManagerServicer_to_server(servicer, server):
             'Scale': grpc.unary_unary_rpc_method_handler(
                     servicer.Scale,
                     request_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.FromString,
+                    response_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=tfsync_dot_api_dot_v1_dot_manager__pb2.JoinRequest.FromString,
                     response_serializer=tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
@@ -457,6 +474,33 @@ class Manager:
             target,
             '/tfsync.api.v1.Manager/Scale',
             tfsync_dot_api_dot_v1_dot_manager__pb2.ScaleRequest.SerializeToString,
+            tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfsync.api.v1.Manager/Join',
+            tfsync_dot_api_dot_v1_dot_manager__pb2.JoinRequest.SerializeToString,
             tfsync_dot_api_dot_v1_dot_manager__pb2.CommandAck.FromString,
             options,
             channel_credentials,

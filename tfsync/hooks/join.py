@@ -1,0 +1,52 @@
+"""A node hook announces itself to a running job's manager (``tfsync hook --join``).
+
+    message = announce("10.0.0.1:7000", manager_token, "10.0.0.5:7070", job_id="")
+
+The manager queues a ``join`` for the job's coordinator, which checks that the hook
+answers with the job's hook token, adds the node, and grows the job onto it at a step
+boundary (``tfsync.engine.scaling.join``); the call answers with what was done. Only the
+API's stubs are needed here: the hook knows nothing of the manager's code.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+
+from tfsync.api import transport
+from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
+
+REACH_S = 60.0      # how long a manager that does not answer yet is retried
+ANSWER_S = 330.0    # the manager waits 5 x 60 s for a scale to be carried out, a little less than this
+
+
+class JoinRefused(Exception):
+    """The manager or the job refused the join (one line: why)."""
+
+
+def announce(manager: str, token: str, hook_address: str, job_id: str = "", workers: int = 1,
+             tls: transport.TlsConfig | None = None, reach_s: float = REACH_S) -> str:
+    """Ask the manager at ``manager`` to let the hook at ``hook_address`` join ``job_id``
+    (empty: the manager's only running job), adding ``workers``; returns the answer's line.
+    A manager that does not answer is retried for ``reach_s`` (the same request id: the
+    join is issued once). JoinRefused for a refusal; TransportError when it never answers."""
+    request = manager_pb2.JoinRequest(request_id=uuid.uuid4().hex, job_id=job_id, hook_address=hook_address,
+                                      workers=workers)
+    channel = transport.make_channel(manager, token=token, tls=tls)
+    deadline = time.monotonic() + reach_s
+    try:
+        stub = manager_pb2_grpc.ManagerStub(channel)
+        while True:
+            try:
+                return stub.Join(request, timeout=ANSWER_S).message
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise JoinRefused(f"{e.code().name}: {e.details()}") from None
+                if time.monotonic() > deadline:
+                    raise transport.TransportError(f"the manager at {manager} does not answer "
+                                                   f"({e.details()})") from None
+                time.sleep(1.0)
+    finally:
+        channel.close()
