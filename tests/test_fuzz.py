@@ -576,6 +576,8 @@ def manager_valid(rng: random.Random, service, live_id: str, tmp_dir: str) -> di
         "SetBatchSizes": lambda: m.SetBatchSizesRequest(job_id=live_id, batch_sizes=[16, 16]),
         "Checkpoint": lambda: m.CheckpointRequest(job_id=live_id),
         "Scale": lambda: m.ScaleRequest(job_id=live_id, workers=rng.choice([1, 3])),
+        "Join": lambda: m.JoinRequest(job_id=rng.choice([live_id, ""]), hook_address="127.0.0.1:7070",
+                                      workers=rng.choice([0, 1, 2])),
         "Stop": lambda: m.StopRequest(job_id=live_id, checkpoint=True),
         "Resume": lambda: m.ResumeRequest(job_id=rng.choice(list(service.jobs))),
         "ReportResources": sample,

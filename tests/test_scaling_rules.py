@@ -139,3 +139,48 @@ def test_a_count_that_does_not_fit_the_machine_is_refused():
     check_scale(engine, 3)
     with pytest.raises(ValueError, match="4 workers do not fit: cluster.workers: 4 tasks need more memory"):
         check_scale(engine, 4)
+
+
+class _Nodes:
+    """The part of HookNodes a join uses: the hooks, added and taken back."""
+
+    def __init__(self):
+        self.hooks = ["a:1"]
+
+    def add_hook(self, address):
+        if address == "silent:1":
+            raise ValueError(f"hook {address} does not answer from here")
+        self.hooks.append(address)
+
+    def remove_hook(self, address):
+        self.hooks.remove(address)
+
+
+def _joining(workers=2, bounds=(None, None), nodes=None):
+    engine = _engine(workers, bounds=bounds)
+    engine.lifecycle = SimpleNamespace(cluster_factory=nodes)
+    engine.log = SimpleNamespace(events=[], event=lambda kind, **f: engine.log.events.append((kind, f)))
+    return engine
+
+
+def test_a_join_at_the_maximum_adds_the_node_only_and_a_refused_one_leaves_no_node(monkeypatch):
+    from tfsync.engine import scaling
+    with pytest.raises(ValueError, match=r"not run by node hooks \(cluster.hooks\)"):
+        scaling.join(_joining(nodes=object()), [], "b:1", 1)
+    engine = _joining(3, bounds=(None, 3), nodes=_Nodes())
+    assert "already runs its maximum of 3 workers (cluster.max_workers)" in scaling.join(engine, [], "b:1", 1)
+    assert engine.lifecycle.cluster_factory.hooks == ["a:1", "b:1"]
+    assert engine.log.events == [("node_joined", {"node": "b:1", "workers": 3})]
+    with pytest.raises(ValueError, match="does not answer"):   # nothing added
+        scaling.join(_joining(nodes=(nodes := _Nodes())), [], "silent:1", 1)
+    assert nodes.hooks == ["a:1"]
+
+    asked = []
+
+    def refused(engine, phases, workers, rule, by, node):
+        asked.append((workers, by, node))
+        raise ValueError("3 workers could not be started")
+    monkeypatch.setattr(scaling, "scale", refused)
+    with pytest.raises(ValueError, match="could not be started"):
+        scaling.join(_joining(nodes=(nodes := _Nodes()), bounds=(None, 5)), [], "b:1", 4)
+    assert asked == [(5, "join", "b:1")] and nodes.hooks == ["a:1"]   # up to the maximum; taken back

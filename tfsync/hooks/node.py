@@ -273,14 +273,16 @@ def check_arguments(args, tls: transport.TlsConfig | None) -> None:
     if tls is not None:
         transport.server_credentials(tls)
     if not args.join:
-        given = [f for f in ("job", "manager_token_file", "manager_ca") if getattr(args, f)]
+        given = [f for f in ("job", "manager_token_file", "manager_ca", "advertise") if getattr(args, f)]
         if given:
             raise ValueError(f"--{given[0].replace('_', '-')} is for --join MANAGER")
         return
     transport.split_address(args.join)
-    if transport.split_address(args.listen)[0] in ("0.0.0.0", "::"):
+    if args.advertise:
+        transport.split_address(args.advertise)
+    elif transport.split_address(args.listen)[0] in ("0.0.0.0", "::"):
         raise ValueError("--join: the hook tells the job its --listen address; listen on the address the job's "
-                         f"coordinator reaches, not {args.listen}")
+                         f"coordinator reaches, not {args.listen}, or give --advertise HOST:PORT")
     if not args.manager_token_file:
         raise ValueError("--join needs --manager-token-file: the token of the manager it joins through")
     if not 1 <= args.join_workers <= 1000:
@@ -292,8 +294,11 @@ def join_job(args, port: int, tls: transport.TlsConfig | None) -> int:
     (said in one line)."""
     from tfsync.hooks.join import JoinRefused, announce
 
-    host = transport.split_address(args.listen)[0]
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if args.advertise:
+        address = args.advertise
+    else:
+        host = transport.split_address(args.listen)[0]
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     manager_tls = transport.TlsConfig(ca_file=args.manager_ca) if args.manager_ca else None
     try:
         message = announce(args.join, auth.read_token(args.manager_token_file), address, args.job or "",
@@ -328,6 +333,8 @@ def main(argv=None) -> int:
                    "(`tfsync run --manager-listen`, or `tfsync manager`): the job checks that the hook answers with "
                    "its hook token (this --token-file must hold the job's cluster.token_file) and grows onto it, "
                    "up to cluster.max_workers")
+    j.add_argument("--advertise", metavar="HOST:PORT", help="the address the job reaches this hook at, where it is "
+                   "not --listen's (a NAT or relay between the machines)")
     j.add_argument("--job", metavar="JOB_ID", help="the job to join (default: the manager's only running job)")
     j.add_argument("--manager-token-file", metavar="PATH", help="the manager's token")
     j.add_argument("--manager-ca", metavar="PATH", help="the CA certificate of a manager that serves TLS")

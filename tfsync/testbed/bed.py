@@ -114,6 +114,19 @@ def _run(*cmd: str) -> str:
     return r.stdout
 
 
+def _stop(pid: int, wait_s: float = 30.0) -> None:
+    """SIGTERM ``pid``, SIGKILL if it is still there after ``wait_s`` (a zombie is gone)."""
+    import psutil
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(wait_s)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except psutil.NoSuchProcess:
+        pass
+
+
 def _netns_list() -> set[str]:
     return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
 
@@ -269,22 +282,32 @@ class Testbed:
                                      "relay.log", "tfsync relay:")
         say(f"latency relay running (pid {self.relay_pid})")
         for node in self.nodes.values():
-            if node.name == COORDINATOR:
-                continue
-            argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tfsync.testbed.node",
-                    "--listen", f"{node.address}:{HOOK_PORT}", "--token-file", self.token_file, "--node", node.name,
-                    "--task-allow", self.nodes[COORDINATOR].advertised,
-                    *[a for d in self.private for a in ("--private", d)]]
-            node.pid = self._spawn(node.netns, argv, f"hook-{node.name}.log", "tfsync hook listening")
-            if node.cpu is not None:
-                self._share(node)
-            say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")
+            if node.name != COORDINATOR:
+                self.start_hook(node.name)
+                say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")
         self.save()
+
+    def start_hook(self, name: str, more: tuple[str, ...] = ()) -> int:
+        """Start node ``name``'s hook, with ``more`` of the hook's arguments (``--join ...``),
+        stopping the one running there first (its tasks go with it); returns its pid."""
+        node = self.node(name)
+        if node.pid is not None:
+            _stop(node.pid)
+        argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tfsync.testbed.node",
+                "--listen", f"{node.address}:{HOOK_PORT}", "--token-file", self.token_file, "--node", node.name,
+                "--task-allow", self.nodes[COORDINATOR].advertised,
+                *[a for d in self.private for a in ("--private", d)], *more]
+        node.pid = self._spawn(node.netns, argv, f"hook-{node.name}.log", "tfsync hook listening")
+        if node.cpu is not None:
+            self._share(node)
+        self.save()
+        return node.pid
 
     def _spawn(self, netns: str, argv: list[str], log_name: str, ready: str) -> int:
         """Start ``argv`` in ``netns`` (its own session: it outlives this process) and wait
         until its log shows ``ready``."""
         log_path = os.path.join(self.dir, log_name)
+        start = os.path.getsize(log_path) if os.path.exists(log_path) else 0   # a restart's: after the last one
         with safefile.open_append(log_path, binary=True) as out:
             proc = subprocess.Popen(["ip", "netns", "exec", netns, *argv], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
@@ -292,6 +315,7 @@ class Testbed:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             with open(log_path, errors="replace") as f:
+                f.seek(start)
                 text = f.read()
             if ready in text:
                 return proc.pid

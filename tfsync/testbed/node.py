@@ -7,7 +7,8 @@ by default /tmp, where a coordinator's run directory or a test's files live), ex
 the Python installation and tfsync's own directory where they lie inside one (every
 machine of a cluster has tfsync installed), keeps the
 hook's work directory (task logs, staged data) and a copy of the token in the first of
-them, and then runs the hook.
+them (and of ``--manager-token-file``, for a hook that joins a job), and then runs the
+hook with the arguments it does not know itself.
 """
 
 from __future__ import annotations
@@ -60,16 +61,22 @@ def main(argv=None) -> int:
     p.add_argument("--private", action="append", default=[], help="a directory this node sees empty")
     p.add_argument("--node", required=True, help="the node's name (n1, n2, ...)")
     p.add_argument("--task-allow", action="append", default=[], help="passed on to the hook (its firewall)")
-    args = p.parse_args(argv)
-    token = auth.read_token(args.token_file)
+    args, more = p.parse_known_args(argv)   # more: the hook's own (--join ...), passed on
+    tokens = {"token": auth.read_token(args.token_file)}   # read before the private directories hide them
+    if "--manager-token-file" in more[:-1]:
+        at = more.index("--manager-token-file") + 1
+        tokens["manager.token"] = auth.read_token(more[at])
     for d in args.private:
         hide(d, needed())
     work = os.path.join(args.private[0] if args.private else os.getcwd(), "tfsync-hook")
     os.makedirs(work, mode=0o700, exist_ok=True)
-    token_file = os.path.join(work, "token")
-    auth.write_token(token_file, token)
-    return hook.main(["--listen", args.listen, "--token-file", token_file, "--log-dir", work, "--allow-remote",
-                      "--node", args.node, *[a for addr in args.task_allow for a in ("--task-allow", addr)]])
+    for name, token in tokens.items():
+        auth.write_token(os.path.join(work, name), token)
+    if "manager.token" in tokens:
+        more[at] = os.path.join(work, "manager.token")
+    return hook.main(["--listen", args.listen, "--token-file", os.path.join(work, "token"), "--log-dir", work,
+                      "--allow-remote", "--node", args.node,
+                      *[a for addr in args.task_allow for a in ("--task-allow", addr)], *more])
 
 
 if __name__ == "__main__":
