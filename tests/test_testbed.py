@@ -224,7 +224,7 @@ def _probes(targets: dict) -> dict:
     return {name: p.communicate(timeout=30)[0].strip() for name, p in procs.items()}
 
 
-def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster=""):
+def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster="", hooks=None):
     run_dir = tmp_path / name
     job = tmp_path / f"{name}.toml"
     job.write_text(textwrap.dedent(f"""
@@ -240,7 +240,7 @@ def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster=""):
         checkpoint_every = {checkpoint_every}
         [[protocol]]
         name = "bsp"
-        """) + bed.cluster_toml() + "workers = 2\n" + cluster)
+        """) + bed.cluster_toml(hooks) + "workers = 2\n" + cluster)
     proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report"]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return run_dir, proc
@@ -363,7 +363,7 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
         checkpoint_every = 0
         [[protocol]]
         name = "bsp"
-        """) + bed.cluster_toml().replace(f', "{bed.hooks[2]}"', "") + "workers = 2\nmax_workers = 3\n")
+        """) + bed.cluster_toml(bed.hooks[:2]) + "workers = 2\nmax_workers = 3\n")
     assert bed.hooks[2] not in job.read_text()
     coordinator = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report",
                                                      "--manager-listen", manager, "--allow-remote",
@@ -389,6 +389,38 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
     scaled_at = next(e["time"] for e in rs if e.get("event") == "scaled")
     after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
     assert {r["worker"] for r in after} == {0, 1, 2}
+    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+
+
+@pytest.mark.slow
+def test_a_job_that_loses_every_node_pauses_with_a_clear_status_and_goes_on_when_one_is_back(bed, tmp_path):
+    """The job's one node (n1: its PS and both workers) loses its link: no hook answers, so
+    the job pauses (a 'paused' event, `tfsync status` says why and how long it waits) with
+    its checkpoint, and trains on to the end once the link is back."""
+    run_dir, coordinator = _job(tmp_path, bed, "pause", 0.3, 20, cluster="node_wait_s = 120\n",
+                                hooks=bed.hooks[:1])
+    status = ""
+    try:
+        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 40, "40 pushes", coordinator)
+        bed.set("n1", up=False)
+        try:
+            _wait_for(lambda: any(r.get("event") == "paused" for r in records(run_dir)), "the pause", coordinator)
+            status = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "status", str(run_dir)]),
+                                    capture_output=True, text=True, timeout=60).stdout
+        finally:
+            bed.set("n1", up=True)
+        out, _ = coordinator.communicate(timeout=300)
+    finally:
+        bed.set("n1", up=True)
+        kill_if_running(coordinator)
+    assert coordinator.returncode == 0, out[-3000:]
+    assert "paused since" in status and "none of the hooks" in status and "waits up to 120" in status, status
+    rs = records(run_dir)
+    (paused,) = [r for r in rs if r.get("event") == "paused"]
+    (unpaused,) = [r for r in rs if r.get("event") == "unpaused"]
+    assert unpaused["seconds"] > 0 and paused["time"] < unpaused["time"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["task"] for r in summary["recoveries"]][:1] == ["ps:0"]
     assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
 
 

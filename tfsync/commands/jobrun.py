@@ -217,6 +217,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
                     checkpoint_every=cfg.train.checkpoint_every, timeout_s=cfg.train.timeout_s,
                     ps_rounds=cfg.train.ps_rounds, lr_rule=lr_rule(cfg), scale_rule=cfg.cluster.scale,
                     min_workers=cfg.cluster.min_workers, max_workers=cfg.cluster.max_workers, fits=fits,
+                    node_wait_s=cfg.cluster.node_wait_s,
                     progress=progress, epoch_samples=data.train_examples, controller=controller,
                     eval_every=cfg.train.eval_every or eval_cadence(cfg, data.train_examples, evals_per_run),
                     eval_samples=cfg.train.eval_samples,

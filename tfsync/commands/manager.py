@@ -88,7 +88,8 @@ def _text(d: dict) -> str:
     sizes = " ".join(str(b) for b in d.get("batch_sizes", []))
     return (f"job {d.get('job_id')} ({d.get('name')}): {d.get('state', '').replace('JOB_STATE_', '').lower()}, "
             f"{d.get('protocol', '?')}, step {d.get('step', 0)}, samples {d.get('samples', 0)}, "
-            f"loss {float(d.get('loss', 'nan')):.4f}, batch sizes [{sizes}]")
+            f"loss {float(d.get('loss', 'nan')):.4f}, batch sizes [{sizes}]"
+            + (f"\n{d['message']}" if d.get("message") else ""))
 
 
 def cmd_status(args):

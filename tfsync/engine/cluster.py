@@ -147,6 +147,10 @@ def connect_strategy(cluster):
                                f"{str(e).splitlines()[0][:300]}") from None
 
 
+class NoNodes(ClusterError):
+    """None of the job's node hooks answers: no node to place a generation's tasks on."""
+
+
 class ConnectError(ClusterError):
     """A task of the cluster did not answer while the coordinator connected to it."""
 

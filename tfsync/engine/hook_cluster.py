@@ -36,7 +36,7 @@ from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import netns
 from tfsync.base.netns import is_loopback
 from tfsync.base.procstats import worker_reading
-from tfsync.engine.cluster import ClusterError, free_ports
+from tfsync.engine.cluster import ClusterError, NoNodes, free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError, place
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class HookNodes:
         with ThreadPoolExecutor(len(self.hooks)) as pool:
             live = [h for h, ok in enumerate(pool.map(self._answers, range(len(self.hooks)), timeouts)) if ok]
         if not live:
-            raise ClusterError(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
+            raise NoNodes(f"none of the hooks {', '.join(a for a, _ in self.hooks)} answers")
         return live
 
     # -- nodes that come back ------------------------------------------------------------------
@@ -294,7 +294,7 @@ class HookNodes:
         if workers < 1 or ps < 1:
             raise ValueError(f"a cluster needs >= 1 worker and >= 1 PS, got workers={workers}, ps={ps}")
         network = netns.shared() if self.local else None
-        live = self.live_hooks() if len(self.hooks) > 1 else None
+        live = self.live_hooks() if len(self.hooks) > 1 or not self.local else None
         with self._probe_lock:
             self.left_out = set() if live is None else set(range(len(self.hooks))) - set(live)
             self._answering = set()

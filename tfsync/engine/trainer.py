@@ -50,7 +50,7 @@ class Engine:
                  on_start: Callable | None = None, cluster_factory: Callable | None = None,
                  callbacks=(), ps_rounds: bool = True, lr_rule: Callable[[str, int], float] | None = None,
                  scale_rule: str = "local", min_workers: int | None = None, max_workers: int | None = None,
-                 fits: Callable[[int], None] | None = None):
+                 fits: Callable[[int], None] | None = None, node_wait_s: float = 0.0):
         """``progress``: a ``progress(engine, policy, total)`` display; ``controller``:
         commands from a manager, at step boundaries; ``callbacks``: more observers
         (tfsync.engine.callbacks.Callback); ``on_start``: called once training starts
@@ -62,12 +62,16 @@ class Engine:
         the rate and batch across a change of the worker count (tfsync.engine.scaling);
         ``min_workers`` / ``max_workers``: the bounds a scale keeps to; with ``min_workers``
         a lost worker shrinks the job while that many remain, instead of restarting;
-        ``fits(n)``: raises where n workers do not fit the machine (tfsync.job.limits)."""
+        ``fits(n)``: raises where n workers do not fit the machine (tfsync.job.limits);
+        ``node_wait_s``: how long the job pauses, when none of its node hooks answers,
+        for one to come back (0: it fails at once)."""
         quiet_resource_deleters()  # no tracebacks from TF freeing resources of stopped tasks
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup = setup
         self.workers, self.ps, self.host = workers, ps, host
         self.lifecycle = Lifecycle(setup, workers, ps, host, run_dir, start_timeout, cluster_factory)
+        self.lifecycle.node_wait_s = float(node_wait_s)
+        self.lifecycle.on_pause = lambda kind, **fields: self.log.event(kind, **fields)
         self.run_dir = run_dir
         self.checkpoint_every = int(checkpoint_every)
         self.timeout_s = float(timeout_s)

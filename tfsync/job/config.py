@@ -93,6 +93,9 @@ class ClusterSection:
     # shrinks the job (while min_workers remain) instead of restarting its task.
     min_workers: int | None = None
     max_workers: int | None = None
+    # When none of the hooks answers (every node lost), the job pauses this long for one to
+    # come back, its checkpoint kept, before it fails (0: at once).
+    node_wait_s: float = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -651,6 +654,7 @@ _CHECKS: dict[str, Callable] = {
     "job.run_dir": _text(), "job.seed": _int(0, 2**32 - 1),
     "cluster.workers": _int(1), "cluster.ps": _int(1), "cluster.host": _text(), "cluster.scale": _choice("SCALE_RULES"),
     "cluster.min_workers": _int(1), "cluster.max_workers": _int(1),
+    "cluster.node_wait_s": _number(0, _MAX_SECONDS, lo_open=False),
     "cluster.hooks": _rule(lambda: 'a list of distinct "host:port" strings, ports in 1..65535',
                            lambda v: type(v) is list, lambda v: all(map(_host_port, v)) and len(set(v)) == len(v),
                            tuple),

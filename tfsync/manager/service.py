@@ -44,6 +44,7 @@ MAX_ID = 128  # characters of a request id
 MAX_NAME = 256  # characters of a protocol name in a step record or hello
 MAX_WORKERS = 100_000  # a sanity bound on a coordinator's worker count (job files have their own)
 MAX_DETAIL = 64 * 1024  # characters of a run event's detail_json
+PAUSES = ("paused", "unpaused")   # events the status shows while they hold (the run's records keep them)
 SWITCH_METHODS = {manager_pb2.SWITCH_METHOD_HOT: "hot", manager_pb2.SWITCH_METHOD_RESTART: "restart"}
 
 
@@ -122,6 +123,7 @@ class JobRuntime:
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT_STEPS))
     received: int = 0          # step records so far (StreamMetrics readers wait on it)
     ended: bool = False        # the run is over: metric streams end
+    paused: str = ""           # why the job waits (every node lost), while it does
     changed: threading.Condition = field(default_factory=threading.Condition)
 
 
@@ -158,7 +160,8 @@ class ManagerService(ResourceReports):
         sizes = [job.batch_sizes.get(w, 0) for w in range(job.workers)]
         return manager_pb2.JobStatus(job_id=job.job_id, name=job.name, state=manager_pb2.JobState.Value(f"JOB_STATE_{state.upper()}"),
                                      protocol=job.protocol, step=job.step, samples=job.samples,
-                                     loss=job.loss, run_id=job.run_id, batch_sizes=sizes, **stored_fields)
+                                     loss=job.loss, run_id=job.run_id, batch_sizes=sizes, message=job.paused,
+                                     **stored_fields)
 
     def close(self) -> None:
         """The manager is going: write what it still holds (the last resource samples)."""
@@ -387,7 +390,7 @@ class ManagerService(ResourceReports):
             self._flush(job)
 
     def _event(self, job: JobRuntime, ev) -> None:
-        if ev.kind not in EVENT_KINDS:
+        if ev.kind not in (*EVENT_KINDS, *PAUSES):
             return  # the store keeps the kinds the job's history needs
         try:
             detail = json.loads(ev.detail_json or "{}")
@@ -395,6 +398,12 @@ class ManagerService(ResourceReports):
             detail = {"text": ev.detail_json}
         if not isinstance(detail, dict):
             detail = {"value": detail}
+        if ev.kind in PAUSES:   # what the status says while the job waits for its nodes
+            job.paused = "" if ev.kind == "unpaused" else one_line(
+                f"paused since {time.strftime('%H:%M:%S', time.localtime(ev.time or time.time()))}: "
+                f"{detail.get('reason', '')}; it goes on when a node answers (waits up to "
+                f"{detail.get('wait_s', '?')} s)")
+            return
         if ev.kind == "scaled" and type(detail.get("to")) is int and 0 < detail["to"] <= MAX_WORKERS:
             with job.changed:   # before the steps of the new workers (the stream keeps its order)
                 job.workers = detail["to"]

@@ -185,9 +185,9 @@ class Testbed:
         """The hooks' addresses for ``cluster.hooks``, in node order (n1, n2, ...)."""
         return [f"{n.advertised}:{HOOK_PORT}" for n in self.nodes.values() if n.name != COORDINATOR]
 
-    def cluster_toml(self) -> str:
-        """The job file's ``[cluster]`` table for this testbed."""
-        hooks = ", ".join(f'"{h}"' for h in self.hooks)
+    def cluster_toml(self, hooks: list[str] | None = None) -> str:
+        """The job file's ``[cluster]`` table for this testbed (``hooks``: some of its hooks only)."""
+        hooks = ", ".join(f'"{h}"' for h in (hooks or self.hooks))
         return (f"[cluster]\nhooks = [{hooks}]\ntoken_file = \"{self.token_file}\"\n"
                 f"task_ports = [{TASK_PORTS[0]}, {TASK_PORTS[1]}]\n")
 
