@@ -282,6 +282,17 @@ def test_a_straggler_policy_forgets_a_removed_straggler_and_starts_a_new_worker_
     assert "5" not in state["detector"]["bad"] and policy.detector.stragglers == set()
 
 
+def test_a_straggler_policy_shrunk_below_what_detection_needs_says_so(caplog):
+    policy = GreedyStragglerPolicy(StragglerDetector(1.0, 3), 150_000)
+    run_on(policy, 3, pushes=30)
+    with caplog.at_level("WARNING", logger="tfsync.switch.online"):
+        policy.resize(3 + 1)
+        assert not caplog.records
+        policy.resize(2)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "with 2 workers: straggler detection" in said and "needs >= 3 workers" in said
+
+
 def test_the_elastic_straggler_policy_refuses_while_it_holds_a_worker_out():
     policy = ElasticStragglerPolicy(StragglerDetector(1.0, 2), 150_000, readmit_after_s=None)
     run_on(policy, 6, pushes=600, factors=STRAGGLER)

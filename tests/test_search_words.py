@@ -72,3 +72,18 @@ def test_show_without_the_searchs_settings_names_the_set_that_finds_it(job, monk
     assert "a search of recurring is stored with other settings" in err and "--set train.learning_rate=0.1" in err
     code, out, _ = tfsync(capsys, "search", "--show", str(job), "--set", "train.learning_rate=0.1")
     assert code == 0 and "switch point for job signature" in out
+
+
+def test_a_search_says_which_trials_changed_their_worker_count_and_keeps_it_with_the_point(job, monkeypatch, capsys):
+    """A trial that lost a worker under cluster.min_workers (or was scaled) trained at
+    another count than the signature's: the answer says so, and so does `--show` later."""
+    def score(f):
+        scales = [{"from": 2, "to": 1, "by": "loss", "samples": 300}] if f == 0.5 else []
+        return {"converged_accuracy": 0.9, "workload_samples": 1000, "scales": scales}
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process", stand_in(score))
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target", "0.8")
+    assert code == 0, err
+    said = "scaled during the search: BSP 0.5 run 0: 2 -> 1 workers (loss, at 30 % of its workload)"
+    assert said in out and out.count("scaled during") == 1, out
+    code, out, _ = tfsync(capsys, "search", "--show", str(job))
+    assert code == 0 and said in out, out

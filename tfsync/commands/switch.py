@@ -168,6 +168,14 @@ def describe(result, settings, metric: str = "accuracy") -> dict:
     }
 
 
+def trial_scales(summary: dict) -> list[dict]:
+    """How a trial's worker count changed (a lost worker under ``cluster.min_workers``, a
+    `tfsync scale`, a joining hook): from, to, by whom, at which share of its workload."""
+    total = summary.get("workload_samples") or 0
+    return [{"from": s["from"], "to": s["to"], "by": s["by"],
+             "at": round(s["samples"] / total, 4) if total else None} for s in summary.get("scales", [])]
+
+
 def format_result(d: dict, signature: str) -> str:
     f = d["fraction"]
     plan = "BSP only (no earlier switch was acceptable)" if f >= 1.0 else f"BSP for {f:.4g} of the workload, then ASP"
@@ -188,6 +196,12 @@ def format_result(d: dict, signature: str) -> str:
     if chosen is not None and chosen["confidence"] is not None:
         lines.append(f"how sure: the chosen point is acceptable with probability {chosen['confidence']:.2f} "
                      f"(t-test over its {len(chosen['accuracies'])} runs)")
+    for t in d.get("scaled", []):   # their scores are not all of the signature's worker count
+        what = "BSP only" if t["fraction"] >= 1.0 else f"BSP {t['fraction']:.4g}"
+        how = ", ".join(f"{s['from']} -> {s['to']} workers ({s['by']}"
+                        + (f", at {100 * s['at']:.0f} % of its workload)" if s.get("at") is not None else ")")
+                        for s in t["scales"])
+        lines.append(f"scaled during the search: {what} run {t['run']}: {how}")
     lines.append(f"cost: {d['trials_run']} trials trained, {d['trials_reused']} reused, "
                  f"{d['search_time_s']:.0f} s of training")
     return "\n".join(lines)
@@ -259,7 +273,7 @@ def cmd_search(args) -> int:
         total = settings.runs * (settings.settings + (settings.target is None))
         bar = progress_bar()
         expect = "accuracy" if args.target is not None else "neg_log_loss" if args.target_loss is not None else None
-        done = {"n": 0, "metric": expect}
+        done = {"n": 0, "metric": expect, "scaled": []}
 
         def run_trial(fraction: float, seed: int) -> TrialResult:
             run = seed - settings.seed
@@ -280,12 +294,14 @@ def cmd_search(args) -> int:
             return TrialResult(score, float(summary["wall_s"]),
                                {"run_dir": tcfg.job.run_dir, "test_accuracy": summary.get("test_accuracy"),
                                 "test_loss": summary.get("test_loss"), "metric": metric,
-                                "seed": tcfg.job.seed, "curve": curve})
+                                "seed": tcfg.job.seed, "curve": curve, "scales": trial_scales(summary)})
 
         def progress(p: dict) -> None:  # every trial, run now or found in the store
             done["n"] += 1
             r = p["result"]
             done["metric"] = r.extra.get("metric", "accuracy")  # a trial stored before losses: accuracy
+            if r.extra.get("scales"):
+                done["scaled"].append({"fraction": p["fraction"], "run": p["run"], "scales": r.extra["scales"]})
             what = "BSP only" if p["fraction"] >= 1.0 else f"BSP {p['fraction']:.4g}"
             score = (f"accuracy {r.converged_accuracy:.4f}" if done["metric"] == "accuracy"
                      else f"test loss {math.exp(-r.converged_accuracy):.4g}")
@@ -304,7 +320,7 @@ def cmd_search(args) -> int:
         except RuntimeError as e:
             store.set_job_state(job.id, "failed")
             return fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
-        detail = describe(result, settings, done["metric"] or "accuracy")
+        detail = {**describe(result, settings, done["metric"] or "accuracy"), "scaled": done["scaled"]}
         store.set_switch_point(signature, result.fraction, detail)
         store.set_job_state(job.id, "done")
     if args.json:

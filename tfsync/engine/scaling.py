@@ -146,8 +146,11 @@ def scale(engine, phases, workers: int, rule: str = "local", by: str = "command"
         cluster.stop()
         where = f"; everything counted is in {path}: `tfsync resume`" if path else ""
         raise EngineError(f"the scale to {workers} workers failed: {e}{where}") from e
+    detector = getattr(engine.policy, "detector", None)   # a straggler policy's
+    off = (f"; straggler detection is off below {detector.min_workers} workers"
+           if detector is not None and workers < detector.min_workers else "")
     return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
-            f"x{event['lr_scale']:g}, {rule})")
+            f"x{event['lr_scale']:g}, {rule}){off}")
 
 
 def join(engine, phases, address: str, add: int, rule: str = "local") -> str:

@@ -168,6 +168,10 @@ class _StragglerAware(Policy):
                 part()
             self.detector.resize(workers)
             self.workers = workers
+            if workers < self.detector.min_workers:   # said, not silent: the policy runs as its BSP or ASP
+                logger.warning("%s with %d workers: straggler detection compares a worker with the others' mean "
+                               "and spread and needs >= %d workers; no straggler is found until the job has "
+                               "them again", self.name, workers, self.detector.min_workers)
         return apply
 
     # -- state ----------------------------------------------------------------------------
