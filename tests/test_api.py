@@ -39,7 +39,8 @@ def test_services_and_versioned_package():
     assert streams == {
         "SubmitJob": (False, False), "GetStatus": (False, False), "StreamMetrics": (False, True),
         "Switch": (False, False), "SetBatchSizes": (False, False), "Checkpoint": (False, False),
-        "Stop": (False, False), "Scale": (False, False), "Resume": (False, False), "ReportResources": (False, False),
+        "Stop": (False, False), "Scale": (False, False), "Join": (False, False), "Resume": (False, False),
+        "ReportResources": (False, False),
         "StreamReportResources": (True, False), "Attach": (True, True)}
     assert {m.name: (m.client_streaming, m.server_streaming) for m in hook.methods} == {
         "StartTasks": (False, False), "StopTasks": (False, False), "RestartTask": (False, False),

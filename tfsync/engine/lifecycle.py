@@ -54,7 +54,7 @@ class Lifecycle:
         self.max_recoveries = 3    # restarts after a lost task, per task
         self.recovering: set | None = None   # the lost workers while recovering from their loss
         self.dead_checked = 0.0    # when the tasks were last looked at (monotonic)
-        self.node_wait_s = 0.0     # how long a launch waits for a node when none answers (node hooks)
+        self.node_wait_s = 0.0     # how long a launch after the first waits for a node when none answers
         self.on_pause = lambda kind, **fields: None   # the engine's events: "paused", then "unpaused"
 
     def launch(self, workers: int | None = None):
@@ -72,7 +72,7 @@ class Lifecycle:
                 break
             except NoNodes as e:   # every node lost: the job waits for one to come back (a pause)
                 now = time.monotonic()
-                if paused is None and self.node_wait_s > 0:
+                if paused is None and self.node_wait_s > 0 and self.clusters:   # (a first launch fails at once)
                     paused = now
                     logger.warning("%s: the job pauses until a node answers (up to %g s, cluster.node_wait_s)",
                                    e, self.node_wait_s)

@@ -17,12 +17,13 @@ import grpc
 
 from tfsync.api import transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
+from tfsync.base.exits import BadInput
 
 REACH_S = 60.0      # how long a manager that does not answer yet is retried
 ANSWER_S = 330.0    # the manager waits 5 x 60 s for a scale to be carried out, a little less than this
 
 
-class JoinRefused(Exception):
+class JoinRefused(BadInput):
     """The manager or the job refused the join (one line: why)."""
 
 
