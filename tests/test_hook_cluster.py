@@ -111,3 +111,36 @@ def test_both_cluster_kinds_have_what_the_engine_needs():
             assert list(ours.parameters)[:len(theirs.parameters)] == list(theirs.parameters), (kind.__name__, name)
             assert all(p.default is not inspect.Parameter.empty for p in extra), (kind.__name__, name)
 
+
+
+def test_a_joining_hook_is_checked_with_the_jobs_token_and_a_refused_one_leaves_nothing(tmp_path):
+    """Real hooks (gRPC servers in this process, no task started): the job's token is
+    taken, another is refused naming it, a duplicate or a remote hook beside local ones is
+    refused before any call, and remove_hook forgets what a generation noted of it."""
+    from tfsync.api import auth
+    from tfsync.base.ports import free_ports
+    from tfsync.hooks import node
+
+    token, other = auth.new_token(), auth.new_token()
+    servers = [node.serve(token=t, log_dir=str(tmp_path / f"logs{i}"), node=f"n{i}") for i, t in
+               enumerate((token, token, other))]
+    first, joining, wrong = (f"127.0.0.1:{port}" for _, port in servers)
+    try:
+        nodes = HookNodes([(first, token)])
+        with pytest.raises(ValueError, match=f"hook {wrong} refused the job's hook token"):
+            nodes.add_hook(wrong)
+        with pytest.raises(ValueError, match="does not answer from here"):
+            nodes.add_hook(f"127.0.0.1:{free_ports(1)[0]}")
+        with pytest.raises(ValueError, match="is on another machine, the job's hooks are on this one"):
+            nodes.add_hook("10.0.0.9:7070")
+        assert nodes.hooks == [(first, token)]
+        nodes.add_hook(joining)
+        assert nodes.has_hook(joining) and nodes.hooks[-1] == (joining, token)
+        with pytest.raises(ValueError, match="already one of the job's nodes"):
+            nodes.add_hook(joining)
+        nodes.left_out.add(1)   # as a generation that found it silent
+        nodes.remove_hook(joining)
+        assert nodes.hooks == [(first, token)] and nodes.left_out == set() and nodes.left_out_hooks() == []
+    finally:
+        for server, _ in servers:
+            server.stop()

@@ -2,14 +2,16 @@
 with its manager on a known address, then `tfsync hook --join` started later (real
 gRPC, real TF tasks on real hooks). A hook with another token is refused in one line and
 exits; one with the job's token joins, gets a worker and trains, and the job goes on
-with one worker more to the end of its workload, every counted push kept once."""
+with one worker more, every counted push kept once; restarted in place, the joined hook
+does not announce itself again."""
 
 import json
 import os
+import signal
 
 import pytest
 
-from helpers import linear_job, records, start_hook, task_children, tfsync_run, wait_for
+from helpers import linear_job, records, start_hook, task_children, tfsync, tfsync_run, wait_for
 from tfsync.api import auth
 from tfsync.base.ports import free_ports
 
@@ -29,20 +31,26 @@ def test_a_hook_started_with_join_gets_a_worker_and_a_hook_with_another_token_is
     join = ["--join", f"127.0.0.1:{manager}", "--manager-token-file", str(manager_token)]
     try:
         with tfsync_run(tmp_path, job, env=env, args=("--manager-listen", f"127.0.0.1:{manager}",
-                                                      "--manager-token-file", str(manager_token))) as (run, run_dir, _):
+                                                      "--manager-token-file", str(manager_token))) as (run, run_dir, job_file):
             wait_for("the first pushes", lambda: (run_dir / "metrics.jsonl").exists() and len(records(run_dir)) >= 10)
             refused = start_hook(tmp_path, "wrong", other_token, wrong, args=join)
             assert refused.wait(timeout=60) == 2
             said = (tmp_path / "wrong.out").read_text()
-            assert "refused the job's hook token (cluster.token_file)" in said and "joined:" not in said, said
+            assert "refused the job's hook token (cluster.token_file)" in said and "joined" not in said, said
 
             hooks.append(start_hook(tmp_path, "node1", token_file, joining, args=join))
             out = tmp_path / "node1.out"
-            wait_for("the join's answer", lambda: "joined:" in out.read_text(), timeout=200)
+            wait_for("the join's answer", lambda: "joined;" in out.read_text(), timeout=200)
             assert f"hook 127.0.0.1:{joining} joined; scaled 2 -> 3 workers in" in out.read_text(), out.read_text()
             assert len(task_children(hooks[1])) == 2   # worker:0 and worker:2 (round-robin, the PS on node0)
+            wait_for("worker 2's pushes", lambda: sum(r.get("worker") == 2 for r in records(run_dir)) >= 5)
+            # restarted in place (a new tfsync installed), the joined hook does not announce itself again
+            hooks[1].send_signal(signal.SIGHUP)
+            wait_for("the hook back", lambda: out.read_text().count("listening") == 2, timeout=60)
+            assert tfsync("stop", str(job_file), env=env).returncode == 0
             stdout, stderr = run.communicate(timeout=300)
         assert run.returncode == 0, stderr[-2000:]
+        assert out.read_text().count("joined;") == 1 and "error" not in out.read_text(), out.read_text()
         summary = json.loads(stdout)
         (scaled,) = summary["scales"]
         assert (scaled["from"], scaled["to"], scaled["by"], scaled["node"]) == (2, 3, "join", f"127.0.0.1:{joining}")
@@ -51,7 +59,7 @@ def test_a_hook_started_with_join_gets_a_worker_and_a_hook_with_another_token_is
         assert [r["pushes"] for r in pushes] == list(range(1, summary["pushes"] + 1))   # each once, none lost
         scaled_at = next(r for r in recs if r.get("event") == "scaled")["updates"]
         assert {r["worker"] for r in pushes if r["updates"] > scaled_at} == {0, 1, 2}
-        assert summary["samples"] >= summary["workload_samples"]
+        assert summary["workers"] == 3 and summary["samples"] == sum(r["batch_size"] for r in pushes)
         assert hooks[1].poll() is None   # it serves on, a node of the job until the job ends
         wait_for("its tasks stopped at the job's end", lambda: not task_children(hooks[1]))
     finally:

@@ -142,10 +142,16 @@ def test_a_count_that_does_not_fit_the_machine_is_refused():
 
 
 class _Nodes:
-    """The part of HookNodes a join uses: the hooks, added and taken back."""
+    """The part of HookNodes a join uses: the hooks, added and taken back (the real ones:
+    test_hook_cluster)."""
+
+    joinable = True
 
     def __init__(self):
         self.hooks = ["a:1"]
+
+    def has_hook(self, address):
+        return address in self.hooks
 
     def add_hook(self, address):
         if address == "silent:1":
@@ -171,6 +177,7 @@ def test_a_join_at_the_maximum_adds_the_node_only_and_a_refused_one_leaves_no_no
     assert "already runs its maximum of 3 workers (cluster.max_workers)" in scaling.join(engine, [], "b:1", 1)
     assert engine.lifecycle.cluster_factory.hooks == ["a:1", "b:1"]
     assert engine.log.events == [("node_joined", {"node": "b:1", "workers": 3})]
+    assert scaling.join(engine, [], "b:1", 1) == "hook b:1 is already one of the job's nodes"   # it restarted
     with pytest.raises(ValueError, match="does not answer"):   # nothing added
         scaling.join(_joining(nodes=(nodes := _Nodes())), [], "silent:1", 1)
     assert nodes.hooks == ["a:1"]

@@ -344,7 +344,7 @@ def test_a_lost_node_shrinks_a_job_with_elastic_bounds_and_it_trains_on(bed, tmp
 def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path):
     """The job runs on n1 and n2 (cluster.max_workers = 3) with its manager on c's address;
     n3's hook is restarted with `--join` to it: the job checks the hook, scales 2 -> 3 with
-    a worker on n3, and trains there to the end of its workload."""
+    a worker on n3, and trains there until `tfsync stop`."""
     c = bed.node("c")
     manager, token = f"{c.address}:7000", tmp_path / "manager.token"
     auth.write_token(token)
@@ -359,7 +359,7 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
         [model]
         name = "mlp"
         [train]
-        epochs = 0.4
+        epochs = 2
         checkpoint_every = 0
         [[protocol]]
         name = "bsp"
@@ -374,7 +374,11 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
         _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
         bed.start_hook("n3", ("--join", manager, "--manager-token-file", str(token),
                               "--advertise", bed.hooks[2]))
-        _wait_for(lambda: "joined:" in open(log).read(), "the join's answer", coordinator, timeout=200)
+        _wait_for(lambda: "joined;" in open(log).read(), "the join's answer", coordinator, timeout=200)
+        _wait_for(lambda: sum(r.get("worker") == 2 for r in records(run_dir)) >= 10, "worker 2's pushes", coordinator)
+        stop = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "stop", str(run_dir)]),
+                              capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr
         out, _ = coordinator.communicate(timeout=300)
     finally:
         kill_if_running(coordinator)
@@ -388,8 +392,7 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
     rs = records(run_dir)
     scaled_at = next(e["time"] for e in rs if e.get("event") == "scaled")
     after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
-    assert {r["worker"] for r in after} == {0, 1, 2}
-    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
+    assert {r["worker"] for r in after} == {0, 1, 2} and summary["stopped"]
 
 
 @pytest.mark.slow

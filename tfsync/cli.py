@@ -42,11 +42,11 @@ def format_summary(s: dict) -> str:
 
 
 def manager_token(args) -> str | None:
-    """The embedded manager's token where it listens where other machines' hooks join
-    (``--manager-listen``): read from ``--manager-token-file`` (made if missing); else None
-    (a new token per run). A token file without --manager-listen is refused."""
+    """The embedded manager's token where it listens for other machines' hooks to join
+    (``--manager-listen``): read from ``--manager-token-file`` (made if missing); else None,
+    a new token for this run (``run_dir/control/token``). Options that cannot be honoured
+    are refused first."""
     from .api import auth, transport
-    from .manager.home import home
     if not args.manager_listen:
         if args.manager_token_file or args.allow_remote:
             raise BadInput("--manager-token-file and --allow-remote are for --manager-listen")
@@ -57,7 +57,9 @@ def manager_token(args) -> str | None:
         transport.check_listen(args.manager_listen, args.allow_remote, None, warn=False)
     except (ValueError, transport.TransportError) as e:
         raise BadInput(f"--manager-listen: {e}") from None
-    path = os.path.expanduser(args.manager_token_file or str(home() / "manager.token"))
+    if not args.manager_token_file:
+        return None
+    path = os.path.expanduser(args.manager_token_file)
     return auth.read_token(path) if os.path.exists(path) else auth.write_token(path)
 
 
@@ -66,6 +68,9 @@ def cmd_run(args) -> int:
 
     cfg = load_job(args.job, overrides=args.set)
     args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
+    if args.manager_listen and not cfg.cluster.hooks:
+        print("tfsync: warning: this job's tasks run on this machine (no cluster.hooks): no hook can join it; "
+              "--manager-listen serves its status and commands", file=sys.stderr)
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
     from .commands.switch import stored_switch_point
@@ -261,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--allow-remote", action="store_true",
                        help="allow a non-loopback --manager-listen (plaintext: keep it on a trusted network)")
         q.add_argument("--manager-token-file", metavar="PATH",
-                       help="with --manager-listen: the manager's token (created, mode 0600, if missing; default "
-                            "$TFSYNC_HOME/manager.token); joining hooks need a copy (their --manager-token-file)")
+                       help="with --manager-listen: the manager's token (created, mode 0600, if missing; default: "
+                            "a new one for the run, in run_dir/control/token); joining hooks need a copy (their "
+                            "--manager-token-file): it controls this job, keep it as you keep the hooks' token")
         q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "
                        "embedding one (set by `tfsync manager` for submitted jobs, with the options below)")
         q.add_argument("--token-file", help=argparse.SUPPRESS)

@@ -65,14 +65,13 @@ def straggler_phase(cfg: JobConfig, phases, bsp_samples: int | None):
     here (the base momentum is kept)."""
     from ..engine.trainer import Phase
     from ..switch.online import ElasticStragglerPolicy, GreedyStragglerPolicy
-    from ..switch.stragglers import StragglerDetector
+    from ..switch.stragglers import StragglerDetector, too_few_to_detect
 
     bsp, asp = phases
-    if cfg.cluster.workers < 3:
-        logger.warning("switch.stragglers = %s with %d workers: detection compares a worker with the "
-                       "others' mean and spread and needs >= 3 workers; no straggler will be found",
-                       cfg.switch.stragglers, cfg.cluster.workers)
     detector = StragglerDetector(cfg.switch.straggler_window_s, cfg.switch.straggler_k)
+    if cfg.cluster.workers < detector.min_workers:
+        logger.warning(too_few_to_detect(f"switch.stragglers = {cfg.switch.stragglers}", cfg.cluster.workers,
+                                         detector.min_workers))
     options = {"bsp": bsp.policy, "asp": asp.policy, "lr_scales": {"bsp": bsp.lr_scale, "asp": asp.lr_scale}}
     if cfg.switch.stragglers == "elastic":
         policy = ElasticStragglerPolicy(detector, bsp_samples,

@@ -169,8 +169,8 @@ def describe(result, settings, metric: str = "accuracy") -> dict:
 
 
 def trial_scales(summary: dict) -> list[dict]:
-    """How a trial's worker count changed (a lost worker under ``cluster.min_workers``, a
-    `tfsync scale`, a joining hook): from, to, by whom, at which share of its workload."""
+    """How a trial's worker count changed (a lost worker under ``cluster.min_workers``: a
+    trial takes no commands): from, to, by what, at which share of its workload."""
     total = summary.get("workload_samples") or 0
     return [{"from": s["from"], "to": s["to"], "by": s["by"],
              "at": round(s["samples"] / total, 4) if total else None} for s in summary.get("scales", [])]

@@ -65,7 +65,7 @@ class HookNodes:
     ignored). ``ports``: the (first, last) port tasks may use on remote nodes."""
 
     def __init__(self, hooks, ports: tuple[int, int] | None = None, *, tls=None, parallel: bool = True,
-                 job_id: str | None = None, pinned: dict | None = None):
+                 job_id: str | None = None, pinned: dict | None = None, joinable: bool = True):
         self.hooks = [tuple(h) for h in hooks]
         if not self.hooks:
             raise ValueError("HookNodes needs at least one hook, as (address, token)")
@@ -76,6 +76,7 @@ class HookNodes:
         if ports is not None and not 1 <= ports[0] <= ports[1] <= 65535:
             raise ValueError(f"task ports must be (first, last) within 1..65535, got {ports!r}")
         self.ports, self.tls, self.parallel = ports, tls, parallel
+        self.joinable = joinable   # whether other hooks may join (the job file's hooks; not `tfsync run`'s own)
         self.pinned = dict(pinned or {})   # (job, index) -> hook index: where the job file pins a task
         self.job_id = job_id or f"tfsync-{uuid.uuid4().hex[:12]}"
         self._next_port: dict[str, int] = {}  # remote host -> its next free port of the range
@@ -169,13 +170,16 @@ class HookNodes:
                                self.hooks[hook][0], e.code().name)
             return False
 
+    def has_hook(self, address: str) -> bool:
+        return any(a == address for a, _ in self.hooks)
+
     def add_hook(self, address: str) -> None:
         """A node hook joins (``tfsync hook --join``): new generations place tasks on it
         too, with the job's token (its hooks share one, cluster.token_file). ValueError,
         with nothing added, where it is already a node, is on this machine while the
         others are not (or the reverse), does not answer, or refuses the token."""
         host, _ = transport.split_address(address)
-        if address in (a for a, _ in self.hooks):
+        if self.has_hook(address):
             raise ValueError(f"hook {address} is already one of the job's nodes")
         if is_loopback(host) != self.local:
             raise ValueError(f"hook {address} is {'on this machine' if is_loopback(host) else 'on another machine'}, "
@@ -184,23 +188,28 @@ class HookNodes:
         if not self.local and self.ports is None:
             raise ValueError(f"hook {address} is on another machine: the job needs cluster.task_ports")
         token = self.hooks[0][1]
-        channel = transport.make_channel(address, token=token, tls=self.tls)
-        try:
-            node_hook_pb2_grpc.NodeHookStub(channel).Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+        with self._probe_lock:
+            self.hooks.append((address, token))
+        try:   # (with cluster.tls_ca, the hook's certificate is checked before the token is sent)
+            with self._stub(len(self.hooks) - 1) as stub:
+                stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
         except grpc.RpcError as e:
+            self.remove_hook(address)
             why = ("refused the job's hook token (cluster.token_file): start it with the same --token-file"
                    if e.code() == grpc.StatusCode.UNAUTHENTICATED else
                    f"does not answer from here ({e.code().name}: {e.details()})")
             raise ValueError(f"hook {address} {why}") from None
-        finally:
-            channel.close()
-        self.hooks.append((address, token))
         logger.info("hook %s joined the job's nodes", address)
 
     def remove_hook(self, address: str) -> None:
-        """Undo ``add_hook`` (a join whose scale was refused): the last hook, with no tasks yet."""
-        if self.hooks and self.hooks[-1][0] == address and len(self.hooks) > 1:
-            self.hooks.pop()
+        """Undo ``add_hook`` (a join whose scale was refused): the last hook, which runs no
+        task yet, with whatever a generation noted of it (left out, silent)."""
+        with self._probe_lock:
+            if len(self.hooks) > 1 and self.hooks[-1][0] == address:
+                index = len(self.hooks) - 1
+                for noted in (self.left_out, self._answering, self._silent):
+                    noted.discard(index)
+                self.hooks.pop()
 
     def found_silent(self, hook: int) -> None:
         """A generation waited ``HEALTH_TIMEOUT_S`` for ``hook`` in vain: the next

@@ -54,36 +54,42 @@ class Lifecycle:
         self.max_recoveries = 3    # restarts after a lost task, per task
         self.recovering: set | None = None   # the lost workers while recovering from their loss
         self.dead_checked = 0.0    # when the tasks were last looked at (monotonic)
-        self.node_wait_s = 0.0     # how long a launch after the first waits for a node when none answers
+        self.node_wait_s = 0.0     # how long a restart waits for a node when none answers (node hooks)
         self.on_pause = lambda kind, **fields: None   # the engine's events: "paused", then "unpaused"
 
-    def launch(self, workers: int | None = None):
+    def launch(self, workers: int | None = None, wait: bool = False):
         """A new generation's tasks, starting (``open`` waits for them); ``workers``: how
-        many (default: as now; tfsync.engine.scaling starts another count ahead)."""
+        many (default: as now; tfsync.engine.scaling starts another count ahead). ``wait``
+        (a restart after a loss, the old tasks gone): when none of the nodes answers, the
+        job pauses up to ``node_wait_s`` for one (events "paused", then "unpaused")."""
         if self.records is None:   # before the tasks start: hooks on other nodes are sent the files
             self.records = write_records(self.setup, self.run_dir)
-        paused = None
-        while True:
-            try:
-                cluster = self.cluster_factory(workers or self.workers, self.ps, self.host,
-                                               log_dir=os.path.join(self.run_dir, "logs"),
-                                               start_timeout=self.start_timeout, work_dir=self.run_dir,
-                                               files=self.records.get("files", ()))
-                break
-            except NoNodes as e:   # every node lost: the job waits for one to come back (a pause)
-                now = time.monotonic()
-                if paused is None and self.node_wait_s > 0 and self.clusters:   # (a first launch fails at once)
-                    paused = now
-                    logger.warning("%s: the job pauses until a node answers (up to %g s, cluster.node_wait_s)",
-                                   e, self.node_wait_s)
-                    self.on_pause("paused", reason=str(e), wait_s=self.node_wait_s)
-                if paused is None or now - paused >= self.node_wait_s:
-                    raise ClusterError(f"{e}{f' within {self.node_wait_s:g} s (cluster.node_wait_s)' if paused else ''}"
-                                       ) from None
-                time.sleep(NODE_PROBE_S)
-        if paused is not None:
-            logger.warning("a node answers again after %.0f s: the job goes on", time.monotonic() - paused)
-            self.on_pause("unpaused", seconds=round(time.monotonic() - paused, 3))
+        paused, cluster = None, None
+        try:
+            while True:
+                try:
+                    cluster = self.cluster_factory(workers or self.workers, self.ps, self.host,
+                                                   log_dir=os.path.join(self.run_dir, "logs"),
+                                                   start_timeout=self.start_timeout, work_dir=self.run_dir,
+                                                   files=self.records.get("files", ()))
+                    break
+                except NoNodes as e:   # every node lost: the job waits for one to come back (a pause)
+                    now = time.monotonic()
+                    if paused is None and wait and self.node_wait_s > 0:
+                        paused = now
+                        logger.warning("%s: the job pauses until a node answers (up to %g s, "
+                                       "cluster.node_wait_s)", e, self.node_wait_s)
+                        self.on_pause("paused", reason=str(e), wait_s=self.node_wait_s)
+                    if paused is None or now - paused >= self.node_wait_s:
+                        raise ClusterError(f"{e}{f' within {self.node_wait_s:g} s (cluster.node_wait_s)' if paused else ''}"
+                                           ) from None
+                    time.sleep(NODE_PROBE_S)
+        finally:
+            if paused is not None:   # a node answers, or the wait gave up (the status is not left "paused")
+                waited = round(time.monotonic() - paused, 3)
+                logger.warning("paused %.0f s: %s", waited, "the job ends" if cluster is None
+                               else "a node answers again, the job goes on")
+                self.on_pause("unpaused", seconds=waited, gave_up=cluster is None)
         self.clusters.append(cluster)
         return cluster.launch()
 

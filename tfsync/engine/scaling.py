@@ -158,15 +158,15 @@ def join(engine, phases, address: str, add: int, rule: str = "local") -> str:
     becomes one of the job's nodes and the job grows by ``add`` workers, up to its
     ``max_workers``, by a scale whose new generation places tasks on it (round-robin over
     the nodes, the joined one last). At the maximum the node is only added: the job's next
-    restart places tasks on it. ValueError, with nothing changed, where the job does not
-    run on node hooks, the hook does not answer or refuses the job's token, or the scale
-    is refused."""
+    restart places tasks on it; a hook that is a node already (it restarted) is told so.
+    ValueError, with nothing changed, where the job does not run on node hooks, the hook
+    does not answer or refuses the job's token, or the scale is refused."""
     nodes = engine.lifecycle.cluster_factory
-    if not hasattr(nodes, "add_hook"):
+    if not getattr(nodes, "joinable", False):
         raise ValueError("this job's tasks are not run by node hooks (cluster.hooks): a hook cannot join it")
+    if nodes.has_hook(address):   # a joined hook that restarted and announces itself again
+        return f"hook {address} is already one of the job's nodes"
     target = min(engine.workers + add, engine.max_workers or MAX_WORKERS)
-    if target > engine.workers:
-        check_scale(engine, target)
     nodes.add_hook(address)
     if target == engine.workers:
         engine.log.event("node_joined", node=address, workers=engine.workers)
@@ -222,7 +222,7 @@ def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: st
     engine.ledger.resize(workers)
     resized()
     t_stopped = time.time()
-    opened = engine.open_generation(cluster or lifecycle.launch(), restore=path)   # its parts' seconds
+    opened = engine.open_generation(cluster or lifecycle.launch(wait=True), restore=path)   # its parts' seconds
     engine.ledger.lr_scale = rate
     engine.generation.set_hyper(lr_scale=rate)
     t1 = time.time()

@@ -138,7 +138,7 @@ class Engine:
         """Replace every task: stop this generation's, start new ones restored from the
         checkpoint ``restore``; nothing is granted in the new generation yet."""
         self.close_generation(kill=True)
-        self.open_generation(self.lifecycle.launch(), restore=restore)
+        self.open_generation(self.lifecycle.launch(wait=True), restore=restore)
         self.ledger.forget_grants()
 
     def sync(self) -> None:

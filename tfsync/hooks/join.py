@@ -17,22 +17,34 @@ import grpc
 
 from tfsync.api import transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-from tfsync.base.exits import BadInput
+from tfsync.base.exits import BadInput, TfsyncError
 
 REACH_S = 60.0      # how long a manager that does not answer yet is retried
 ANSWER_S = 330.0    # the manager waits 5 x 60 s for a scale to be carried out, a little less than this
+
+
+# what the manager answers when the job, or the manager itself, said no: the hook is not taken
+REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 
 
 class JoinRefused(BadInput):
     """The manager or the job refused the join (one line: why)."""
 
 
+class JoinUnknown(TfsyncError, RuntimeError):
+    """The manager was reached, but whether the job took the hook is not known (no answer
+    in time, an internal error): the job may still take it."""
+
+
 def announce(manager: str, token: str, hook_address: str, job_id: str = "", workers: int = 1,
              tls: transport.TlsConfig | None = None, reach_s: float = REACH_S) -> str:
     """Ask the manager at ``manager`` to let the hook at ``hook_address`` join ``job_id``
-    (empty: the manager's only running job), adding ``workers``; returns the answer's line.
+    (empty: the manager's only running job), adding ``workers``; returns the answer's line
+    (which says "queued" where the job had not acted when the manager stopped waiting).
     A manager that does not answer is retried for ``reach_s`` (the same request id: the
-    join is issued once). JoinRefused for a refusal; TransportError when it never answers."""
+    join is issued once). JoinRefused for a refusal; TransportError when the manager never
+    answers; JoinUnknown when it answered with neither."""
     request = manager_pb2.JoinRequest(request_id=uuid.uuid4().hex, job_id=job_id, hook_address=hook_address,
                                       workers=workers)
     channel = transport.make_channel(manager, token=token, tls=tls)
@@ -43,8 +55,10 @@ def announce(manager: str, token: str, hook_address: str, job_id: str = "", work
             try:
                 return stub.Join(request, timeout=ANSWER_S).message
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                if e.code() in REFUSALS:
                     raise JoinRefused(f"{e.code().name}: {e.details()}") from None
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise JoinUnknown(f"{e.code().name}: {e.details()}") from None
                 if time.monotonic() > deadline:
                     raise transport.TransportError(f"the manager at {manager} does not answer "
                                                    f"({e.details()})") from None

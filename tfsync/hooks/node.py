@@ -262,6 +262,10 @@ def check_task_allow(task_allow) -> None:
             raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
 
 
+JOINED_ENV = "TFSYNC_HOOK_JOINED"   # set once this hook's --join was answered
+MAX_JOIN_WORKERS = 1024             # the most workers a job has (the manager's and engine's bound)
+
+
 def check_arguments(args, tls: transport.TlsConfig | None) -> None:
     """What `serve` would refuse in the arguments, refused first: --init-token must not
     leave a token behind for a hook that never starts."""
@@ -285,14 +289,14 @@ def check_arguments(args, tls: transport.TlsConfig | None) -> None:
                          f"coordinator reaches, not {args.listen}, or give --advertise HOST:PORT")
     if not args.manager_token_file:
         raise ValueError("--join needs --manager-token-file: the token of the manager it joins through")
-    if not 1 <= args.join_workers <= 1000:
-        raise ValueError(f"--join-workers {args.join_workers}: expected 1..1000")
+    if not 1 <= args.join_workers <= MAX_JOIN_WORKERS:
+        raise ValueError(f"--join-workers {args.join_workers}: expected 1..{MAX_JOIN_WORKERS}")
 
 
-def join_job(args, port: int, tls: transport.TlsConfig | None) -> int:
-    """``--join``: announce this hook to the job's manager; 0 when joined, else an exit code
-    (said in one line)."""
-    from tfsync.hooks.join import JoinRefused, announce
+def join_job(args, port: int, manager_token: str) -> int:
+    """``--join``: announce this hook to the job's manager; 0 when it serves on (joined, or
+    the outcome not known: said), else an exit code (said in one line)."""
+    from tfsync.hooks.join import JoinRefused, JoinUnknown, announce
 
     if args.advertise:
         address = args.advertise
@@ -301,13 +305,17 @@ def join_job(args, port: int, tls: transport.TlsConfig | None) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     manager_tls = transport.TlsConfig(ca_file=args.manager_ca) if args.manager_ca else None
     try:
-        message = announce(args.join, auth.read_token(args.manager_token_file), address, args.job or "",
-                           args.join_workers, manager_tls)
+        message = announce(args.join, manager_token, address, args.job or "", args.join_workers, manager_tls)
     except JoinRefused as e:
         return fail(f"--join: the job did not take this hook: {e}", EXIT_BAD_INPUT)
-    except (auth.TokenFileError, transport.TransportError) as e:
+    except transport.TransportError as e:
         return fail(f"--join: {e}", EXIT_FAILED)
-    print(f"tfsync hook: joined: {message}", flush=True)
+    except JoinUnknown as e:   # the job may still take it: serve on
+        print(f"tfsync hook: warning: --join: no answer from the job ({e}); serving on: see `tfsync status`",
+              flush=True)
+        return 0
+    os.environ[JOINED_ENV] = "1"   # a restart in place (SIGHUP) does not announce it again
+    print(f"tfsync hook: {message}", flush=True)   # "hook ... joined; scaled 2 -> 3 ...", or "join queued; ..."
     return 0
 
 
@@ -350,8 +358,9 @@ def main(argv=None) -> int:
             print(f"tfsync hook: wrote a new token to {args.token_file} (mode 0600); the job's "
                   "cluster.token_file must hold the same token", flush=True)
         token = auth.read_token(args.token_file)
-        rows, restarted = [], bool(os.environ.get(adopt.ENV))
-        if restarted:   # re-executed: the tasks to adopt, and what else ran
+        manager_token = auth.read_token(args.manager_token_file) if args.join else None
+        rows = []
+        if os.environ.get(adopt.ENV):   # re-executed: the tasks to adopt, and what else ran
             rows = adopt.load(os.environ.pop(adopt.ENV))
             adopt.reap_leftovers({row["pid"] for row in rows})
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
@@ -365,8 +374,8 @@ def main(argv=None) -> int:
     forkserver.prestart()   # TensorFlow imported before the first job asks for tasks
     try:
         print(f"tfsync hook listening on port {port}", flush=True)
-        if args.join and not restarted:   # (a hook restarted in place has joined already)
-            code = join_job(args, port, tls)
+        if args.join and not os.environ.get(JOINED_ENV):   # (a hook restarted in place may have joined)
+            code = join_job(args, port, manager_token)
             if code:
                 return code
         server.wait_for_termination()

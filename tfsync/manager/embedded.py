@@ -68,7 +68,7 @@ def local_hook(run_dir: str, token: str, job_id: str) -> tuple[object, HookNodes
     # its tasks go in a private network namespace where they can (root): no alarm unless one does not
     hook, port = serve_hook(f"{transport.DEFAULT_HOST}:0", token=token, log_dir=os.path.join(run_dir, "logs"),
                             warn_now=False)
-    return hook, HookNodes([(f"{transport.DEFAULT_HOST}:{port}", token)], job_id=job_id)
+    return hook, HookNodes([(f"{transport.DEFAULT_HOST}:{port}", token)], job_id=job_id, joinable=False)
 
 
 @dataclass
@@ -126,7 +126,6 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     store holds anything; a failure after that stops what was started and records the
     job as failed."""
     listen = listen or f"{transport.DEFAULT_HOST}:0"
-    transport.check_listen(listen, allow_remote, None, warn=False)   # before the store holds anything
     token = token or auth.new_token()
     control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
     store_path = store_path or default_store()

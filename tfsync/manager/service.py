@@ -172,7 +172,7 @@ class ManagerService(ResourceReports):
         job = self.jobs.get(job_id)
         if job is not None:
             with job.changed:
-                job.ended = True
+                job.ended, job.paused = True, ""
                 job.changed.notify_all()
 
     def StreamMetrics(self, request, context):
@@ -263,7 +263,8 @@ class ManagerService(ResourceReports):
 
     def Join(self, request, context):
         if not request.job_id:   # the hook was not told the job: the manager's only running one
-            running = [j for j in self.jobs.values() if not j.ended]
+            with self._lock:
+                running = [j for j in self.jobs.values() if j.attached and not j.ended]
             if len(running) != 1:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: this manager runs {len(running)} "
                               "jobs; name the one to join (`tfsync hook --join ... --job JOB_ID`)")
@@ -277,8 +278,6 @@ class ManagerService(ResourceReports):
                 raise ValueError(f"hook_address {shown(request.hook_address)}: port 0 is not where a hook listens")
             request.workers = request.workers or 1
             check_workers(request.workers)
-            if job.workers + request.workers > MAX_WORKERS:
-                raise ValueError(f"workers: {job.workers} + {request.workers} exceeds {MAX_WORKERS}")
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
         return self._issue(request, context, "join", slow=True)

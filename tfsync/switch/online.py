@@ -39,7 +39,7 @@ from ..policy.asp import ASP
 from ..policy.base import NOTHING, ClusterView, Decision, Policy, Push, PushMode, check_resize_count
 from ..policy.bsp import BSP
 from ..policy.catalogue import register
-from .stragglers import StragglerDetector
+from .stragglers import StragglerDetector, too_few_to_detect
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +169,7 @@ class _StragglerAware(Policy):
             self.detector.resize(workers)
             self.workers = workers
             if workers < self.detector.min_workers:   # said, not silent: the policy runs as its BSP or ASP
-                logger.warning("%s with %d workers: straggler detection compares a worker with the others' mean "
-                               "and spread and needs >= %d workers; no straggler is found until the job has "
-                               "them again", self.name, workers, self.detector.min_workers)
+                logger.warning(too_few_to_detect(self.name, workers, self.detector.min_workers))
         return apply
 
     # -- state ----------------------------------------------------------------------------

@@ -93,6 +93,12 @@ def as_sample(record) -> Sample:
     return Sample(worker, end, samples, None if busy is None else max(float(busy), 0.0))
 
 
+def too_few_to_detect(policy: str, workers: int, needed: int) -> str:
+    """The warning for a straggler policy run with fewer workers than detection needs."""
+    return (f"{policy} with {workers} workers: straggler detection compares a worker with the others' mean and "
+            f"spread and needs >= {needed} workers; no straggler is found until the job has them")
+
+
 class StragglerDetector:
     """``StragglerDetector(window_s=10, k=3)``; feed it with ``observe(record)`` (returns
     the events that closing windows produced) and ``advance(now)``; read ``stragglers``
