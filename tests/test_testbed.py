@@ -224,7 +224,7 @@ def _probes(targets: dict) -> dict:
     return {name: p.communicate(timeout=30)[0].strip() for name, p in procs.items()}
 
 
-def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster="", hooks=None):
+def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster="", hooks=None, args=()):
     run_dir = tmp_path / name
     job = tmp_path / f"{name}.toml"
     job.write_text(textwrap.dedent(f"""
@@ -241,8 +241,8 @@ def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster="", hooks=None):
         [[protocol]]
         name = "bsp"
         """) + bed.cluster_toml(hooks) + "workers = 2\n" + cluster)
-    proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report",
+                                              *args]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return run_dir, proc
 
 
@@ -348,27 +348,8 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
     c = bed.node("c")
     manager, token = f"{c.address}:7000", tmp_path / "manager.token"
     auth.write_token(token)
-    run_dir = tmp_path / "join"
-    job = tmp_path / "join.toml"
-    job.write_text(textwrap.dedent(f"""
-        [job]
-        name = "join"
-        run_dir = "{run_dir}"
-        [data]
-        name = "mnist"
-        [model]
-        name = "mlp"
-        [train]
-        epochs = 2
-        checkpoint_every = 0
-        [[protocol]]
-        name = "bsp"
-        """) + bed.cluster_toml(bed.hooks[:2]) + "workers = 2\nmax_workers = 3\n")
-    assert bed.hooks[2] not in job.read_text()
-    coordinator = subprocess.Popen(bed.command("c", [sys.executable, "-m", "tfsync.cli", "run", str(job), "--no-report",
-                                                     "--manager-listen", manager, "--allow-remote",
-                                                     "--manager-token-file", str(token)]),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir, coordinator = _job(tmp_path, bed, "join", 2, 0, cluster="max_workers = 3\n", hooks=bed.hooks[:2],
+                                args=("--manager-listen", manager, "--allow-remote", "--manager-token-file", str(token)))
     log = os.path.join(bed.dir, "hook-n3.log")
     try:
         _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
