@@ -228,9 +228,9 @@ def main(argv=None) -> int:
                                "target_accuracy": round(target, 4), "time_to_target_s": time_to(r["evals"], target)}
                         rows.append(row)
                         print(row, flush=True)
+                    write_csv(args.out + ".csv", rows)   # after each repeat: a run cut short keeps what it did
     finally:
         bed.down()
-    write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png", args)
     print(f"wrote {args.out}.csv and .png")
     return 0
