@@ -224,6 +224,12 @@ def _probes(targets: dict) -> dict:
     return {name: p.communicate(timeout=30)[0].strip() for name, p in procs.items()}
 
 
+def _tfsync_on_c(bed, command, run_dir) -> subprocess.CompletedProcess:
+    """`tfsync COMMAND RUN_DIR` on the coordinator's node, where the job's manager is."""
+    return subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", command, str(run_dir)]),
+                          capture_output=True, text=True, timeout=120)
+
+
 def _job(tmp_path, bed, name, epochs, checkpoint_every, cluster="", hooks=None, args=()):
     run_dir = tmp_path / name
     job = tmp_path / f"{name}.toml"
@@ -357,8 +363,7 @@ def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path)
                               "--advertise", bed.hooks[2]))
         _wait_for(lambda: "joined;" in open(log).read(), "the join's answer", coordinator, timeout=200)
         _wait_for(lambda: sum(r.get("worker") == 2 for r in records(run_dir)) >= 10, "worker 2's pushes", coordinator)
-        stop = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "stop", str(run_dir)]),
-                              capture_output=True, text=True, timeout=120)
+        stop = _tfsync_on_c(bed, "stop", run_dir)
         assert stop.returncode == 0, stop.stderr
         out, _ = coordinator.communicate(timeout=300)
     finally:
@@ -387,12 +392,9 @@ def test_a_job_that_loses_every_node_pauses_with_a_clear_status_and_goes_on_when
     try:
         _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 40, "40 pushes", coordinator)
         bed.set("n1", up=False)
-        try:
-            _wait_for(lambda: any(r.get("event") == "paused" for r in records(run_dir)), "the pause", coordinator)
-            status = subprocess.run(bed.command("c", [sys.executable, "-m", "tfsync.cli", "status", str(run_dir)]),
-                                    capture_output=True, text=True, timeout=60).stdout
-        finally:
-            bed.set("n1", up=True)
+        _wait_for(lambda: any(r.get("event") == "paused" for r in records(run_dir)), "the pause", coordinator)
+        status = _tfsync_on_c(bed, "status", run_dir).stdout
+        bed.set("n1", up=True)
         out, _ = coordinator.communicate(timeout=300)
     finally:
         bed.set("n1", up=True)

@@ -80,9 +80,10 @@ class Lifecycle:
                         logger.warning("%s: the job pauses until a node answers (up to %g s, "
                                        "cluster.node_wait_s)", e, self.node_wait_s)
                         self.on_pause("paused", reason=str(e), wait_s=self.node_wait_s)
-                    if paused is None or now - paused >= self.node_wait_s:
-                        raise ClusterError(f"{e}{f' within {self.node_wait_s:g} s (cluster.node_wait_s)' if paused else ''}"
-                                           ) from None
+                    if paused is None:
+                        raise
+                    if now - paused >= self.node_wait_s:
+                        raise ClusterError(f"{e} within {self.node_wait_s:g} s (cluster.node_wait_s)") from None
                     time.sleep(NODE_PROBE_S)
         finally:
             if paused is not None:   # a node answers, or the wait gave up (the status is not left "paused")
