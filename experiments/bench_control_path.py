@@ -48,9 +48,11 @@ from testbed_bench import wide_mlp_job, write_csv  # noqa: E402
 
 BASE_PORT = 20000   # in the relay's task ports (tfsync.testbed.bed.TASK_PORTS)
 ECHO_PORT = 20090
-CONFIGS = ("fit", "fit, 32 steps/execution", "tfsync ASP", "tfsync SSP s=2", "tfsync BSP (coordinator rounds)",
+CONFIGS = ("fit", "fit, 32 steps/execution", "tfsync ASP", "tfsync ASP depth=4", "tfsync ASP depth=8",
+           "tfsync SSP s=2", "tfsync BSP (coordinator rounds)",
            "tfsync BSP (PS rounds)", "tfsync LB-BSP (coordinator rounds)", "tfsync LB-BSP (PS rounds)")
-PROTOCOL = {"tfsync ASP": ("asp", True), "tfsync SSP s=2": ("ssp", True),
+PROTOCOL = {"tfsync ASP": ("asp", True), "tfsync ASP depth=4": ("asp", True), "tfsync ASP depth=8": ("asp", True),
+            "tfsync SSP s=2": ("ssp", True),
             "tfsync BSP (coordinator rounds)": ("bsp", False), "tfsync BSP (PS rounds)": ("bsp", True),
             "tfsync LB-BSP (coordinator rounds)": ("lbbsp", False), "tfsync LB-BSP (PS rounds)": ("lbbsp", True)}
 
@@ -102,9 +104,12 @@ def chief(bed, cluster: dict, argv: list[str], cwd: str, timeout: float = 900) -
     return r.stdout
 
 
-def job_text(run_dir: str, protocol: str, ps_rounds: bool, hidden: int, steps: int, workers: int) -> str:
+def job_text(run_dir: str, config: str, hidden: int, steps: int, workers: int) -> str:
     epochs = steps * 64 / 60000
+    protocol, ps_rounds = PROTOCOL.get(config, ("asp", True))
     extra = "staleness = 2\n" if protocol == "ssp" else ""
+    if "depth=" in config:   # ASP's grants ahead per worker (default 2)
+        extra += f"depth = {config.split('depth=')[1]}\n"
     return (wide_mlp_job("bench-control-path", run_dir, hidden, epochs)
             + f"ps_rounds = {'true' if ps_rounds else 'false'}\n"
             + f"[[protocol]]\nname = \"{protocol}\"\n{extra}[switch]\nmethod = \"hot\"\n"
@@ -117,8 +122,7 @@ def run_config(bed, config: str, args, work: str) -> float:
     os.makedirs(run_dir)
     job = os.path.join(run_dir, "job.toml")
     with open(job, "w") as f:
-        protocol, ps_rounds = PROTOCOL.get(config, ("asp", True))
-        f.write(job_text(run_dir, protocol, ps_rounds, args.hidden, args.steps, args.workers))
+        f.write(job_text(run_dir, config, args.hidden, args.steps, args.workers))
     with task_servers(bed, cluster, run_dir):
         if config.startswith("fit"):
             spe = 32 if "32" in config else 1
