@@ -531,12 +531,12 @@ def test_ps_rounds_take_the_batch_sizes_lbbsp_decides_at_each_rounds_end(tiny_pr
 
 
 def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_problem, tmp_path):
-    """What keeps a diverged model out of the checkpoints (``Engine.checkpoint`` refuses
+    """What keeps a diverged model out of the checkpoints (``Loop.checkpoint`` refuses
     to save when it finds one): every weight with a NaN or an infinity, by name, checked
     where it lives in one call."""
     engine = _engine(tiny_problem, tmp_path)
     try:
-        engine.open_generation(engine.lifecycle.launch())
+        engine.lifecycle.open(engine.lifecycle.launch())
         gen = engine.generation
         weights = gen.model.weights
         assert gen.non_finite() == []
@@ -544,6 +544,6 @@ def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_probl
         weights[-1].assign(tf.fill(weights[-1].shape, float("inf")))
         assert gen.non_finite() == [weights[0].name, weights[-1].name]
         with pytest.raises(EngineError, match=f"the weights are no longer finite after update 0 \\({weights[0].name} "):
-            engine.checkpoint("periodic")
+            engine.loop.checkpoint("periodic")
     finally:
         engine.close()

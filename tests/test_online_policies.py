@@ -144,7 +144,7 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     """Going to ASP, a straggler policy's decision carries the last BSP round's barrier and
     ASP's rate factor together: the engine applies the round at BSP's factor (n: the rate
     its pushes recorded), then sets ASP's, then releases the ASP grants."""
-    from tfsync.engine.trainer import Engine
+    from tfsync.engine.loop import Loop
     from tfsync.policy.base import Decision, Grant
     from tfsync.policy.ledger import Ledger
 
@@ -166,14 +166,14 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
 
     from tfsync.engine.pilot import Pilot
 
-    engine = object.__new__(Engine)
-    engine.log, engine.wake_at = SimpleNamespace(ledger=Ledger(3)), None
-    engine.lifecycle = SimpleNamespace(current=Gen(), channel=Channel())
-    engine.pilot, engine.phase_end = Pilot(engine, enabled=False), None
-    engine.ledger.lr_scale, engine.ledger.pending_workers = 3.0, [0, 1, 2]
-    engine.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
+    loop = object.__new__(Loop)
+    loop.log, loop.wake_at = SimpleNamespace(ledger=Ledger(3)), None
+    loop.lifecycle = SimpleNamespace(current=Gen(), channel=Channel())
+    loop.pilot, loop.phase_end = Pilot(loop, enabled=False), None
+    loop.ledger.lr_scale, loop.ledger.pending_workers = 3.0, [0, 1, 2]
+    loop.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]
-    assert engine.ledger.updates == 1 and engine.ledger.round == 1 and engine.ledger.granted == [1, 1, 1]
+    assert loop.ledger.updates == 1 and loop.ledger.round == 1 and loop.ledger.granted == [1, 1, 1]
     calls.clear()
-    engine.apply(Decision((Grant(0, 16),), lr_scale=3.0))  # no round pending: the new factor, then the grant
+    loop.apply(Decision((Grant(0, 16),), lr_scale=3.0))  # no round pending: the new factor, then the grant
     assert calls == [("release", 1, 3.0)]

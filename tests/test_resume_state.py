@@ -64,16 +64,16 @@ def test_a_state_of_another_worker_count_or_a_damaged_one_leaves_the_clocks_to_s
 
 
 def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
-    from tfsync.engine.trainer import Engine
+    from tfsync.engine.loop import Loop
 
     class Diverged(BSP):
         def save_state(self):
             return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
 
-    engine = object.__new__(Engine)
-    engine.log, engine.policy, engine.phase = _log(2), Diverged(), None
-    events = engine.log.events
-    state = engine.save_state()
+    loop = object.__new__(Loop)
+    loop.log, loop.policy, loop.phase = _log(2), Diverged(), None
+    events = loop.log.events
+    state = loop.save_state()
     assert state["policy"] == {} and json.dumps(state, allow_nan=False)
     assert events and events[0][1]["saved"] is False
 

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tfsync.engine.loop import Elastic
 from tfsync.engine.phase import Phase
 from tfsync.engine.scaling import check_scale, rescale
 from tfsync.policy import ASP, BSP, BatchSizer, FixedSizer
@@ -18,34 +19,36 @@ def paper_rule(protocol, n):
     return float(n) if aggregating(protocol) else 1.0
 
 
-def _engine(workers=2, restartable=True, active=None, bounds=(None, None)):
+def _loop(workers=2, restartable=True, active=None, bounds=(None, None), nodes=None):
+    """The parts of the engine's loop a scale's checks read (the real loop: test_scaling)."""
     ledger = Ledger(workers)
     if active is not None:
         ledger.active = frozenset(active)
-    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)), min_workers=bounds[0],
-                           max_workers=bounds[1], fits=None,
-                           generation=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)))
+    lifecycle = SimpleNamespace(current=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)),
+                                cluster_factory=nodes)
+    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)), lifecycle=lifecycle,
+                           elastic=Elastic(min_workers=bounds[0], max_workers=bounds[1]))
 
 
 def test_a_scale_is_refused_for_the_same_count_a_platforms_tasks_and_a_worker_held_out():
     with pytest.raises(ValueError, match="already runs 2 workers"):
-        check_scale(_engine(), 2)
+        check_scale(_loop(), 2)
     with pytest.raises(ValueError, match="the platform's \\(TF_CONFIG\\)"):
-        check_scale(_engine(restartable=False), 3)
+        check_scale(_loop(restartable=False), 3)
     with pytest.raises(ValueError, match=r"holds worker\(s\) \[1\] out"):
-        check_scale(_engine(active={0}), 3)
-    check_scale(_engine(), 3)
+        check_scale(_loop(active={0}), 3)
+    check_scale(_loop(), 3)
 
 
 def test_a_scale_stays_within_the_jobs_bounds():
-    engine = _engine(3, bounds=(2, 4))
+    loop = _loop(3, bounds=(2, 4))
     for n in (1, 5):
         with pytest.raises(ValueError, match=f"workers = {n}: expected a whole number from 2 to 4"):
-            check_scale(engine, n)
-    check_scale(engine, 2)
-    check_scale(engine, 4)
+            check_scale(loop, n)
+    check_scale(loop, 2)
+    check_scale(loop, 4)
     with pytest.raises(ValueError, match="from 1 to 1024"):
-        check_scale(_engine(), 0)
+        check_scale(_loop(), 0)
 
 
 def test_local_keeps_each_workers_batch_and_gives_every_phase_still_to_run_the_rate_for_the_new_count():
@@ -134,11 +137,11 @@ def test_a_count_that_does_not_fit_the_machine_is_refused():
         if n > 3:
             raise ConfigError(f"cluster.workers: {n} tasks need more memory than this machine has", "cluster.workers")
 
-    engine = _engine()
-    engine.fits = fits
-    check_scale(engine, 3)
+    loop = _loop()
+    loop.elastic.fits = fits
+    check_scale(loop, 3)
     with pytest.raises(ValueError, match="4 workers do not fit: cluster.workers: 4 tasks need more memory"):
-        check_scale(engine, 4)
+        check_scale(loop, 4)
 
 
 class _Nodes:
@@ -163,28 +166,27 @@ class _Nodes:
 
 
 def _joining(workers=2, bounds=(None, None), nodes=None):
-    engine = _engine(workers, bounds=bounds)
-    engine.lifecycle = SimpleNamespace(cluster_factory=nodes)
-    engine.log = SimpleNamespace(events=[], event=lambda kind, **f: engine.log.events.append((kind, f)))
-    return engine
+    loop = _loop(workers, bounds=bounds, nodes=nodes)
+    loop.log = SimpleNamespace(events=[], event=lambda kind, **f: loop.log.events.append((kind, f)))
+    return loop
 
 
 def test_a_join_at_the_maximum_adds_the_node_only_and_a_refused_one_leaves_no_node(monkeypatch):
     from tfsync.engine import scaling
     with pytest.raises(ValueError, match=r"not run by node hooks \(cluster.hooks\)"):
         scaling.join(_joining(nodes=object()), [], "b:1", 1)
-    engine = _joining(3, bounds=(None, 3), nodes=_Nodes())
-    assert "already runs its maximum of 3 workers (cluster.max_workers)" in scaling.join(engine, [], "b:1", 1)
-    assert engine.lifecycle.cluster_factory.hooks == ["a:1", "b:1"]
-    assert engine.log.events == [("node_joined", {"node": "b:1", "workers": 3})]
-    assert scaling.join(engine, [], "b:1", 1) == "hook b:1 is already one of the job's nodes"   # it restarted
+    loop = _joining(3, bounds=(None, 3), nodes=_Nodes())
+    assert "already runs its maximum of 3 workers (cluster.max_workers)" in scaling.join(loop, [], "b:1", 1)
+    assert loop.lifecycle.cluster_factory.hooks == ["a:1", "b:1"]
+    assert loop.log.events == [("node_joined", {"node": "b:1", "workers": 3})]
+    assert scaling.join(loop, [], "b:1", 1) == "hook b:1 is already one of the job's nodes"   # it restarted
     with pytest.raises(ValueError, match="does not answer"):   # nothing added
         scaling.join(_joining(nodes=(nodes := _Nodes())), [], "silent:1", 1)
     assert nodes.hooks == ["a:1"]
 
     asked = []
 
-    def refused(engine, phases, workers, rule, by, node):
+    def refused(loop, phases, workers, rule, by, node):
         asked.append((workers, by, node))
         raise ValueError("3 workers could not be started")
     monkeypatch.setattr(scaling, "scale", refused)

@@ -151,11 +151,12 @@ def test_asp_training_learns_and_sees_staleness():
 
 
 def test_a_second_run_switches_protocol_and_continues():
-    """ASP then BSP: the steps ASP granted ahead (depth 2) run at the switch, as the
+    """ASP then BSP: the steps ASP granted ahead (its depth) run at the switch, as the
     engine runs them (tfsync.policy.ledger's drain rule), and nothing more."""
     sim = Simulator(3, SpeedModel(seed=1, **STRAGGLY))
-    first = sim.run(P.get("asp"), pushes=30)
-    assert 30 < first.pushes <= 30 + 2 * 3 and sim.granted == sim.clocks
+    asp = P.get("asp")
+    first = sim.run(asp, pushes=30)
+    assert 30 < first.pushes <= 30 + asp.depth * 3 and sim.granted == sim.clocks
     second = sim.run(P.get("bsp"), pushes=60)
     assert second.pushes >= first.pushes + 60 and second.time > first.time
     steps = {w: [p.step for p in second.log if p.worker == w] for w in range(3)}

@@ -99,9 +99,9 @@ def test_a_restart_switch_command_is_refused_on_a_platforms_tasks():
     from tfsync.engine.phase import Phase
     from tfsync.policy import BSP
 
-    engine = SimpleNamespace(workers=2, generation=SimpleNamespace(cluster=PlatformCluster(SPEC)))
+    loop = SimpleNamespace(workers=2, lifecycle=SimpleNamespace(current=SimpleNamespace(cluster=PlatformCluster(SPEC))))
     with pytest.raises(ValueError, match="platform's"):
-        carry_out(engine, Phase(BSP()), Command("c1", "switch", protocol="asp", method="restart"), 64)
+        carry_out(loop, Phase(BSP()), Command("c1", "switch", protocol="asp", method="restart"), 64)
     with pytest.raises(Exception, match="TF_CONFIG's tasks are the platform's"):
         make = PlatformCluster.factory(SPEC)
         make(2, 1, "127.0.0.1"), make(2, 1, "127.0.0.1")   # a second generation

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
@@ -18,6 +19,9 @@ from ..policy.commands import check_batch_sizes, check_switch, check_workers
 from .phase import EngineError
 from .scaling import join, phases_left, scale
 from .switching import switch
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -94,62 +98,62 @@ def check(cmd: Command, workers: int) -> dict:
     return {}
 
 
-def carry_out(engine, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
+def carry_out(loop: Loop, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
     """Apply ``cmd`` to ``engine`` inside ``phase`` (whose policy a switch replaces);
     returns (message, checkpoint path). Raises StopRequested for ``stop``."""
-    options = check(cmd, engine.workers)
+    options = check(cmd, loop.workers)
     old = phase.policy
     if cmd.kind == "batch_sizes":
         phase.set_batch_sizes(cmd.batch_sizes, max_batch)
         return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
     if cmd.kind == "checkpoint":
-        engine.drain(old)
-        path = engine.checkpoint("command")
-        engine.apply(old.start(engine.view()))
+        loop.drain(old)
+        path = loop.checkpoint("command")
+        loop.apply(old.start(loop.view()))
         return f"checkpoint {path}", path
     if cmd.kind == "stop":
-        engine.drain(old)
-        raise StopRequested(engine.checkpoint("stop") if cmd.save else "")
+        loop.drain(old)
+        raise StopRequested(loop.checkpoint("stop") if cmd.save else "")
     if cmd.kind == "scale":   # this phase and the plan's later ones
-        return scale(engine, phases_left(engine, phase), cmd.workers, engine.scale_rule), ""
+        return scale(loop, phases_left(loop, phase), cmd.workers, loop.elastic.rule), ""
     if cmd.kind == "join":
-        return join(engine, phases_left(engine, phase), cmd.hook, cmd.workers, engine.scale_rule), ""
+        return join(loop, phases_left(loop, phase), cmd.hook, cmd.workers, loop.elastic.rule), ""
     # a self-sizing protocol makes its own sizer; after one, the others size as it started
-    if cmd.method == "restart" and not getattr(engine.generation.cluster, "restartable", True):
+    if cmd.method == "restart" and not getattr(loop.lifecycle.current.cluster, "restartable", True):
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
                          "switch hot")
     sizer = BatchSizer(old.sizer.batch_size) if old.self_sizing else old.sizer
     if policies.spec(cmd.protocol).self_sizing and "hi" in policies.spec(cmd.protocol).options:
         options.setdefault("hi", max_batch)  # no batch larger than the input pipeline's
     new = policies.make(cmd.protocol, sizer, **options)
-    if new.max_batch(engine.workers) > max_batch:
-        raise ValueError(f"{new.name} could grant batches of {new.max_batch(engine.workers)}, more than the input "
+    if new.max_batch(loop.workers) > max_batch:
+        raise ValueError(f"{new.name} could grant batches of {new.max_batch(loop.workers)}, more than the input "
                          f"pipeline's {max_batch}; set a larger batch size in the job to allow it")
     # the rate the new protocol runs at: as asked, else the configuration policy's for it
-    lr_scale = engine.lr_rule(new.name, engine.workers) if cmd.lr_scale is None else cmd.lr_scale
+    lr_scale = loop.lr_rule(new.name, loop.workers) if cmd.lr_scale is None else cmd.lr_scale
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
-    switch(engine, old, target, len(engine.log.timeline), by="command")
+    switch(loop, old, target, len(loop.log.timeline), by="command")
     old_stats = old.stats()
     phase.switched(new, cmd.method, target.lr_scale, options)
-    engine.log.begin_phase(phase, engine.base_lr, stats_of_previous=old_stats)
-    engine.apply(new.start(engine.view()))
+    loop.log.begin_phase(phase, loop.lifecycle.base_lr, stats_of_previous=old_stats)
+    loop.apply(new.start(loop.view()))
     rule = "as asked" if cmd.lr_scale is not None else f"the configuration policy's for {new.name}"
     return f"switched {old.name} -> {new.name} ({cmd.method}), learning rate x{lr_scale:g} ({rule})", ""
 
 
-def obey(engine, phase, cmd: Command) -> None:
+def obey(loop: Loop, phase, cmd: Command) -> None:
     """Carry out a manager's command at this step boundary and report the outcome."""
     try:
-        message, path = carry_out(engine, phase, cmd, engine.setup.max_batch_size)
+        message, path = carry_out(loop, phase, cmd, loop.lifecycle.setup.max_batch_size)
     except StopRequested as stop:
-        engine.controller.result(CommandResult(cmd.id, True, "stopping", engine.ledger.updates, stop.checkpoint_path))
+        loop.controller.result(CommandResult(cmd.id, True, "stopping", loop.ledger.updates, stop.checkpoint_path))
         raise
     except (ValueError, PolicyError) as e:
         logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
-        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
+        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates))
         return
     except EngineError as e:   # it failed halfway (a scale whose new tasks died): the run ends with it
-        engine.controller.result(CommandResult(cmd.id, False, str(e), engine.ledger.updates))
+        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates))
         raise
-    engine.log.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
-    engine.controller.result(CommandResult(cmd.id, True, message, engine.ledger.updates, path))
+    loop.log.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
+    loop.controller.result(CommandResult(cmd.id, True, message, loop.ledger.updates, path))

@@ -28,6 +28,8 @@ from .cluster import ClusterError, LocalCluster, NoNodes
 from .control import noop_rows
 from .cut import bound_redials, cut
 from .generation import Generation, TrainSetup, checkpoint_io, write_records
+from .phase import EngineError
+from .resources import ResourceMonitor
 
 logger = logging.getLogger(__name__)
 STANDING_PER_WORKER = 2
@@ -36,9 +38,14 @@ CONNECT_TRIES = 3   # tries to start and connect to a generation whose task died
 
 
 class Lifecycle:
-    def __init__(self, setup: TrainSetup, workers: int, ps: int, host: str, run_dir: str,
-                 start_timeout: float, cluster_factory: Callable | None = None):
-        self.setup, self.workers, self.ps, self.host = setup, workers, ps, host
+    def __init__(self, setup: TrainSetup, ledger, workers: int, ps: int, host: str, run_dir: str,
+                 start_timeout: float, cluster_factory: Callable | None = None, base_lr: float | None = None):
+        """``ledger``: the run's counts, whose round and rate factor each generation opens
+        at; ``base_lr``: the rate the rate factor multiplies (None: the optimizer's)."""
+        self.setup, self.ledger, self.workers, self.ps, self.host = setup, ledger, workers, ps, host
+        self.base_lr = base_lr
+        self.monitor = ResourceMonitor()  # CPU/memory per worker task for the policies (view.resources)
+        self.on_close: list[Callable[[], None]] = []   # called before a generation closes (the loop's pilot)
         self.run_dir, self.start_timeout = run_dir, start_timeout
         # LocalCluster (task processes of this one), or tfsync.engine.hook_cluster.HookNodes
         self.cluster_factory = cluster_factory or LocalCluster
@@ -94,9 +101,35 @@ class Lifecycle:
         self.clusters.append(cluster)
         return cluster.launch()
 
-    def open(self, cluster, restore: str | None, round: int) -> tuple[Generation, dict]:
-        """Connect to ``cluster``, build (and restore) the model there, trace the
-        functions; returns the generation and its timings. ``stand`` starts its closures."""
+    def open(self, cluster, restore: str | None = None) -> dict:
+        """Connect to ``cluster``, build (and restore) the model there at the ledger's
+        round and rate factor, start its standing closures; returns the timings of its parts."""
+        gen, timings = self._connect(cluster, restore, self.ledger.round)
+        self.monitor.set_pids(gen.cluster.worker_pids())   # (another cluster where a connect failed)
+        self.monitor.set_remote(getattr(gen.cluster, "resource_readings", None))  # workers on other nodes
+        self.monitor.start()
+        if self.base_lr is None:
+            self.base_lr = gen.learning_rate  # None under a schedule
+        elif gen.learning_rate is None:
+            raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
+                              "leave base_lr unset (the schedule is the base rate)")
+        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale)
+        self._stand()
+        return timings
+
+    def restart(self, restore: str) -> None:
+        """Replace every task: stop this generation's, start new ones restored from the
+        checkpoint ``restore`` (waiting for a node where none answers: ``launch``);
+        nothing is granted in the new generation yet."""
+        self.close(kill=True)
+        self.open(self.launch(wait=True), restore=restore)
+        self.ledger.forget_grants()
+
+    def sync(self) -> None:
+        """Wait until every release and barrier sent to the PS has landed."""
+        self.channel.sync()
+
+    def _connect(self, cluster, restore: str | None, round: int) -> tuple[Generation, dict]:
         t0 = time.time()
         for attempt in range(1, CONNECT_TRIES + 1):
             try:
@@ -127,7 +160,7 @@ class Lifecycle:
                     ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in timings.items()))
         return gen, timings
 
-    def stand(self) -> None:
+    def _stand(self) -> None:
         """Every worker's standing closures, the threads that wait on them, and the thread
         that drains finished steps."""
         gen, self._fetch_q = self.current, queue.Queue()
@@ -178,6 +211,8 @@ class Lifecycle:
     def close(self, kill: bool = True) -> None:
         """Stop the current generation: at once (``kill``), or after ending every standing
         closure with no-op tokens."""
+        for before in self.on_close:
+            before()
         with self._lock:
             gen, self.current = self.current, None
         if gen is None:

@@ -37,12 +37,16 @@ import logging
 import math
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from ..policy.base import NOTHING, Decision
 from .control import BATCH, MARKER_SIZES, MODE, MODE_ROUND, ROUND, ROW_END, ROW_LANDED, ROW_START, SEQ, token_rows
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +69,9 @@ def _total(grants) -> int:
 class Pilot:
     """The engine's PS-run rounds: at most one ``rounds`` call at a time."""
 
-    def __init__(self, engine, enabled: bool = True):
-        self.engine, self.enabled = engine, enabled
+    def __init__(self, loop: Loop, enabled: bool = True):
+        """``loop``: the engine's loop (tfsync.engine.loop), whose rounds these are."""
+        self.loop, self.enabled = loop, enabled
         self.active = False      # a rounds call runs, or its last marker is still to come
         self.epoch = 0           # the current (or last) call's number, for halt
         self.grants = ()         # the grants the PS makes at each round's end
@@ -79,7 +84,7 @@ class Pilot:
     def take(self, decision: Decision) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
         the decision grants a steady round, every member one step, nothing else pending."""
-        e, s = self.engine, self.engine.ledger
+        e, s = self.loop, self.loop.ledger
         if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants:
             return 0
         steady = e.policy.steady_round(e.view())
@@ -92,12 +97,12 @@ class Pilot:
 
     def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
         """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
-        gen = self.engine.generation
+        gen = self.loop.lifecycle.current
         self.epoch += 1
         self.active, self.halting, self.grants = True, False, tuple(decision.grants)
         self.sized = {self.version: self.grants}   # (sizes the PS holds from an earlier call are older)
         self.released_at = {}
-        if self.engine.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
+        if self.loop.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
             self._set_sizes(gen)
         following = first_rows.copy()
         following[:, 1 + ROUND] += 1
@@ -110,16 +115,16 @@ class Pilot:
             gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens),
                                tf.constant(version, tf.int64))
         except Exception as e:   # the PS died, or the generation closed
-            if gen is self.engine.lifecycle.current:
-                self.engine.lifecycle.results.put((gen, None, e))
+            if gen is self.loop.lifecycle.current:
+                self.loop.lifecycle.results.put((gen, None, e))
 
     def halt(self) -> None:
         """The PS releases no round after the one in flight (asked in order with the
         engine's other PS calls)."""
         if self.active and not self.halting:
             self.halting = True
-            gen, epoch = self.engine.generation, self.epoch
-            self.engine.lifecycle.channel.call(lambda: gen.control.halt(epoch))
+            gen, epoch = self.loop.lifecycle.current, self.epoch
+            self.loop.lifecycle.channel.call(lambda: gen.control.halt(epoch))
 
     def follow(self, decision: Decision) -> None:
         """The policy's decision after a push while the PS runs the rounds: nothing within
@@ -133,7 +138,7 @@ class Pilot:
             return
         if decision != Decision(decision.grants, barrier=True) or _same(decision.grants) != _same(self.grants):
             logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
-                           self.engine.policy.name, decision)
+                           self.loop.policy.name, decision)
             self.halt()
             return
         if _total(decision.grants) != _total(self.grants):
@@ -144,19 +149,19 @@ class Pilot:
             return
         self.version += 1
         self.sized[self.version] = tuple(decision.grants)
-        self._set_sizes(self.engine.generation)
+        self._set_sizes(self.loop.lifecycle.current)
 
     def _set_sizes(self, gen) -> None:
         """The sizes of the latest version to the PS, in order with the engine's other calls."""
-        sizes = np.zeros(self.engine.workers + 1, np.int64)
+        sizes = np.zeros(self.loop.workers + 1, np.int64)
         sizes[0] = self.version
         for g in self.sized[self.version]:
             sizes[1 + g.worker] = g.batch_size
-        self.engine.lifecycle.channel.call(lambda: gen.control.set_sizes(tf.constant(sizes)))
+        self.loop.lifecycle.channel.call(lambda: gen.control.set_sizes(tf.constant(sizes)))
 
     def observe(self, marker) -> None:
         """A marker row: mirror what the PS did at a round's end in the ledger."""
-        e = self.engine
+        e = self.loop
         released = bool(marker[1 + SEQ])
         version = int(marker[MARKER_SIZES])
         if released and version not in self.sized:
@@ -194,12 +199,12 @@ class Pilot:
     def abandon(self) -> None:
         """The generation is going (a lost worker or PS): a round the PS applied but whose
         marker was not seen yet is closed in the ledger too; nothing more is expected."""
-        if self.active and self.engine.ledger.pending_workers:
-            self.engine.ledger.apply(Decision(barrier=True), time.time())
+        if self.active and self.loop.ledger.pending_workers:
+            self.loop.ledger.apply(Decision(barrier=True), time.time())
         self.active = False
 
     def rows(self, decision: Decision, seqs) -> tuple[np.ndarray, int]:
         """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""
         k = self.take(decision)
-        return token_rows(decision.grants, self.engine.ledger.round, seqs, MODE_ROUND if k > 1 else None), \
+        return token_rows(decision.grants, self.loop.ledger.round, seqs, MODE_ROUND if k > 1 else None), \
             (k if k > 1 else 0)

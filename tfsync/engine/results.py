@@ -1,6 +1,7 @@
-"""What comes back from the workers: the engine's loop waits for the next finished step
-(watching for dead tasks: a lost worker is recovered, any other loss ends the run; a step
-past ``timeout_s``; the policy's timers); the run log counts it (``RunLog.record``)."""
+"""What comes back from the workers: the engine's loop (tfsync.engine.loop) waits for the
+next finished step (watching for dead tasks: a lost worker is recovered, any other loss
+ends the run; a step past ``timeout_s``; the policy's timers); the run log counts it
+(``RunLog.record``)."""
 
 from __future__ import annotations
 
@@ -8,54 +9,58 @@ import logging
 import queue
 import re
 import time
+from typing import TYPE_CHECKING
 
 from .phase import EngineError
 from .pilot import ROUND_CLOSED, is_marker
 from .recovery import recover_lost_workers
 
+if TYPE_CHECKING:
+    from .loop import Loop
+
 logger = logging.getLogger(__name__)
 
 
-def next_result(engine):
+def next_result(loop: Loop):
     """The next finished step of the current generation; None when a timer is due, or
     when a lost worker's recovery left nothing in flight (while draining, nothing more is
     granted); ROUND_CLOSED after a round the PS closed itself (tfsync.engine.pilot)."""
     waited = 0.0
     while True:
-        if time.monotonic() - engine.lifecycle.dead_checked > 0.5:  # results may keep coming from others
-            engine.lifecycle.dead_checked = time.monotonic()
-            if raise_if_dead(engine) and engine.in_flight() == 0:
+        if time.monotonic() - loop.lifecycle.dead_checked > 0.5:  # results may keep coming from others
+            loop.lifecycle.dead_checked = time.monotonic()
+            if raise_if_dead(loop) and loop.in_flight() == 0:
                 return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
-            engine.lifecycle.channel.check()
+            loop.lifecycle.channel.check()
         timeout = 0.5
-        if engine.wake_at is not None:
-            timeout = max(0.0, min(timeout, engine.wake_at - time.time()))
+        if loop.wake_at is not None:
+            timeout = max(0.0, min(timeout, loop.wake_at - time.time()))
         try:
-            gen, value, err = engine.lifecycle.results.get(timeout=timeout)
+            gen, value, err = loop.lifecycle.results.get(timeout=timeout)
         except queue.Empty:
             waited += timeout
-            if engine.wake_at is not None and time.time() >= engine.wake_at:
+            if loop.wake_at is not None and time.time() >= loop.wake_at:
                 return None
-            if raise_if_dead(engine) and engine.in_flight() == 0:
+            if raise_if_dead(loop) and loop.in_flight() == 0:
                 return None  # (a drain, the workload done: the recovery granted nothing)
-            if waited > engine.timeout_s:
+            if waited > loop.timeout_s:
                 raise EngineError(
-                    f"no step finished in {engine.timeout_s:.0f} s (outstanding steps: "
-                    f"{engine.in_flight()}); raise train.timeout_s if steps are this slow")
+                    f"no step finished in {loop.timeout_s:.0f} s (outstanding steps: "
+                    f"{loop.in_flight()}); raise train.timeout_s if steps are this slow")
             continue
-        if gen is not engine.generation:
+        if gen is not loop.lifecycle.current:
             continue  # a step of a replaced generation
         if err is not None:
             time.sleep(0.2)  # let the OS report a task that just died
-            if raise_if_dead(engine, err) or engine.lifecycle.recovering:
+            if raise_if_dead(loop, err) or loop.lifecycle.recovering:
                 # a closure of a lost worker: the cluster was restarted from its state, and
                 # while draining nothing is granted again (waiting would end in the timeout)
-                if engine.in_flight() == 0:
+                if loop.in_flight() == 0:
                     return None
                 continue
             raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
         if is_marker(value):   # the PS closed a round itself
-            engine.pilot.observe(value)
+            loop.pilot.observe(value)
             return ROUND_CLOSED
         return value
 
@@ -71,18 +76,18 @@ def error_line(err: BaseException) -> str:
     return said[0] if said else next((line for line in lines if line), type(err).__name__)
 
 
-def raise_if_dead(engine, cause: BaseException | None = None) -> bool:
+def raise_if_dead(loop: Loop, cause: BaseException | None = None) -> bool:
     """Recover from lost workers (True if it did); raise for any other dead task."""
     # one look at the tasks: a second could see a death the first did not (a hook's report
     # arriving in between) and end the run for a worker that can be recovered
-    dead = engine.generation.cluster.dead_tasks()
-    if engine.lifecycle.recovering is None and recover_lost_workers(engine, engine.policy, dead):
+    dead = loop.lifecycle.current.cluster.dead_tasks()
+    if loop.lifecycle.recovering is None and recover_lost_workers(loop, loop.policy, dead):
         return True
-    lost = engine.lifecycle.recovering or ()
+    lost = loop.lifecycle.recovering or ()
     dead = [d for d in dead if d[0] != "worker" or d[1] not in lost]
     if dead:
         job, i, code = dead[0]
         raise EngineError(
-            f"task {job}:{i} died (exit code {code}); logs in {engine.run_dir}/logs, "
-            f"last checkpoint in {engine.run_dir}/checkpoints") from cause
+            f"task {job}:{i} died (exit code {code}); logs in {loop.log.run_dir}/logs, "
+            f"last checkpoint in {loop.log.run_dir}/checkpoints") from cause
     return False

@@ -30,40 +30,44 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ..policy.base import BatchSizer
 from ..policy.commands import MAX_WORKERS, check_workers
 from .phase import EngineError
+
+if TYPE_CHECKING:
+    from .loop import Loop
 
 logger = logging.getLogger(__name__)
 
 RULES = ("local", "global")
 
 
-def check_scale(engine, workers: int) -> None:
+def check_scale(loop: Loop, workers: int) -> None:
     """Raise ValueError (one line) for a scale of the running job that cannot be carried
     out, before touching anything (what the plan's phases allow: ``rescale``)."""
-    old = engine.workers
-    check_workers(workers, engine.min_workers or 1, engine.max_workers or MAX_WORKERS)
+    old = loop.workers
+    check_workers(workers, loop.elastic.min_workers or 1, loop.elastic.max_workers or MAX_WORKERS)
     if workers == old:
         raise ValueError(f"the job already runs {old} workers")
-    if not getattr(engine.generation.cluster, "restartable", True):
+    if not getattr(loop.lifecycle.current.cluster, "restartable", True):
         raise ValueError("a scale needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
                          "change the platform's worker count instead")
-    if engine.ledger.active != frozenset(range(old)):
-        out = sorted(frozenset(range(old)) - engine.ledger.active)
-        raise ValueError(f"{engine.policy.name} holds worker(s) {out} out of the membership now; scale once "
+    if loop.ledger.active != frozenset(range(old)):
+        out = sorted(frozenset(range(old)) - loop.ledger.active)
+        raise ValueError(f"{loop.policy.name} holds worker(s) {out} out of the membership now; scale once "
                          "they are members again (one owner of membership at a time)")
-    if engine.fits is not None:   # memory and open files for that many tasks (tfsync.job.limits)
+    if loop.elastic.fits is not None:   # memory and open files for that many tasks (tfsync.job.limits)
         try:
-            engine.fits(workers)
+            loop.elastic.fits(workers)
         except Exception as e:   # noqa: BLE001 - a ConfigError naming what does not fit
             raise ValueError(f"{workers} workers do not fit: {e}") from None
 
 
-def phases_left(engine, phase) -> list:
+def phases_left(loop: Loop, phase) -> list:
     """``phase`` (the one running) and the plan's phases after it: what a scale changes."""
-    return engine.phases[engine.phases.index(phase):] if phase in engine.phases else [phase]
+    return loop.phases[loop.phases.index(phase):] if phase in loop.phases else [phase]
 
 
 def running_protocol(policy) -> str:
@@ -124,36 +128,36 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     return apply
 
 
-def scale(engine, phases, workers: int, rule: str = "local", by: str = "command", **detail) -> str:
+def scale(loop: Loop, phases, workers: int, rule: str = "local", by: str = "command", **detail) -> str:
     """Go on with ``workers`` workers (``phases``: the current phase and those still to
     run); returns what was done and what it cost, in a line. ValueError, having changed
     nothing, where ``check_scale`` or ``rescale`` refuses or the new tasks cannot start;
     EngineError where it fails after the old tasks stopped. ``by`` and ``detail`` go into
     the ``scaled`` event."""
-    check_scale(engine, workers)
-    resized = rescale(phases, engine.workers, workers, rule, engine.lr_rule, engine.setup.max_batch_size)
+    check_scale(loop, workers)
+    resized = rescale(phases, loop.workers, workers, rule, loop.lr_rule, loop.lifecycle.setup.max_batch_size)
     t0 = time.time()
     try:
-        cluster = engine.lifecycle.launch(workers)   # the new tasks start while the old ones train
+        cluster = loop.lifecycle.launch(workers)   # the new tasks start while the old ones train
     except Exception as e:   # noqa: BLE001 - e.g. the hooks' task ports are fewer than the tasks
         raise ValueError(f"{workers} workers could not be started: {e}") from None
     path = None
     try:
-        engine.drain(engine.policy)
-        path = engine.checkpoint("scale")
-        event = relaunch(engine, phases, workers, resized, path, t0, by=by, cluster=cluster, rule=rule, **detail)
+        loop.drain(loop.policy)
+        path = loop.checkpoint("scale")
+        event = relaunch(loop, phases, workers, resized, path, t0, by=by, cluster=cluster, rule=rule, **detail)
     except Exception as e:
         cluster.stop()
         where = f"; everything counted is in {path}: `tfsync resume`" if path else ""
         raise EngineError(f"the scale to {workers} workers failed: {e}{where}") from e
-    detector = getattr(engine.policy, "detector", None)   # a straggler policy's
+    detector = getattr(loop.policy, "detector", None)   # a straggler policy's
     off = (f"; straggler detection is off below {detector.min_workers} workers"
            if detector is not None and workers < detector.min_workers else "")
     return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
             f"x{event['lr_scale']:g}, {rule}){off}")
 
 
-def join(engine, phases, address: str, add: int, rule: str = "local") -> str:
+def join(loop: Loop, phases, address: str, add: int, rule: str = "local") -> str:
     """The node hook at ``address`` joins the running job (``tfsync hook --join``): it
     becomes one of the job's nodes and the job grows by ``add`` workers, up to its
     ``max_workers``, by a scale whose new generation places tasks on it (round-robin over
@@ -161,77 +165,77 @@ def join(engine, phases, address: str, add: int, rule: str = "local") -> str:
     restart places tasks on it; a hook that is a node already (it restarted) is told so.
     ValueError, with nothing changed, where the job does not run on node hooks, the hook
     does not answer or refuses the job's token, or the scale is refused."""
-    nodes = engine.lifecycle.cluster_factory
+    nodes = loop.lifecycle.cluster_factory
     if not getattr(nodes, "joinable", False):
         raise ValueError("this job's tasks are not run by node hooks (cluster.hooks): a hook cannot join it")
     if nodes.has_hook(address):   # a joined hook that restarted and announces itself again
         return f"hook {address} is already one of the job's nodes"
-    target = min(engine.workers + add, engine.max_workers or MAX_WORKERS)
+    target = min(loop.workers + add, loop.elastic.max_workers or MAX_WORKERS)
     nodes.add_hook(address)
-    if target == engine.workers:
-        engine.log.event("node_joined", node=address, workers=engine.workers)
-        return (f"hook {address} joined; the job already runs its maximum of {engine.workers} workers "
+    if target == loop.workers:
+        loop.log.event("node_joined", node=address, workers=loop.workers)
+        return (f"hook {address} joined; the job already runs its maximum of {loop.workers} workers "
                 "(cluster.max_workers): its next restart places tasks there too")
     try:
-        done = scale(engine, phases, target, rule, by="join", node=address)
+        done = scale(loop, phases, target, rule, by="join", node=address)
     except ValueError:
         nodes.remove_hook(address)
         raise
     return f"hook {address} joined; {done}"
 
 
-def shrink_after_loss(engine, lost: list[int], path: str, t0: float) -> dict | None:
+def shrink_after_loss(loop: Loop, lost: list[int], path: str, t0: float) -> dict | None:
     """Workers ``lost`` (their tasks died; the job drained and checkpointed at ``path``):
     go on without them where the job has elastic bounds (``min_workers``) that allow it,
     instead of restarting their tasks. The survivors take the numbers 0..n-1 (their
     per-worker state kept by position, relearnt where it was a lost worker's). Returns the
     ``scaled`` event, or None where the job restarts the lost tasks as before (no bounds,
     too few left, a plan that cannot go on with fewer: said in a warning)."""
-    workers = engine.workers - len(lost)
-    if engine.min_workers is None or workers < engine.min_workers:
+    workers = loop.workers - len(lost)
+    if loop.elastic.min_workers is None or workers < loop.elastic.min_workers:
         return None
-    phases = phases_left(engine, engine.phase)
+    phases = phases_left(loop, loop.phase)
     try:
-        resized = rescale(phases, engine.workers, workers, engine.scale_rule, engine.lr_rule,
-                          engine.setup.max_batch_size)
+        resized = rescale(phases, loop.workers, workers, loop.elastic.rule, loop.lr_rule,
+                          loop.lifecycle.setup.max_batch_size)
     except ValueError as e:
         logger.warning("the job cannot go on with %d workers (%s): the lost tasks are restarted", workers, e)
         return None
-    return relaunch(engine, phases, workers, resized, path, t0, by="loss", rule=engine.scale_rule,
+    return relaunch(loop, phases, workers, resized, path, t0, by="loss", rule=loop.elastic.rule,
                     lost=sorted(lost))
 
 
-def relaunch(engine, phases, workers: int, resized, path: str, t0: float, by: str, cluster=None,
+def relaunch(loop: Loop, phases, workers: int, resized, path: str, t0: float, by: str, cluster=None,
              rule: str = "local", **detail) -> dict:
     """Stop the drained job's tasks, make ``workers`` the count (ledger, ``resized``: the
     phases' policies, rates and batches), open ``cluster`` (or new tasks) restored from
     ``path`` and start the policy; returns the ``scaled`` event it records."""
-    old, policy, t_saved = engine.workers, engine.policy, time.time()
+    old, policy, t_saved = loop.workers, loop.policy, time.time()
     running = running_protocol(policy)
-    rate = engine.ledger.lr_scale * (engine.lr_rule(running, workers) / engine.lr_rule(running, old)
+    rate = loop.ledger.lr_scale * (loop.lr_rule(running, workers) / loop.lr_rule(running, old)
                                      if rule == "local" else 1.0)
-    lifecycle = engine.lifecycle
+    lifecycle = loop.lifecycle
     if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
         lifecycle.next_cluster.stop()
         lifecycle.next_cluster = None
-    if engine.evaluator is not None:
-        engine.evaluator.wait()
-    engine.close_generation(kill=True)
-    engine.ledger.forget_grants()   # (after a loss: the steps the killed tasks held)
-    engine.workers = lifecycle.workers = workers
-    engine.ledger.resize(workers)
+    if loop.evaluator is not None:
+        loop.evaluator.wait()
+    lifecycle.close(kill=True)
+    loop.ledger.forget_grants()   # (after a loss: the steps the killed tasks held)
+    lifecycle.workers = workers
+    loop.ledger.resize(workers)
     resized()
     t_stopped = time.time()
-    opened = engine.open_generation(cluster or lifecycle.launch(wait=True), restore=path)   # its parts' seconds
-    engine.ledger.lr_scale = rate
-    engine.generation.set_hyper(lr_scale=rate)
+    opened = lifecycle.open(cluster or lifecycle.launch(wait=True), restore=path)   # its parts' seconds
+    loop.ledger.lr_scale = rate
+    loop.lifecycle.current.set_hyper(lr_scale=rate)
     t1 = time.time()
-    event = {"from": old, "to": workers, "by": by, "rule": rule, **detail, "samples": engine.ledger.samples,
-             "updates": engine.ledger.updates, "checkpoint": path, "lr_scale": rate,
+    event = {"from": old, "to": workers, "by": by, "rule": rule, **detail, "samples": loop.ledger.samples,
+             "updates": loop.ledger.updates, "checkpoint": path, "lr_scale": rate,
              "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
              **{k: round(v, 3) for k, v in opened.items()}, "seconds": round(t1 - t0, 3)}
-    engine.log.scaled(event)
-    if not engine.draining and (engine.phase_end is None or engine.ledger.samples < engine.phase_end):
-        engine.apply(policy.start(engine.view()))
+    loop.log.scaled(event)
+    if not loop.draining and (loop.phase_end is None or loop.ledger.samples < loop.phase_end):
+        loop.apply(policy.start(loop.view()))
     logger.info("scaled %d -> %d workers (%s) in %.1f s", old, workers, by, t1 - t0)
     return event

@@ -45,7 +45,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
     return whole_job(engine.run_dir, resume, {
         **_counts(log, wall, train, engine.workers, engine.ps, total),
         "init_s": round(t_init, 3),
-        "ps_rounds": engine.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
+        "ps_rounds": engine.loop.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
         "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
         "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
@@ -60,7 +60,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "task_ports": gen.cluster.task_ports() if hasattr(gen.cluster, "task_ports")
         else netns.describe(getattr(gen.cluster, "network", None)),
         # each worker's last CPU/memory reading (cpu: contention; "node" where its hook measured it)
-        "resources": {str(w): r for w, r in sorted(engine.monitor.latest().items())},
+        "resources": {str(w): r for w, r in sorted(engine.lifecycle.monitor.latest().items())},
         "stopped": stopped is not None,
         **({"resumed_from": resume} if resume else {}),
         **({"stop_checkpoint": stopped.checkpoint_path} if stopped is not None else {}),

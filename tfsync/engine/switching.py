@@ -6,44 +6,48 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, Decision
 from .checkpoints import load_state
 
+if TYPE_CHECKING:
+    from .loop import Loop
+
 logger = logging.getLogger(__name__)
 
 
-def switch(engine, old, phase, index: int, carry: bool = True, by: str = "plan") -> None:
+def switch(loop: Loop, old, phase, index: int, carry: bool = True, by: str = "plan") -> None:
     """Drain ``old``, switch to ``phase``; with ``carry``, a policy of the same protocol
     takes over what ``old`` learned (``hand_over``). Records a switch event with timings
     and ``by`` whom: the job's "plan" or a "command"."""
     t0 = time.time()
-    engine.drain(old)
+    loop.drain(old)
     t_drained = time.time()
     parts = {}
     if phase.switch == "restart":
-        path = engine.checkpoint("switch")
+        path = loop.checkpoint("switch")
         parts["save_s"] = time.time() - t_drained
-        lifecycle = engine.lifecycle
+        lifecycle = loop.lifecycle
         cluster, lifecycle.next_cluster = lifecycle.next_cluster or lifecycle.launch(), None
         t = time.time()
-        if engine.evaluator is not None:
-            engine.evaluator.wait()
-        engine.close_generation(kill=True)
+        if loop.evaluator is not None:
+            loop.evaluator.wait()
+        loop.lifecycle.close(kill=True)
         parts["stop_old_s"] = time.time() - t
         t = time.time()
-        parts.update(engine.open_generation(cluster, restore=path))
+        parts.update(loop.lifecycle.open(cluster, restore=path))
         parts["start_new_s"] = time.time() - t
     if carry and phase.policy is not old:
-        hand_over(engine.log, old.save_state(), phase.policy, "switch")
-    set_config(engine.ledger, engine.generation, phase)
+        hand_over(loop.log, old.save_state(), phase.policy, "switch")
+    set_config(loop.ledger, loop.lifecycle.current, phase)
     t1 = time.time()
     event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch, "by": by,
-             "samples": engine.ledger.samples, "updates": engine.ledger.updates,
+             "samples": loop.ledger.samples, "updates": loop.ledger.updates,
              "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
              "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
-    engine.log.switched(event)
+    loop.log.switched(event)
     logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
 
 

@@ -1,8 +1,14 @@
 """ASP: every push is applied on arrival and its worker runs on at once (paper 004 §3.1:
 A = {W_s}).
 
-``depth`` steps are granted ahead per worker (default 2: one running, one queued on the
-PS), so a worker never waits for the coordinator's answer between its steps.
+``depth`` steps are granted ahead per worker (default 4: one running, three queued on
+the PS), so a worker never waits for the coordinator's answer between its steps: the
+coordinator sees a push and its grant reaches the PS about two round trips after the
+push lands, while an ASP step is about one and a half (the weights read, the gradient
+pushed), so two granted ahead let the worker wait at each step once the network adds
+latency (on the testbed at 10 ms a node, 4 workers: 27.8 worker steps/s at depth 2, 37.6
+at 4, 38.6 at 8; ``experiments/bench_control_path.py``). A phase's workload may end up to
+``depth`` steps per worker past its end: the steps granted then still run.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ class ASP(Policy):
     name = "asp"
     options = (Option("depth", int, lo=1, help="steps granted ahead per worker"),)
 
-    def __init__(self, sizer: BatchSizer | None = None, depth: int = 2, seed: int | None = None):
+    def __init__(self, sizer: BatchSizer | None = None, depth: int = 4, seed: int | None = None):
         super().__init__(sizer, seed)
         if int(depth) < 1:
             raise ValueError(f"ASP depth must be >= 1, got {depth!r}")
