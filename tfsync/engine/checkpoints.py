@@ -3,8 +3,8 @@
 ``tf.train.latest_checkpoint`` reads. Written with the generation's save function, traced
 once per generation (``Generation.save``), not the manager's, which traces one per save.
 
-Beside each, ``<prefix>.tfsync.json``: what the TF checkpoint cannot hold, the engine's
-the ledger and the running policy's learned state (``Engine.save_state``), plain JSON (a
+Beside each, ``<prefix>.tfsync.json``: what the TF checkpoint cannot hold:
+the ledger and the running policy's learned state (``Loop.save_state``), plain JSON (a
 shared run directory must never make loading run code).
 """
 

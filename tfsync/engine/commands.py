@@ -99,8 +99,8 @@ def check(cmd: Command, workers: int) -> dict:
 
 
 def carry_out(loop: Loop, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
-    """Apply ``cmd`` to ``engine`` inside ``phase`` (whose policy a switch replaces);
-    returns (message, checkpoint path). Raises StopRequested for ``stop``."""
+    """Apply ``cmd`` through the engine's ``loop`` inside ``phase`` (whose policy a switch
+    replaces); returns (message, checkpoint path). Raises StopRequested for ``stop``."""
     options = check(cmd, loop.workers)
     old = phase.policy
     if cmd.kind == "batch_sizes":

@@ -45,7 +45,7 @@ class Lifecycle:
         self.setup, self.ledger, self.workers, self.ps, self.host = setup, ledger, workers, ps, host
         self.base_lr = base_lr
         self.monitor = ResourceMonitor()  # CPU/memory per worker task for the policies (view.resources)
-        self.on_close: list[Callable[[], None]] = []   # called before a generation closes (the loop's pilot)
+        self.on_close: list[Callable[[], None]] = []   # called first at each close (the loop's pilot)
         self.run_dir, self.start_timeout = run_dir, start_timeout
         # LocalCluster (task processes of this one), or tfsync.engine.hook_cluster.HookNodes
         self.cluster_factory = cluster_factory or LocalCluster

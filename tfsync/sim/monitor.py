@@ -8,7 +8,7 @@ tfsync.policy.lbbsp) to its predictors with the speed of the step that just ende
 NARX's c^k of paper 002 eq. 4, the resources the next step *starts* with. It is the
 last reading a monitor has at push time, never the load the next step will run under.
 
-Engine (``tfsync.engine.resources.ResourceMonitor``, read by ``Engine.view``): a thread
+Engine (``tfsync.engine.resources.ResourceMonitor``, read by ``Loop.view``): a thread
 samples every ``interval`` s (1.0 in the engine); a sample covers the time since the
 previous one; a view shows the latest sample, so at push time the reading is 0 to 1
 interval old and describes the load while the step ran. Keys: ``cpu``, ``mem`` (RSS %
