@@ -123,7 +123,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     runs = os.path.join(args.out, "bench_user_models_runs")
     rows = []
-    chosen = MODELS if args.models is None else {m: MODELS[m] for m in args.models.split(",")}
+    names = list(MODELS) if args.models is None else [m.strip() for m in args.models.split(",")]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"--models: unknown model {unknown[0]!r}; valid: {', '.join(MODELS)}")
+    chosen = {m: MODELS[m] for m in names}
     for name, (job, overrides, steps) in chosen.items():
         cfg, work = workload(job, overrides)
         batch, steps = cfg.train.batch_size, int(steps * args.scale)
