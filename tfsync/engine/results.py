@@ -11,6 +11,8 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+import tensorflow as tf
+
 from .phase import EngineError
 from .pilot import ROUND_CLOSED, is_marker
 from .recovery import recover_lost_workers
@@ -58,11 +60,30 @@ def next_result(loop: Loop):
                 if loop.in_flight() == 0:
                     return None
                 continue
+            err = root_error(loop, gen, err)
             raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
         if is_marker(value):   # the PS closed a round itself
             loop.pilot.observe(value)
             return ROUND_CLOSED
         return value
+
+
+def root_error(loop: Loop, gen, err: BaseException, wait_s: float = 1.0) -> BaseException:
+    """The error that failed the step: where ``err`` says only that the closure was
+    cancelled (ClusterCoordinator cancels every closure once one fails, and which one's
+    fetch reports first is a race), the failed closure's own error if it arrives within
+    ``wait_s``; else ``err``."""
+    if not isinstance(err, tf.errors.CancelledError):
+        return err
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            other_gen, _, other = loop.lifecycle.results.get(timeout=left)
+        except queue.Empty:
+            break
+        if other_gen is gen and other is not None and not isinstance(other, tf.errors.CancelledError):
+            return other
+    return err
 
 
 def error_line(err: BaseException) -> str:
