@@ -27,10 +27,12 @@ import tensorflow as tf
 from ..policy.base import ClusterView, Decision, Policy, PolicyError
 from .channel import ChannelError
 from .commands import Controller, obey
+from .lifecycle import Lifecycle
 from .phase import EngineError, Phase
 from .pilot import ROUND_CLOSED, Pilot
 from .recovery import recover_lost_ps, rejoin_nodes
 from .results import next_result
+from .runlog import RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +51,15 @@ class Elastic:
 
 
 class Loop:
-    def __init__(self, lifecycle, log, lr_rule: Callable[[str, int], float], elastic: Elastic,
+    def __init__(self, lifecycle: Lifecycle, log: RunLog, lr_rule: Callable[[str, int], float], elastic: Elastic,
                  controller: Controller, on_push: Callable, on_step_done: Callable[[float], None],
                  evaluator=None, checkpoint_every: int = 0, timeout_s: float = 600.0, epoch_samples: int = 1,
                  ps_rounds: bool = True):
         """``on_push(push, record)``: the run's observers, after each counted push and its
         grants; ``on_step_done(seconds)``: the time between two pushes, observers included
-        (they are timed against it); ``lr_rule(protocol, workers)``: the rate factor a protocol switched to by a
-        command runs at; ``evaluator``: the background one, waited for before tasks stop."""
+        (they are timed against it); ``lr_rule(protocol, workers)``: the rate factor a
+        protocol switched to by a command runs at; ``evaluator``: the background one,
+        waited for before tasks stop."""
         self.lifecycle, self.log = lifecycle, log
         self.lr_rule, self.elastic, self.controller = lr_rule, elastic, controller
         self.on_push, self.on_step_done, self.evaluator = on_push, on_step_done, evaluator
