@@ -5,9 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfsync.engine.loop import Elastic
 from tfsync.engine.phase import Phase
-from tfsync.engine.scaling import check_scale, rescale
+from tfsync.engine.scaling import Elastic, check_scale, rescale
 from tfsync.policy import ASP, BSP, BatchSizer, FixedSizer
 from tfsync.policy.catalogue import aggregating
 from tfsync.policy.ledger import Ledger

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import tensorflow as tf
@@ -33,21 +32,9 @@ from .pilot import ROUND_CLOSED, Pilot
 from .recovery import recover_lost_ps, rejoin_nodes
 from .results import next_result
 from .runlog import RunLog
+from .scaling import Elastic
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Elastic:
-    """How the worker count may change (tfsync.engine.scaling): ``rule``, the rate and
-    batch across a change ("local" | "global"); the bounds a scale keeps to (with
-    ``min_workers``, a lost worker shrinks the job while that many remain); ``fits(n)``
-    raises where n workers do not fit the machine."""
-
-    rule: str = "local"
-    min_workers: int | None = None
-    max_workers: int | None = None
-    fits: Callable[[int], None] | None = None
 
 
 class Loop:
@@ -226,10 +213,22 @@ class Loop:
                 self.on_push(push, line)
         finally:
             self.draining = False
+        self.finish(policy)
+
+    def finish(self, policy: Policy) -> None:
+        """Apply what ``policy``'s round aggregated (its ``finish``, and a barrier for a
+        round still pending), and wait until the PS has it."""
         self.apply(policy.finish(self.view()))
         if self.ledger.pending_workers:
             self.apply(Decision(barrier=True))
         self.lifecycle.sync()
+
+    def stop_generation(self) -> None:
+        """Stop the current generation's tasks at once, after a background evaluation that
+        reads their weights (a restart switch, a scale)."""
+        if self.evaluator is not None:
+            self.evaluator.wait()
+        self.lifecycle.close(kill=True)
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, why: str) -> str:

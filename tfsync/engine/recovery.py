@@ -32,7 +32,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..policy.base import Decision
 from .checkpoints import newest_intact
 from .scaling import shrink_after_loss
 
@@ -103,10 +102,7 @@ def _restart_without(loop: Loop, policy, dead, lost_workers) -> bool:
     # the engine counted is saved; steps still running anywhere are lost with the cluster.
     lost = {w: s.granted[w] - s.clocks[w] for w in lost_workers}
     in_flight = loop.in_flight()
-    loop.apply(policy.finish(loop.view()))  # what the round aggregated is applied, not lost
-    if s.pending_workers:
-        loop.apply(Decision(barrier=True))
-    loop.lifecycle.sync()
+    loop.finish(policy)  # what the round aggregated is applied, not lost
     path = loop.checkpoint("worker_lost")
     shrunk = shrink_after_loss(loop, lost_workers, path, t0)   # elastic bounds: go on without them
     if shrunk is None:

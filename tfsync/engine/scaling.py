@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from ..policy.base import BatchSizer
 from ..policy.commands import MAX_WORKERS, check_workers
@@ -42,6 +43,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RULES = ("local", "global")
+
+
+@dataclass
+class Elastic:
+    """How the worker count may change: ``rule``, the rate and batch across a change (one
+    of RULES); the bounds a scale keeps to (with ``min_workers``, a lost worker shrinks
+    the job while that many remain); ``fits(n)`` raises where n workers do not fit the
+    machine."""
+
+    rule: str = "local"
+    min_workers: int | None = None
+    max_workers: int | None = None
+    fits: Callable[[int], None] | None = None
 
 
 def check_scale(loop: Loop, workers: int) -> None:
@@ -213,14 +227,12 @@ def relaunch(loop: Loop, phases, workers: int, resized, path: str, t0: float, by
     old, policy, t_saved = loop.workers, loop.policy, time.time()
     running = running_protocol(policy)
     rate = loop.ledger.lr_scale * (loop.lr_rule(running, workers) / loop.lr_rule(running, old)
-                                     if rule == "local" else 1.0)
+                                   if rule == "local" else 1.0)
     lifecycle = loop.lifecycle
     if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
         lifecycle.next_cluster.stop()
         lifecycle.next_cluster = None
-    if loop.evaluator is not None:
-        loop.evaluator.wait()
-    lifecycle.close(kill=True)
+    loop.stop_generation()
     loop.ledger.forget_grants()   # (after a loss: the steps the killed tasks held)
     lifecycle.workers = workers
     loop.ledger.resize(workers)

@@ -32,9 +32,7 @@ def switch(loop: Loop, old, phase, index: int, carry: bool = True, by: str = "pl
         lifecycle = loop.lifecycle
         cluster, lifecycle.next_cluster = lifecycle.next_cluster or lifecycle.launch(), None
         t = time.time()
-        if loop.evaluator is not None:
-            loop.evaluator.wait()
-        loop.lifecycle.close(kill=True)
+        loop.stop_generation()
         parts["stop_old_s"] = time.time() - t
         t = time.time()
         parts.update(loop.lifecycle.open(cluster, restore=path))

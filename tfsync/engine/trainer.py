@@ -27,10 +27,10 @@ from .commands import Controller, StopRequested
 from .evaluator import Evaluator
 from .generation import Generation, TrainSetup
 from .lifecycle import Lifecycle
-from .loop import Elastic, Loop
+from .loop import Loop
 from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
 from .runlog import RunLog
-from .scaling import rescale
+from .scaling import Elastic, rescale
 from .summary import failure_summary, summarize, whole_job
 from .switching import carry_changes, resume_from, resume_policy, set_config, switch
 from .tfcompat import quiet_resource_deleters
