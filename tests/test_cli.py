@@ -146,3 +146,31 @@ def test_every_subcommand_help_names_itself(capsys):
         assert help_text.startswith(f"usage: {' '.join(command)} "), (command, help_text[:80])
     r = tfsync("policy", "train", "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: tfsync policy train ")
+
+
+def _python(code: str):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_a_native_crash_is_not_silent_though_native_stderr_goes_to_dev_null():
+    """`tfsync` points file descriptor 2 at /dev/null (TF's C++ noise): an abort in native
+    code still prints Python's fatal error and every thread's stack on the real stderr."""
+    r = _python("from tfsync.base.quiet import native_logs_off; native_logs_off()\n"
+                "import os; os.write(2, b'native noise'); os.abort()")
+    assert r.returncode == -6
+    assert "Fatal Python error: Aborted" in r.stderr and "most recent call first" in r.stderr, r.stderr
+    assert "native noise" not in r.stderr
+
+
+def test_a_finished_command_ends_its_process_with_its_code_exit_handlers_and_output_flushed(tmp_path):
+    """`end_process`: exit handlers run (a fork server is stopped there), buffered output is
+    written, and the process exits with the command's code at once, while a daemon thread
+    still waits in a call (as TF's closure fetchers do)."""
+    marker = tmp_path / "atexit-ran"
+    r = _python("import atexit, sys, threading\n"
+                f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
+                "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+                "sys.stdout.write('unflushed line')\n"
+                "from tfsync.base.quiet import end_process; end_process(3)\n"
+                "print('not reached')")
+    assert r.returncode == 3 and r.stdout == "unflushed line" and marker.exists(), (r.returncode, r.stdout, r.stderr)

@@ -16,7 +16,7 @@ import time
 
 from .base import rundir
 from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, TfsyncError, codes_help, fail, interrupt
-from .base.quiet import ENV_VERBOSE, native_logs_off, quiet_tf_loggers
+from .base.quiet import ENV_VERBOSE, end_process, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
 
@@ -309,10 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line (``argv``: a program's or a test's arguments; None: this process
+    is `tfsync`, which ends once the command is done: ``tfsync.base.quiet.end_process``)."""
+    if argv is not None:
+        return _main(list(argv), from_command_line=False)
+    end_process(_main(sys.argv[1:], from_command_line=True))
+
+
+def _main(argv: list, from_command_line: bool) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not a log line per failed TLS handshake; tfsync says why
-    from_command_line = argv is None
-    argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["hook"]:
         from .hooks.node import main as hook_main
         return hook_main(argv[1:])

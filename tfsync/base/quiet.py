@@ -18,6 +18,8 @@ process started as `tfsync`: a program calling ``tfsync.cli.main([...])`` keeps 
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import logging
 import os
 import sys
@@ -69,3 +71,23 @@ def native_logs_off() -> None:
     os.close(null)
     sys.stderr = os.fdopen(real, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
                            errors="backslashreplace")
+    # a native crash is not silent: Python's "Fatal Python error" and every thread's stack
+    # go to the real stderr (TF's own line about it went to /dev/null with the rest)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def end_process(code: int):
+    """End a command-line process that has done its work: exit handlers run and output is
+    flushed, then the process exits at once, without Python's finalization. That
+    finalization runs while TF's and gRPC's daemon threads still do their work (closure
+    fetchers blocked on tasks already stopped, a node probe in the middle of a call), and
+    it can abort the process (SIGABRT, no message: grpc/grpc#19780) after a run that
+    succeeded and wrote its summary."""
+    atexit._run_exitfuncs()   # what the process registered (fork servers, temporary directories)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed pipe: nothing more can be said
+            pass
+    os._exit(code if isinstance(code, int) else 1)

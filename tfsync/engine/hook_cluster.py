@@ -274,8 +274,12 @@ class HookNodes:
                                e.code().name)
 
     def close(self) -> None:
-        """End the background probe (the engine's end)."""
+        """End the background probe (the engine's end), waiting out a probe call in flight."""
         self._closed.set()
+        with self._probe_lock:
+            prober = self._prober
+        if prober is not None:
+            prober.join(timeout=REJOIN_PROBE_S + 1.0)   # its Health call is bounded by REJOIN_PROBE_S
 
     def chief_host(self) -> str:
         """This machine's address as the hooks' nodes reach it: the source address of the
