@@ -23,8 +23,9 @@ results/bench_testbed.csv and .png.
 
 Beside them, native ``model.fit`` under ParameterServerStrategy (asynchronous), with 1 and
 32 steps per execution (``--fits``), on task servers started from TF_CONFIG on the same
-nodes, with the same data, model, loss, SGD and evaluations (every FIT_EPOCH steps; it
-trains whole epochs of those, so up to FIT_EPOCH - 1 steps more than tfsync).
+nodes, with the same data, model, loss, SGD and evaluations (``testbed_bench.fit_chief``:
+every FIT_EPOCH steps; it trains whole epochs of those, so up to FIT_EPOCH - 1 steps more
+than tfsync).
 
 The machine has 2 cores: all tasks share them, so compute is slowed by the number of
 tasks; the network share of a step grows with latency. Say so when quoting.
@@ -44,7 +45,7 @@ sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import testbed_bench  # noqa: E402
-from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
+from testbed_bench import FITS, run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -79,78 +80,11 @@ def run_one(bed: Testbed, protocol: str, args, work: str) -> dict:
     return row
 
 
-FITS = {"fit": 1, "fit 32/exec": 32}   # native model.fit under ParameterServerStrategy: steps per execution
-FIT_EPOCH = 128   # fit's steps between evaluations (an epoch: fit joins every worker at its end)
-
-
 def run_fit(bed, name: str, args, work: str) -> dict:
-    """Native ``model.fit`` (ASP) on task servers started from TF_CONFIG on the nodes the
-    hooks would have put tfsync's tasks on, the same job; its chief on node c."""
-    from bench_control_path import chief, spec, task_servers
-
+    """Native ``model.fit`` (ASP) on the nodes the hooks would have used, the same job."""
     run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}")
-    os.makedirs(run_dir, exist_ok=True)
-    job = os.path.join(run_dir, "job.toml")
-    with open(job, "w") as f:
-        f.write(wide_mlp_job("bench-testbed-fit", run_dir, args.hidden, args.epochs, args.eval_every))
-    cluster = spec(bed, args.workers)
-    t0 = time.time()
-    with task_servers(bed, cluster, run_dir):
-        out = chief(bed, cluster, [sys.executable, os.path.abspath(__file__), "--fit-chief", job,
-                                   "--spe", str(FITS[name])], run_dir)
-    r = json.loads(out.strip().splitlines()[-1])
-    return {"protocol": name, "wall_s": round(time.time() - t0, 2), **r,
-            "last_eval_accuracy": round(r["evals"][-1][1], 4)}
-
-
-def fit_chief(job: str, spe: int) -> int:
-    """On node c, as the chief of TF_CONFIG: ``model.fit`` for the job's samples (rounded
-    up to whole epochs of FIT_EPOCH steps), evaluating at each epoch's end on the subset
-    tfsync's evaluations use; prints one JSON line. First a warm-up epoch, whose training
-    is undone (the weights set back; plain SGD keeps no other state): it holds the
-    datasets' creation on the workers and the step's tracing, which tfsync's training
-    time does not hold either. The evaluations' time is not counted."""
-    import numpy as np
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from bench_user_models import fit_dataset
-    from tfsync.engine.evaluator import accuracy
-    from tfsync.engine.workload import Workload
-    from tfsync.job.config import load_job
-
-    cfg = load_job(job)
-    work = Workload.from_config(cfg)
-    batch = cfg.train.batch_size
-    epochs = -(-int(cfg.train.epochs * len(work.y_train)) // (batch * FIT_EPOCH))
-    keep = np.sort(np.random.default_rng(0).choice(len(work.y_test), 2000, replace=False))   # as Evaluator's
-    x_eval, y_eval = work.x_test[keep], work.y_test[keep]
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver())
-    with strategy.scope():
-        model = work.model_fn()
-        model.compile(work.optimizer_fn(), lambda t, p: work.loss_fn(t, p), steps_per_execution=spe)
-    initial, local = model.get_weights(), work.model_fn()
-    evals, clock = [], {}
-
-    class Evaluate(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            t = time.time()
-            if epoch == 0:   # the warm-up
-                model.set_weights(initial)
-                clock.update(t0=time.time(), paused=0.0)
-                return
-            local.set_weights(model.get_weights())
-            evals.append((round(t - clock["t0"] - clock["paused"], 3), accuracy(local, x_eval, y_eval)))
-            clock["paused"] += time.time() - t
-
-    model.fit(fit_dataset(work, batch), epochs=epochs + 1, steps_per_epoch=FIT_EPOCH, callbacks=[Evaluate()],
-              verbose=0)
-    train_s = evals[-1][0]
-    samples = epochs * FIT_EPOCH * batch
-    print(json.dumps({"train_s": round(train_s, 2), "samples_per_s": round(samples / train_s, 1),
-                      "test_accuracy": round(accuracy(local, work.x_test, work.y_test), 4), "evals": evals}))
-    return 0
+    text = wide_mlp_job("bench-testbed-fit", run_dir, args.hidden, args.epochs, args.eval_every)
+    return {"protocol": name, **testbed_bench.run_fit(bed, text, run_dir, args.workers, FITS[name])}
 
 
 def search_point(bed: Testbed, args, work: str) -> float:
@@ -194,11 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
     p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
     p.add_argument("--replot", action="store_true", help="only draw OUT.png again from OUT.csv")
-    p.add_argument("--fit-chief", help=argparse.SUPPRESS)
-    p.add_argument("--spe", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.fit_chief:
-        return fit_chief(args.fit_chief, args.spe)
     if args.replot:
         plot(testbed_bench.read_csv(args.out + ".csv"), args.out + ".png", args)
         return 0

@@ -14,6 +14,13 @@ is the time for X = n * B samples in the steady part of a run (one round of BSP 
 LB-BSP, n updates of ASP). The PS and the coordinator are not pinned. Targets: LB-BSP
 <= 1.10x ideal, >= 1.5x faster than BSP.
 
+Beside them, native ``model.fit`` under ParameterServerStrategy (asynchronous, as ASP),
+with 1 and 32 steps per execution (``--fits``), on task servers started from TF_CONFIG
+on the same nodes, in the same CPU shares and behind the same links
+(``testbed_bench.run_fit``): its per-update time is X over its samples/s. It trains
+whole epochs of FIT_EPOCH steps (each joins every worker at its end), so more samples
+than tfsync's runs: its accuracy is not comparable, its rate is.
+
     sudo python experiments/bench_testbed_lbbsp.py --batch-size 2048 --samples 120000 --repeats 2
 
 The machine has 2 cores: the PS, the coordinator and the relay share them with the
@@ -34,14 +41,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
 import testbed_bench  # noqa: E402
-from testbed_bench import run_on_testbed, write_csv  # noqa: E402
+from testbed_bench import FITS, run_fit, run_on_testbed, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
 PROTOCOLS = {"BSP": '[[protocol]]\nname = "bsp"\n', "LB-BSP": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\n',
              "LB-BSP affine": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\nmodel = "affine"\n',
              "ASP": '[[protocol]]\nname = "asp"\n'}
-COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "LB-BSP affine": "#dd8452", "ASP": "#55a868"}
+COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "LB-BSP affine": "#dd8452", "ASP": "#55a868", "fit": "#9a9a9a",
+          "fit 32/exec": "#5a5a5a"}
 
 
 def job_text(run_dir: str, label: str, args, bed: Testbed) -> str:
@@ -77,6 +85,14 @@ def run_one(bed: Testbed, label: str, args, work: str) -> dict:
             "train_s": round(summary["train_s"], 1)}
 
 
+def run_native(bed: Testbed, name: str, args, work: str) -> dict:
+    """Native fit (``FITS[name]`` steps per execution) of the same job, per update as X / its rate."""
+    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}")
+    r = run_fit(bed, job_text(run_dir, "ASP", args, bed), run_dir, 2, FITS[name])
+    return {"protocol": name, "per_update_s": round(2 * args.batch_size / r["samples_per_s"], 4),
+            "test_accuracy": r["test_accuracy"], "train_s": r["train_s"], "samples": r["samples"]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-by", default="cpu,bandwidth", help="comma-separated: cpu, bandwidth")
@@ -92,6 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "bench_testbed_lbbsp"))
     p.add_argument("--keep", default=None, metavar="DIR", help="keep each run's directory in DIR")
+    p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
     args = p.parse_args(argv)
     rows = []
     bed = testbed_bench.up("benchlb", nodes=3, log=print, cpu=args.cpu)
@@ -104,8 +121,10 @@ def main(argv=None) -> int:
                     bed.set("n3", rate=args.slow_rate)
                 try:
                     for repeat in range(args.repeats):
-                        for label in PROTOCOLS:
-                            row = {"slow_by": slow, "repeat": repeat, **run_one(bed, label, args, work)}
+                        runs = [(label, run_one) for label in PROTOCOLS]
+                        runs += [(name, run_native) for name in args.fits.split(",") if name]
+                        for label, run in runs:
+                            row = {"slow_by": slow, "repeat": repeat, **run(bed, label, args, work)}
                             rows.append(row)
                             print(row, flush=True)
                 finally:
@@ -116,12 +135,18 @@ def main(argv=None) -> int:
     plot(rows, args.out + ".png", args)
     for slow in dict.fromkeys(r["slow_by"] for r in rows):
         med = {label: statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == slow
-                                        and r["protocol"] == label) for label in PROTOCOLS}
+                                        and r["protocol"] == label) for label in labels(rows)}
         lb = ", ".join(f"{label} {med[label]:.3f} s (x{ideal(rows, slow, label) :.2f} ideal, BSP / it "
                        f"{med['BSP'] / med[label]:.2f})" for label in PROTOCOLS if label.startswith("LB-BSP"))
-        print(f"{slow}: per update BSP {med['BSP']:.3f} s, {lb}, ASP {med['ASP']:.3f} s")
+        native = "".join(f", {name} {med[name]:.3f} s" for name in FITS if name in med)
+        print(f"{slow}: per update BSP {med['BSP']:.3f} s, {lb}, ASP {med['ASP']:.3f} s{native}")
     print(f"wrote {args.out}.csv and .png")
     return 0
+
+
+def labels(rows) -> list[str]:
+    """tfsync's protocols, then the native fits, as they ran."""
+    return list(dict.fromkeys(r["protocol"] for r in rows))
 
 
 def ideal(rows, slow: str, label: str) -> float:
@@ -135,18 +160,20 @@ def plot(rows, path, args) -> None:
     from matplotlib.figure import Figure
 
     kinds = list(dict.fromkeys(r["slow_by"] for r in rows))
-    fig = Figure(figsize=(7, 4))
+    names = labels(rows)
+    fig = Figure(figsize=(9, 4.2))
     ax = fig.subplots()
-    width = 0.2
-    for j, label in enumerate(PROTOCOLS):
+    width = 0.8 / len(names)
+    for j, label in enumerate(names):
         values = [statistics.median(r["per_update_s"] for r in rows if r["slow_by"] == k and r["protocol"] == label)
                   for k in kinds]
-        xs = [i + (j - 1.5) * width for i in range(len(kinds))]
-        ax.bar(xs, values, width, color=COLORS[label], label=label)
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(kinds))]
+        ax.bar(xs, values, width, color=COLORS[label],
+               label=f"native {label}" if label in FITS else f"tfsync {label}")
         if label.startswith("LB-BSP"):   # its own ideal, from its runs' speeds
             ideals = [statistics.median(r["ideal_s"] for r in rows if r["slow_by"] == k and r["protocol"] == label)
                       for k in kinds]
-            ax.scatter(xs, ideals, marker="_", s=300, color="black", zorder=3,
+            ax.scatter(xs, ideals, marker="_", s=200, color="black", zorder=3,
                        label="ideal X/sum(v)" if j == 1 else None)
     ax.set_xticks(range(len(kinds)), [f"slow worker by {k}" + (f" ({args.slow_rate})" if k == "bandwidth" else
                                                                 f" ({args.slow_cpu:.2g} CPU)") for k in kinds])

@@ -9,7 +9,11 @@ starts, n3's link (worker 1) turns slow (``--slow-latency`` one-way) for ``--slo
 seconds, then recovers. Each run uses one straggler policy before the switch: none (the
 plain plan), greedy (the whole cluster runs ASP while a straggler is seen, then BSP
 again) or elastic (the straggler leaves BSP's membership and is readmitted later); and, beside
-them, ASP for the whole workload, what a user gets without any synchronous phase.
+them, ASP for the whole workload, what a user gets without any synchronous phase, and
+native ``model.fit`` under ParameterServerStrategy (asynchronous) with 1 and 32 steps per
+execution (``--fits``) on task servers on the same nodes, n3 slowed as for the others
+from ``--episode-s`` after its timed training starts (``testbed_bench.run_fit``; it trains
+whole epochs of FIT_EPOCH steps: up to 127 steps more than tfsync).
 Reported per run: training time, test accuracy, and what the detector saw (from the BSP
 phase's stats). Configurations alternate within each repeat. Writes results/bench_testbed_stragglers.csv and .png.
 
@@ -31,13 +35,15 @@ sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import testbed_bench  # noqa: E402
-from testbed_bench import run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
+from testbed_bench import FITS, STARTED, run_fit, run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
 POLICIES = ("none", "greedy", "elastic", "asp")
-COLORS = {"none": "#4878a8", "greedy": "#c44e52", "elastic": "#55a868", "asp": "#e08040"}
-LABELS = {"none": "plain plan", "greedy": "greedy", "elastic": "elastic", "asp": "ASP only"}
+COLORS = {"none": "#4878a8", "greedy": "#c44e52", "elastic": "#55a868", "asp": "#e08040", "fit": "#9a9a9a",
+          "fit 32/exec": "#5a5a5a"}
+LABELS = {"none": "plain plan", "greedy": "greedy", "elastic": "elastic", "asp": "ASP only", "fit": "native fit",
+          "fit 32/exec": "native fit,\n32 steps/exec"}
 
 
 def job_text(run_dir: str, policy: str, args, bed: Testbed) -> str:
@@ -59,14 +65,20 @@ def job_text(run_dir: str, policy: str, args, bed: Testbed) -> str:
         """) + bed.cluster_toml() + "workers = 4\n"
 
 
+def training_started(run_dir: str) -> bool:
+    """tfsync's first phase began (its metrics), or native fit's warm-up ended (``STARTED``)."""
+    if os.path.exists(os.path.join(run_dir, STARTED)):
+        return True
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            return any('"event": "phase"' in line for line in f)
+    return False
+
+
 def slow_link(bed: Testbed, run_dir: str, args, stop: threading.Event, seen: dict) -> None:
     """n3's link slow from ``episode_s`` after training starts, for ``slow_s``."""
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    while not stop.is_set():
-        if os.path.exists(metrics):
-            with open(metrics) as f:
-                if any('"event": "phase"' in line for line in f):
-                    break
+    while not stop.is_set() and not training_started(run_dir):
         time.sleep(0.1)
     if stop.wait(args.episode_s):
         return
@@ -77,17 +89,35 @@ def slow_link(bed: Testbed, run_dir: str, args, stop: threading.Event, seen: dic
     seen["restored_at"] = time.time()
 
 
-def run_one(bed: Testbed, policy: str, args, work: str, repeat: int) -> dict:
-    run_dir = os.path.join(work, f"run-{policy}-{repeat}")   # a new one: slow_link waits for its first phase
+def with_episode(bed: Testbed, run_dir: str, args, run):
+    """``run()``, n3's link slowed during it (``slow_link``); returns its result and when
+    n3 was slowed and restored (epoch seconds)."""
     stop, seen = threading.Event(), {}
     t = threading.Thread(target=slow_link, args=(bed, run_dir, args, stop, seen), daemon=True)
     t.start()
     try:
-        s = run_on_testbed(bed, os.path.join(work, f"{policy}.toml"), job_text(run_dir, policy, args, bed), run_dir)
+        return run(), seen
     finally:
         stop.set()
         t.join()
         bed.set("n3", latency_ms=args.latency)
+
+
+def run_native(bed: Testbed, name: str, args, work: str, repeat: int) -> dict:
+    """Native fit of the plan's job (``FITS[name]`` steps per execution), 4 workers."""
+    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}-{repeat}")
+    text = wide_mlp_job("bench-testbed-stragglers", run_dir, args.hidden, args.epochs)
+    r, seen = with_episode(bed, run_dir, args, lambda: run_fit(bed, text, run_dir, 4, FITS[name]))
+    start = os.path.getmtime(os.path.join(run_dir, STARTED))
+    return {"policy": name, "train_s": r["train_s"], "test_accuracy": r["test_accuracy"],
+            **{f"{k}_s": round(seen[f"{k}_at"] - start, 2) if f"{k}_at" in seen else None
+               for k in ("slowed", "restored")}}
+
+
+def run_one(bed: Testbed, policy: str, args, work: str, repeat: int) -> dict:
+    run_dir = os.path.join(work, f"run-{policy}-{repeat}")   # a new one: slow_link waits for its first phase
+    s, seen = with_episode(bed, run_dir, args, lambda: run_on_testbed(
+        bed, os.path.join(work, f"{policy}.toml"), job_text(run_dir, policy, args, bed), run_dir))
     stats = s["timeline"][0].get("stats", {})
     start = s["started_at"] + s["init_s"]   # training starts: the episode's clock (epoch seconds)
 
@@ -132,26 +162,29 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed_stragglers"))
     p.add_argument("--keep", default=None, metavar="DIR", help="keep each run's directory in DIR")
+    p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
     args = p.parse_args(argv)
     rows = []
     bed = testbed_bench.up("benchst", nodes=5, latency_ms=args.latency, log=print)
     try:
         with testbed_bench.work_dir(args.keep) as work:
             for repeat in range(args.repeats):
-                for policy in POLICIES:
-                    row = {"repeat": repeat, **run_one(bed, policy, args, work, repeat)}
+                runs = [(policy, run_one) for policy in POLICIES]
+                runs += [(name, run_native) for name in args.fits.split(",") if name]
+                for policy, run in runs:
+                    row = {"repeat": repeat, **run(bed, policy, args, work, repeat)}
                     rows.append(row)
                     print(row, flush=True)
     finally:
         bed.down()
     write_csv(args.out + ".csv", rows)
     base = statistics.median(r["train_s"] for r in rows if r["policy"] == "none")
-    for policy in POLICIES:
+    for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = [r for r in rows if r["policy"] == policy]
         t = statistics.median(r["train_s"] for r in mine)
-        print(f"{policy:8s} train {t:6.1f} s (x{base / t:.2f} the plain plan), accuracy "
+        print(f"{policy:12s} train {t:6.1f} s (x{base / t:.2f} the plain plan), accuracy "
               f"{statistics.median(r['test_accuracy'] for r in mine):.4f}, detections "
-              f"{[r['detections'] for r in mine]}")
+              f"{[r.get('detections') for r in mine]}")
     plot(rows, args.out + ".png", args)
     print(f"wrote {args.out}.csv and .png")
     return 0
@@ -160,15 +193,16 @@ def main(argv=None) -> int:
 def plot(rows, path, args) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 3.8))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))   # tfsync's, then the native fits
+    fig = Figure(figsize=(12, 4.2))
     a1, a2 = fig.subplots(1, 2)
-    for i, policy in enumerate(POLICIES):
+    for i, policy in enumerate(policies):
         mine = [r for r in rows if r["policy"] == policy]
         a1.bar(i, statistics.median(r["train_s"] for r in mine), color=COLORS[policy])
         a1.scatter([i] * len(mine), [r["train_s"] for r in mine], color="black", s=10, zorder=3)
         a2.bar(i, statistics.median(r["test_accuracy"] for r in mine) * 100, color=COLORS[policy])
     for ax, title in ((a1, "training time, s (dots: runs)"), (a2, "test accuracy, %")):
-        ax.set_xticks(range(len(POLICIES)), [LABELS[p] for p in POLICIES])
+        ax.set_xticks(range(len(policies)), [LABELS[p] for p in policies], fontsize=8)
         ax.set_title(title, fontsize=10)
     lo = min(r["test_accuracy"] for r in rows) * 100
     a2.set_ylim(max(0, lo - 3), 100)
