@@ -82,7 +82,7 @@ def run_one(bed: Testbed, protocol: str, args, work: str) -> dict:
 
 def run_fit(bed, name: str, args, work: str) -> dict:
     """Native ``model.fit`` (ASP) on the nodes the hooks would have used, the same job."""
-    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}")
+    run_dir = testbed_bench.fit_dir(work, name)
     text = wide_mlp_job("bench-testbed-fit", run_dir, args.hidden, args.epochs, args.eval_every)
     return {"protocol": name, **testbed_bench.run_fit(bed, text, run_dir, args.workers, FITS[name])}
 

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
 import testbed_bench  # noqa: E402
-from testbed_bench import FITS, run_fit, run_on_testbed, write_csv  # noqa: E402
+from testbed_bench import FITS, fit_dir, run_fit, run_on_testbed, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -87,7 +87,7 @@ def run_one(bed: Testbed, label: str, args, work: str) -> dict:
 
 def run_native(bed: Testbed, name: str, args, work: str) -> dict:
     """Native fit (``FITS[name]`` steps per execution) of the same job, per update as X / its rate."""
-    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}")
+    run_dir = fit_dir(work, name)
     r = run_fit(bed, job_text(run_dir, "ASP", args, bed), run_dir, 2, FITS[name])
     return {"protocol": name, "per_update_s": round(2 * args.batch_size / r["samples_per_s"], 4),
             "test_accuracy": r["test_accuracy"], "train_s": r["train_s"], "samples": r["samples"]}

@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import testbed_bench  # noqa: E402
-from testbed_bench import FITS, STARTED, run_fit, run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
+from testbed_bench import FITS, STARTED, fit_dir, run_fit, run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -105,7 +105,7 @@ def with_episode(bed: Testbed, run_dir: str, args, run):
 
 def run_native(bed: Testbed, name: str, args, work: str, repeat: int) -> dict:
     """Native fit of the plan's job (``FITS[name]`` steps per execution), 4 workers."""
-    run_dir = os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}-{repeat}")
+    run_dir = fit_dir(work, name, f"-{repeat}")
     text = wide_mlp_job("bench-testbed-stragglers", run_dir, args.hidden, args.epochs)
     r, seen = with_episode(bed, run_dir, args, lambda: run_fit(bed, text, run_dir, 4, FITS[name]))
     start = os.path.getmtime(os.path.join(run_dir, STARTED))

@@ -82,6 +82,11 @@ FIT_EPOCH = 128   # fit's steps between evaluations (an epoch: fit joins every w
 STARTED = "fit_training_started"   # what the chief writes in its directory when its timed training starts
 
 
+def fit_dir(work: str, name: str, tag: str = "") -> str:
+    """The run directory of the native fit ``name`` (a FITS key) under ``work``."""
+    return os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}{tag}")
+
+
 def run_fit(bed, text: str, run_dir: str, workers: int, spe: int, epoch_steps: int = FIT_EPOCH) -> dict:
     """Native ``model.fit`` (ASP) of the job ``text`` on task servers started from
     TF_CONFIG on the nodes the hooks would have put tfsync's tasks on (the PS on n1, the

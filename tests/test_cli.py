@@ -174,3 +174,5 @@ def test_a_finished_command_ends_its_process_with_its_code_exit_handlers_and_out
                 "from tfsync.base.quiet import end_process; end_process(3)\n"
                 "print('not reached')")
     assert r.returncode == 3 and r.stdout == "unflushed line" and marker.exists(), (r.returncode, r.stdout, r.stderr)
+    r = _python("from tfsync.base.quiet import end_process; end_process(None)")   # as sys.exit(None): success
+    assert r.returncode == 0, r.stderr

@@ -90,4 +90,4 @@ def end_process(code: int):
             stream.flush()
         except (OSError, ValueError):   # a closed pipe: nothing more can be said
             pass
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)   # as sys.exit reads it
