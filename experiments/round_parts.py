@@ -23,16 +23,18 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import json
 import os
 import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_predictors import read_pushes  # noqa: E402
+
 
 def pushes(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [r for r in map(json.loads, f) if "worker" in r and r.get("mode")]
+    """The run's pushes after its first fifth (events naming a worker, a lost one, left out)."""
+    rows = [r for r in read_pushes(run_dir) if r.get("mode")]
     return rows[len(rows) // 5:]
 
 
