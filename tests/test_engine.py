@@ -237,8 +237,9 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
     """The workload is done and the engine waits for the steps still running when a worker
     dies (CI killed one just then): the recovery restarts the cluster, nothing is left in
     flight, and the run ends at once with its final checkpoint (it waited for train.timeout_s,
-    then failed). Worker 1 is stopped two steps before the end and killed a second later, so
-    its death is seen while the engine drains."""
+    then failed). Worker 1 is stopped at one of its pushes six steps before the end (with
+    its next token and weights on their way: ASP grants ahead) and killed a second later,
+    so its death is seen while the engine drains."""
     import signal
     import threading
     import time
@@ -249,7 +250,7 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
         fired = False
 
         def on_push(self, push, view):
-            if not self.fired and view.samples >= total - 16:
+            if not self.fired and push.worker == 1 and view.samples >= total - 48:  # it holds its next token
                 self.fired, pid = True, engine.lifecycle.task_pid("worker", 1)
                 os.kill(pid, signal.SIGSTOP)
                 threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()

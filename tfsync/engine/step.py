@@ -2,43 +2,91 @@
 
 A closure runs up to ``steps`` steps in a loop (one closure per step would pay the
 coordinator's dispatch of a function and the copy of its result at every step, which on a
-step of a few milliseconds costs more than the step: issue 16). Each step:
+step of a few milliseconds costs more than the step: issue 16). The loop lives on the
+worker alone, and each step is one call to the PS (``RemoteCall``), which takes the
+step's gradient and answers with the next step's token and weights:
 
-1. dequeue this worker's next token from its gate on the PS (blocks until granted); a
-   no-op token (batch size 0) ends the closure (the test is made on the PS, beside the
-   token);
-2. read the weights (after the token: a control dependency, on the PS itself, so no
-   extra round trip), compute the gradient on the first ``batch_size`` rows of the
-   worker's next input batch (no retrace per size);
-3. push: apply now, or add to the round's weighted accumulator;
-4. put one float64 row ``[worker, *token, start, end, loss, version, rate, landed]``
-   (worker-side timestamps: ``start`` when the token came, ``end`` when the gradient was
-   computed; the learning rate of the update the push makes or joins; ``landed``: when the
-   push was made, on the PS's clock) on the PS's queue of finished
-   steps, which the coordinator drains (``PSControl.drain``): it sees each push as it
-   lands, not when the closure ends (a BSP round needs every push of the round before it
-   grants the next step of the same closure). A ROUND step's row goes to the PS's round
-   queue instead, where the PS closes the round itself (``PSControl.rounds``) and passes
-   the row on.
+1. the first call (``pull``) dequeues this worker's first token from its gate on the PS
+   (it blocks until granted) and reads the weights after it; a no-op token (batch size 0)
+   ends the closure;
+2. the worker computes the gradient on the first ``batch_size`` rows of its next input
+   batch, with the model's reads of its trainable variables answered by the weights that
+   came with the token (``reading``);
+3. one call (``push_pull``) sends the gradient; on the PS it is applied now or added to
+   the round's weighted accumulator, the step's float64 row ``[worker, *token, start,
+   end, loss, version, rate, landed]`` (worker-side ``start``: the token came; ``end``:
+   the gradient computed; ``version``: the updates the weights it read held; the rate of
+   the update it makes or joins; ``landed``: the push made, on the PS's clock) goes on
+   the PS's queue of finished steps, which the coordinator drains (``PSControl.drain``),
+   or, for a ROUND step, on the round queue, where the PS closes the round itself
+   (``PSControl.rounds``); then the PS dequeues the worker's next token and reads the
+   weights after it, and both come back as the call's answer. The closure's last step
+   calls ``push`` alone (no token is taken that no step would use).
 
-Steps 3 and 4 run on the PS as a whole: the gradient goes there once, and nothing comes
-back to the worker but the step's end. (The row was built on the worker, after the push's
-rate came back: one more round trip per step, 30 ms of a 190 ms step at 10 ms a node.)
+So a step costs one round trip to the PS and the two transfers. The loop was first a
+``tf.while_loop`` spread over the worker and the PS, which TensorFlow runs as a loop on
+each task that must hear the other's condition at every turn, and a worker asks for a
+tensor only once the branch or turn that needs it is known: the weights came one round
+trip after the token and the next token one and a half after the push (3.2 round trips a
+step at 10 ms a node, against 1.1 now; experiments/round_parts.py).
 
 The closure returns how many steps it ran.
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
+import contextlib
 
-from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, PSControl, converted
+import tensorflow as tf
+from tensorflow.python.ops import functional_ops
+
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, TOKEN_LEN, PSControl, converted
 
 STEPS_PER_CLOSURE = 32
 
 
+def _innermost(variable):
+    """The resource variable under the strategy's and mixed precision's wrappers (each
+    of which reads through the one it wraps)."""
+    while True:
+        inner = getattr(variable, "_v", None)
+        if inner is None:
+            inner = getattr(variable, "_variable", None)
+        if inner is None:
+            return variable
+        variable = inner
+
+
+@contextlib.contextmanager
+def reading(variables, values):
+    """While tracing: a dense read of each variable (``value()``, a conversion to a tensor,
+    as layers and regularizers read) gives its value from ``values`` instead of reading the
+    PS (the variable's ``_cached_value``, which TensorFlow's own caching device sets). A
+    read that goes round it (``sparse_read`` of an embedding, ``read_value``) still reads
+    the PS: right, and slower."""
+    inner = [_innermost(v) for v in variables]
+    saved = [getattr(v, "_cached_value", None) for v in inner]
+    try:
+        for v, value in zip(inner, values):
+            v._cached_value = value
+        yield
+    finally:
+        for v, value in zip(inner, saved):
+            v._cached_value = value
+
+
+def _sum(a, b):
+    """The gradient of a variable read both through ``reading`` and round it."""
+    if a is None or b is None:
+        return b if a is None else a
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
 def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOSURE):
     variables = control.variables
+    target = tf.DeviceSpec(replica=0, device_type="CPU", device_index=0).make_merged_spec(
+        tf.DeviceSpec.from_string(control.device)).to_string()
+    dtypes = [tf.int64, tf.int64] + [v.dtype for v in variables]   # token, version, weights
 
     def forward(x, y):   # the user's model and loss (called through control.converted)
         loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
@@ -46,45 +94,104 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
             loss += tf.add_n(model.losses)
         return loss
 
-    def one_step(worker_index, iterator, token):
-        with tf.control_dependencies([token]):
-            start = tf.timestamp()
-            with tf.device(control.device):
+    def pull(worker_index, after=()):   # on the PS: the next token, then the weights
+        with tf.device(control.device):
+            with tf.control_dependencies(after):
+                token = control.dequeue(worker_index)
+            with tf.control_dependencies([token]):   # a BSP round's update landed before its token
                 version = tf.identity(control.optimizer.iterations)
-            x, y = next(iterator)
-        b = tf.cast(token[BATCH], tf.int32)
-        x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
-        with tf.control_dependencies([token]):  # the weights are read after the grant
-            with tf.GradientTape() as tape:
-                loss = converted(forward, x, y)
-        grads = tape.gradient(loss, variables)
-        with tf.control_dependencies([g for g in grads if g is not None]):
-            end = tf.timestamp()
-        with tf.device(control.device):   # the push, its row and the enqueue: no trip back to the worker
+                values = []
+                for v in variables:
+                    with tf.device(v.device):
+                        values.append(tf.identity(v.read_value()))
+        return [token, version] + values
+
+    def push(worker_index, token, stats, grads):   # on the PS: the step's update and row
+        with tf.device(control.device):
             rate = tf.cond(token[MODE] >= MODE_AGGREGATE,   # AGGREGATE or ROUND
                            lambda: control.aggregate(grads, token[BATCH], token[ROUND]),
                            lambda: control.apply(grads))
             with tf.control_dependencies([rate]):
                 landed = tf.timestamp()
             row = tf.concat([tf.reshape(tf.cast(worker_index, tf.float64), [1]), tf.cast(token, tf.float64),
-                             tf.stack([start, end, tf.cast(loss, tf.float64), tf.cast(version, tf.float64),
-                                       tf.cast(rate, tf.float64), landed])], 0)
+                             stats, tf.reshape(tf.cast(rate, tf.float64), [1]), tf.reshape(landed, [1])], 0)
             return control.finished(row, token[MODE])
+
+    def call(function, args):
+        """``function`` run on the PS as one remote call (its captured variables and
+        queues passed as the call's last arguments, as RemoteCall takes them)."""
+        return functional_ops.remote_call(target=target, args=list(args) + function.captured_inputs,
+                                          Tout=[o.dtype for o in function.outputs], f=function)
+
+    def ps_functions(grads):
+        """``push`` and ``push`` then ``pull``, traced on the PS for these gradients
+        (dense or IndexedSlices; a variable without one gets None, as apply_gradients
+        would be given)."""
+        given = [i for i, g in enumerate(grads) if g is not None]
+        specs = [tf.type_spec_from_value(grads[i]) for i in given]
+        flat = tf.nest.flatten(specs, expand_composites=True)
+
+        def unpack(args):
+            out = [None] * len(grads)
+            for i, g in zip(given, tf.nest.pack_sequence_as(specs, list(args), expand_composites=True)):
+                out[i] = g
+            return out
+
+        signature = [tf.TensorSpec([], tf.int32), tf.TensorSpec([TOKEN_LEN], tf.int64),
+                     tf.TensorSpec([4], tf.float64)] + flat
+        push_only = tf.function(lambda w, t, s, *g: push(w, t, s, unpack(g)), autograph=False)
+        push_pull = tf.function(lambda w, t, s, *g: pull(w, [push(w, t, s, unpack(g))]), autograph=False)
+        with tf.device(control.device):
+            return (push_only.get_concrete_function(*signature), push_pull.get_concrete_function(*signature),
+                    lambda g: tf.nest.flatten([g[i] for i in given], expand_composites=True))
+
+    @tf.function(autograph=False)
+    def pull_fn(worker_index):
+        return pull(worker_index)
 
     @tf.function(autograph=False)   # tf.while_loop and tf.cond written out: no conversion needed
     def run(worker_index, iterator):
         with tf.device(control.device):
-            gate = tf.identity(worker_index)   # on the PS once, not sent there at every step
+            first = pull_fn.get_concrete_function(tf.TensorSpec([], tf.int32))
+        built = []   # the PS's functions, traced at the first step's trace (they need its gradients)
 
-        def body(i, stopped):
-            with tf.device(control.device):  # the token stays on the PS for the reads that wait on it
-                token = control.dequeue(gate)
-                granted = token[BATCH] > 0
-            ran = tf.cond(granted, lambda: one_step(gate, iterator, token), lambda: tf.constant(False))
-            return i + tf.cast(ran, tf.int32), tf.logical_not(ran)
+        def shaped(outputs):
+            outputs[0].set_shape([TOKEN_LEN])
+            outputs[1].set_shape([])
+            for o, v in zip(outputs[2:], variables):
+                o.set_shape(v.shape)
+            return outputs
 
-        ran, _ = tf.while_loop(lambda i, stopped: tf.logical_and(i < steps, tf.logical_not(stopped)), body,
-                               (tf.constant(0), tf.constant(False)))
-        return ran
+        def body(i, token, version, *values):
+            values = list(values)
+            with tf.control_dependencies([token]):
+                start = tf.timestamp()
+                x, y = next(iterator)
+            b = tf.cast(token[BATCH], tf.int32)
+            x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
+            with reading(variables, values), tf.GradientTape() as tape:
+                tape.watch(values)
+                loss = converted(forward, x, y)
+            through, round_it = tape.gradient(loss, [values, variables])
+            grads = [_sum(a, b) for a, b in zip(through, round_it)]
+            with tf.control_dependencies([g for g in grads if g is not None]):
+                end = tf.timestamp()
+            if not built:
+                built.extend(ps_functions(grads))
+            push_only, push_pull, flat = built
+            args = [worker_index, token, tf.stack([start, end, tf.cast(loss, tf.float64),
+                                                   tf.cast(version, tf.float64)])] + flat(grads)
+
+            def last():   # the closure's last step: no next token
+                with tf.control_dependencies(call(push_only, args)):
+                    return [tf.zeros([TOKEN_LEN], tf.int64), tf.identity(version)] + [tf.identity(v) for v in values]
+
+            following = tf.cond(i + 1 < steps, lambda: shaped(call(push_pull, args)), last)
+            return [i + 1] + following
+
+        opened = shaped(call(first, [worker_index]))
+        out = tf.while_loop(lambda i, token, *_: tf.logical_and(i < steps, token[BATCH] > 0), body,
+                            [tf.constant(0)] + opened, parallel_iterations=1)
+        return out[0]
 
     return run
