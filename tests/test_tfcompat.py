@@ -70,3 +70,37 @@ def test_clipping_and_weight_decay_are_what_apply_gradients_does():
             else:
                 apply(opt, grads, [v], LearningRate(opt))
     np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-6)
+
+
+def test_reading_answers_a_models_dense_reads_with_the_given_values_and_sums_the_gradients_of_both_paths():
+    """The engine's step computes on the weights its call to the PS brought: a layer's
+    kernel and a regularizer read the values given; an embedding's gather reads round
+    them (the variable itself). Loss and gradients equal a plain step on a model whose
+    dense weights are those values."""
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.Input((2,), dtype="int32"), keras.layers.Embedding(10, 4), keras.layers.Flatten(),
+                              keras.layers.Dense(3, kernel_regularizer=keras.regularizers.l2(0.1))])
+    x = tf.constant([[1, 2], [3, 1]])
+    model(x)
+    variables = model.trainable_variables
+    given = [tf.constant(v.numpy() + 0.5) for v in variables]
+
+    @tf.function
+    def step(values):
+        with tfcompat.reading(variables, values), tf.GradientTape() as tape:
+            tape.watch(values)
+            loss = tf.reduce_sum(model(x) ** 2) + tf.add_n(model.losses)
+        through, round_it = tape.gradient(loss, [values, variables])
+        return loss, [tf.convert_to_tensor(tfcompat.summed(a, b)) for a, b in zip(through, round_it)]
+
+    loss, grads = step(given)
+    for v, value in zip(variables[1:], given[1:]):   # the reference: the dense weights set to the values
+        v.assign(value)
+    with tf.GradientTape() as tape:
+        want = tf.reduce_sum(model(x) ** 2) + tf.add_n(model.losses)
+    wanted = [tf.convert_to_tensor(g) for g in tape.gradient(want, variables)]
+    assert abs(float(loss) - float(want)) < 1e-5
+    for g, w in zip(grads, wanted):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(getattr(tfcompat._innermost(v), "_cached_value") is None for v in variables)   # restored

@@ -178,7 +178,7 @@ class PSControl:
         self.rounds = function(self._rounds, input_signature=[
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec, tf.TensorSpec([], tf.int64)])
 
-    # -- worker side (called inside the step function) ---------------------------------
+    # -- the step's side (run on the PS by the step's remote calls: tfsync.engine.step) -----
     def dequeue(self, worker_index):
         return tf.switch_case(worker_index, [lambda q=q: q.dequeue() for q in self.queues])
 

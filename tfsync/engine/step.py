@@ -11,7 +11,7 @@ step's gradient and answers with the next step's token and weights:
    ends the closure;
 2. the worker computes the gradient on the first ``batch_size`` rows of its next input
    batch, with the model's reads of its trainable variables answered by the weights that
-   came with the token (``reading``);
+   came with the token (``tfcompat.reading``);
 3. one call (``push_pull``) sends the gradient; on the PS it is applied now or added to
    the round's weighted accumulator, the step's float64 row ``[worker, *token, start,
    end, loss, version, rate, landed]`` (worker-side ``start``: the token came; ``end``:
@@ -35,58 +35,18 @@ The closure returns how many steps it ran.
 
 from __future__ import annotations
 
-import contextlib
-
 import tensorflow as tf
-from tensorflow.python.ops import functional_ops
 
+from . import tfcompat
 from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, TOKEN_LEN, PSControl, converted
 
 STEPS_PER_CLOSURE = 32
-
-
-def _innermost(variable):
-    """The resource variable under the strategy's and mixed precision's wrappers (each
-    of which reads through the one it wraps)."""
-    while True:
-        inner = getattr(variable, "_v", None)
-        if inner is None:
-            inner = getattr(variable, "_variable", None)
-        if inner is None:
-            return variable
-        variable = inner
-
-
-@contextlib.contextmanager
-def reading(variables, values):
-    """While tracing: a dense read of each variable (``value()``, a conversion to a tensor,
-    as layers and regularizers read) gives its value from ``values`` instead of reading the
-    PS (the variable's ``_cached_value``, which TensorFlow's own caching device sets). A
-    read that goes round it (``sparse_read`` of an embedding, ``read_value``) still reads
-    the PS: right, and slower."""
-    inner = [_innermost(v) for v in variables]
-    saved = [getattr(v, "_cached_value", None) for v in inner]
-    try:
-        for v, value in zip(inner, values):
-            v._cached_value = value
-        yield
-    finally:
-        for v, value in zip(inner, saved):
-            v._cached_value = value
-
-
-def _sum(a, b):
-    """The gradient of a variable read both through ``reading`` and round it."""
-    if a is None or b is None:
-        return b if a is None else a
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOSURE):
     variables = control.variables
     target = tf.DeviceSpec(replica=0, device_type="CPU", device_index=0).make_merged_spec(
         tf.DeviceSpec.from_string(control.device)).to_string()
-    dtypes = [tf.int64, tf.int64] + [v.dtype for v in variables]   # token, version, weights
 
     def forward(x, y):   # the user's model and loss (called through control.converted)
         loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
@@ -120,8 +80,8 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
     def call(function, args):
         """``function`` run on the PS as one remote call (its captured variables and
         queues passed as the call's last arguments, as RemoteCall takes them)."""
-        return functional_ops.remote_call(target=target, args=list(args) + function.captured_inputs,
-                                          Tout=[o.dtype for o in function.outputs], f=function)
+        return tf.raw_ops.RemoteCall(target=target, args=list(args) + function.captured_inputs,
+                                     Tout=[o.dtype for o in function.outputs], f=function)
 
     def ps_functions(grads):
         """``push`` and ``push`` then ``pull``, traced on the PS for these gradients
@@ -169,11 +129,11 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
                 x, y = next(iterator)
             b = tf.cast(token[BATCH], tf.int32)
             x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
-            with reading(variables, values), tf.GradientTape() as tape:
+            with tfcompat.reading(variables, values), tf.GradientTape() as tape:
                 tape.watch(values)
                 loss = converted(forward, x, y)
             through, round_it = tape.gradient(loss, [values, variables])
-            grads = [_sum(a, b) for a, b in zip(through, round_it)]
+            grads = [tfcompat.summed(a, b) for a, b in zip(through, round_it)]
             with tf.control_dependencies([g for g in grads if g is not None]):
                 end = tf.timestamp()
             if not built:

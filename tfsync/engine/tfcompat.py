@@ -22,10 +22,15 @@
   so it sets the rate of each update as ``apply_gradients`` would; and the base class's
   ``_clip_gradients`` and ``_apply_weight_decay`` (the subclass's weight decay goes
   through a strategy merge_call that cannot run inside the engine's step).
+- A resource variable's ``_cached_value`` (what TF's caching device sets: ``value()``
+  returns it instead of reading) and the wrapped variable of the strategy's
+  (``AggregatingVariable._v``) and mixed precision's (``AutoCastVariable._variable``)
+  wrappers: ``reading`` answers a model's reads with the weights the step brought.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -127,3 +132,40 @@ def quiet_resource_deleters() -> None:
 
     hook._tfsync_quiet = True
     sys.unraisablehook = hook
+
+
+def _innermost(variable):
+    """The resource variable under the strategy's and mixed precision's wrappers (each
+    reads through the one it wraps)."""
+    while True:
+        inner = getattr(variable, "_v", None)
+        if inner is None:
+            inner = getattr(variable, "_variable", None)
+        if inner is None:
+            return variable
+        variable = inner
+
+
+@contextlib.contextmanager
+def reading(variables, values):
+    """While tracing: a dense read of each variable (``value()`` and a conversion to a
+    tensor, as layers and regularizers read) gives its value from ``values`` instead of
+    reading the variable. A read that goes round it (an embedding's ``sparse_read``,
+    ``read_value``) still reads the variable: the gradients of both must be summed
+    (``summed``)."""
+    inner = [_innermost(v) for v in variables]
+    saved = [v._cached_value for v in inner]
+    try:
+        for v, value in zip(inner, values):
+            v._cached_value = value
+        yield
+    finally:
+        for v, value in zip(inner, saved):
+            v._cached_value = value
+
+
+def summed(through, round_it):
+    """A variable's gradient from ``reading``'s values and from its reads round them."""
+    if through is None or round_it is None:
+        return round_it if through is None else through
+    return tf.convert_to_tensor(through) + tf.convert_to_tensor(round_it)

@@ -98,11 +98,11 @@ NOTHING = Decision()
 class Push:
     """What the server saw: one finished step of one worker.
 
-    Worker clock: ``start`` (its gate opened, just before it read the weights) and
-    ``end`` (its gradient was computed), so ``end - start`` is the pull and the compute
-    of paper 002 §3.1's t = t_p + t_m; the push then goes to the PS, which applies it
-    without answering the worker (on the engine: tfsync.engine.step), and ``turnaround``
-    below holds all of it. Coordinator clock: ``granted_at``,
+    Worker clock: ``start`` (its gate opened) and ``end`` (its gradient was computed).
+    On the engine (tfsync.engine.step) the weights come with the token, so ``end -
+    start`` is the compute of paper 002 §3.1's t = t_p + t_m, and the pull rides on the
+    call that pushes the step before; in the simulator, ``end`` is the push's arrival.
+    ``turnaround`` below holds all of it. Coordinator clock: ``granted_at``,
     ``ready_at`` (when the step could start: granted, and the worker's previous push in;
     0: unknown; where the server opened the step's round itself, the arrival less the time
     the server measured from that release to the push: tfsync.engine.pilot) and
