@@ -126,6 +126,7 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
             values = list(values)
             with tf.control_dependencies([token]):
                 start = tf.timestamp()
+            with tf.control_dependencies([start]):   # else the executor may stamp it with the gradient
                 x, y = next(iterator)
             b = tf.cast(token[BATCH], tf.int32)
             x, y = tf.nest.map_structure(lambda t: t[:b], (x, y))  # features or labels may be dicts or tuples
