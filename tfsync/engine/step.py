@@ -27,8 +27,9 @@ So a step costs one round trip to the PS and the two transfers. The loop was fir
 ``tf.while_loop`` spread over the worker and the PS, which TensorFlow runs as a loop on
 each task that must hear the other's condition at every turn, and a worker asks for a
 tensor only once the branch or turn that needs it is known: the weights came one round
-trip after the token and the next token one and a half after the push (3.2 round trips a
-step at 10 ms a node, against 1.1 now; experiments/round_parts.py).
+trip after the token and the next token one and a half after the push (on one worker
+and one PS at 10 ms a node, 3.3-3.9 round trips a step against 1.1-1.5 now:
+experiments/bench_step_call.py).
 
 The closure returns how many steps it ran.
 """
