@@ -114,8 +114,6 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
     def run(worker_index, iterator):
         with tf.device(control.device):
             first = pull_fn.get_concrete_function(tf.TensorSpec([], tf.int32))
-        built = []   # the PS's functions, traced at the first step's trace (they need its gradients)
-
         def shaped(outputs):
             outputs[0].set_shape([TOKEN_LEN])
             outputs[1].set_shape([])
@@ -135,12 +133,10 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
                 tape.watch(values)
                 loss = converted(forward, x, y)
             through, round_it = tape.gradient(loss, [values, variables])
-            grads = [tfcompat.summed(a, b) for a, b in zip(through, round_it)]
+            grads = [tfcompat.summed(*paths) for paths in zip(through, round_it)]
             with tf.control_dependencies([g for g in grads if g is not None]):
                 end = tf.timestamp()
-            if not built:
-                built.extend(ps_functions(grads))
-            push_only, push_pull, flat = built
+            push_only, push_pull, flat = ps_functions(grads)   # traced here: they need the gradients
             args = [worker_index, token, tf.stack([start, end, tf.cast(loss, tf.float64),
                                                    tf.cast(version, tf.float64)])] + flat(grads)
 
