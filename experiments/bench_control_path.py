@@ -48,11 +48,11 @@ from testbed_bench import wide_mlp_job, write_csv  # noqa: E402
 
 BASE_PORT = 20000   # in the relay's task ports (tfsync.testbed.bed.TASK_PORTS)
 ECHO_PORT = 20090
-CONFIGS = ("fit", "fit, 32 steps/execution", "tfsync ASP", "tfsync ASP depth=2", "tfsync ASP depth=8",
+CONFIGS = ("fit", "fit, 32 steps/execution", "tfsync ASP", "tfsync ASP depth=2", "tfsync ASP depth=4",
+           "tfsync ASP depth=8",
            "tfsync SSP s=2", "tfsync BSP (coordinator rounds)",
            "tfsync BSP (PS rounds)", "tfsync LB-BSP (coordinator rounds)", "tfsync LB-BSP (PS rounds)")
-PROTOCOL = {"tfsync ASP": ("asp", True), "tfsync ASP depth=2": ("asp", True), "tfsync ASP depth=8": ("asp", True),
-            "tfsync SSP s=2": ("ssp", True),
+PROTOCOL = {"tfsync SSP s=2": ("ssp", True),   # (the rest: ASP, PS rounds)
             "tfsync BSP (coordinator rounds)": ("bsp", False), "tfsync BSP (PS rounds)": ("bsp", True),
             "tfsync LB-BSP (coordinator rounds)": ("lbbsp", False), "tfsync LB-BSP (PS rounds)": ("lbbsp", True)}
 
@@ -108,7 +108,7 @@ def job_text(run_dir: str, config: str, hidden: int, steps: int, workers: int) -
     epochs = steps * 64 / 60000
     protocol, ps_rounds = PROTOCOL.get(config, ("asp", True))
     extra = "staleness = 2\n" if protocol == "ssp" else ""
-    if "depth=" in config:   # ASP's grants ahead per worker (default 4; 2 before 2026-11-27)
+    if "depth=" in config:   # ASP's grants ahead per worker (default 8; 4 before 2026-11-28, 2 before 2026-11-27)
         extra += f"depth = {config.split('depth=')[1]}\n"
     return (wide_mlp_job("bench-control-path", run_dir, hidden, epochs)
             + f"ps_rounds = {'true' if ps_rounds else 'false'}\n"
@@ -280,9 +280,9 @@ def plot(rows, path: str) -> None:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     colors = dict(zip([c for c in CONFIGS if "depth=" not in c],
                       ["#9a9a9a", "#5a5a5a", "#e08040", "#c0a030", "#a8c0d8", "#4878a8", "#b8d8b0", "#509850"]))
-    colors.update({"tfsync ASP depth=2": "#f0b890", "tfsync ASP depth=8": "#a04010"})
+    colors.update({"tfsync ASP depth=2": "#f0b890", "tfsync ASP depth=4": "#d07840", "tfsync ASP depth=8": "#a04010"})
     labels = {"fit": "fit", "fit, 32 steps/execution": "fit\n32/exec", "tfsync ASP": "ASP",
-              "tfsync ASP depth=2": "ASP\ndepth 2", "tfsync ASP depth=8": "ASP\ndepth 8",
+              "tfsync ASP depth=2": "ASP\ndepth 2", "tfsync ASP depth=4": "ASP\ndepth 4", "tfsync ASP depth=8": "ASP\ndepth 8",
               "tfsync SSP s=2": "SSP\ns=2", "tfsync BSP (coordinator rounds)": "BSP\ncoord.",
               "tfsync BSP (PS rounds)": "BSP\nPS rounds", "tfsync LB-BSP (coordinator rounds)": "LB-BSP\ncoord.",
               "tfsync LB-BSP (PS rounds)": "LB-BSP\nPS rounds"}

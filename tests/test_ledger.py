@@ -55,6 +55,25 @@ def test_removed_workers_are_drained_but_the_view_counts_members_only():
 
 
 @pytest.mark.unit
+def test_grants_ahead_stop_where_the_phase_has_no_more_work_taken_in_turns_over_the_workers():
+    ledger = Ledger(3)
+    ledger.samples = 100
+    ahead = Decision(tuple(Grant(w, 8, APPLY) for w in range(3) for _ in range(8)))  # ASP at depth 8
+    assert ledger.within(ahead, end_samples=100 + 24 * 8) is ahead   # room for all of them
+    kept = ledger.within(ahead, end_samples=140)  # 40 samples of work: the first five in turns
+    assert [g.worker for g in kept.grants] == [0, 0, 1, 1, 2]
+    ledger.apply(kept, now=0.0)
+    assert ledger.in_flight_samples == 40 and ledger.within(ahead, end_samples=140).grants == ()
+    _push(ledger, 1, APPLY)   # a push moves its samples from in flight to counted: still no room
+    assert ledger.in_flight_samples == 32 and ledger.within(ahead, end_samples=140).grants == ()
+    assert [g.worker for g in ledger.within(ahead, end_samples=141).grants] == [0]  # a step past the end
+    rounds = Decision(tuple(Grant(w, 8, AGG) for w in range(3)))  # a round's grants are never cut
+    assert ledger.within(rounds, end_samples=0) is rounds
+    ledger.forget_grants()
+    assert ledger.in_flight_samples == 0
+
+
+@pytest.mark.unit
 def test_the_books_survive_a_json_round_trip_with_nothing_granted():
     ledger = Ledger(2)
     ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0)

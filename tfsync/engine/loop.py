@@ -80,6 +80,8 @@ class Loop:
     # -- carrying out decisions ----------------------------------------------------------
     def apply(self, decision: Decision) -> None:
         s, gen, channel = self.ledger, self.lifecycle.current, self.lifecycle.channel
+        if self.phase_end is not None:  # no step granted ahead that the phase has no work for
+            decision = s.within(decision, self.phase_end)
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
         if applied.lr_changed:

@@ -1,14 +1,15 @@
 """ASP: every push is applied on arrival and its worker runs on at once (paper 004 §3.1:
 A = {W_s}).
 
-``depth`` steps are granted ahead per worker (default 4: one running, three queued on
+``depth`` steps are granted ahead per worker (default 8: one running, seven queued on
 the PS), so a worker never waits for the coordinator's answer between its steps: the
-coordinator sees a push and its grant reaches the PS about two round trips after the
-push lands, while an ASP step is about one and a half (the weights read, the gradient
-pushed), so two granted ahead let the worker wait at each step once the network adds
-latency (on the testbed at 10 ms a node, 4 workers: 27.8 worker steps/s at depth 2, 37.6
-at 4, 38.6 at 8; ``experiments/bench_control_path.py``). A phase's workload may end up to
-``depth`` steps per worker past its end: the steps granted then still run.
+coordinator sees a push and its grant reaches the PS two round trips or more after the
+push lands (more while the coordinator shares its CPU), while an ASP step is one round
+trip (one remote call: tfsync.engine.step). On the testbed at 10 ms a node, 4 workers,
+ASP ran 52.3 worker steps/s at depth 4 (2.4 round trips a step) and 59.0 at 8 (1.0); at
+30 ms 23.0 and 36.8 (``experiments/bench_control_path.py``). The engine grants no step a
+phase has no work for (``Ledger.within``), so a deeper queue does not make a phase
+overshoot its workload.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class ASP(Policy):
     name = "asp"
     options = (Option("depth", int, lo=1, help="steps granted ahead per worker"),)
 
-    def __init__(self, sizer: BatchSizer | None = None, depth: int = 4, seed: int | None = None):
+    def __init__(self, sizer: BatchSizer | None = None, depth: int = 8, seed: int | None = None):
         super().__init__(sizer, seed)
         if int(depth) < 1:
             raise ValueError(f"ASP depth must be >= 1, got {depth!r}")

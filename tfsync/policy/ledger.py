@@ -12,6 +12,7 @@ nothing more, then applies what the round aggregated.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 
 from .base import ClusterView, Decision, Push, PushMode, validate_decision
@@ -57,8 +58,9 @@ class Ledger:
         self.active = frozenset(range(num_workers))
         self.lr_scale = 1.0
         self.history: collections.deque[Push] = collections.deque(maxlen=history)
-        # when each worker's outstanding grants were made, oldest first (steps run in order)
-        self._grant_times = [collections.deque() for _ in range(num_workers)]
+        # each worker's outstanding grants, oldest first (steps run in order): when made, on how many samples
+        self._grants = [collections.deque() for _ in range(num_workers)]
+        self.in_flight_samples = 0  # the samples of every step granted and not yet pushed
         self._arrivals = [0.0] * num_workers  # each worker's last push: its next step is ready after it
         self._member_in_flight = 0
         self._min = _MinClock(self.clocks, self.active)
@@ -85,8 +87,9 @@ class Ledger:
         itself; this ledger's grant time, a mirror, is not when), ``ready_at`` is the
         arrival less it. Returns the Push the policy is shown."""
         w, b = worker, int(batch_size)
-        times = self._grant_times[w]
-        granted_at = times.popleft() if times else 0.0
+        grants = self._grants[w]
+        granted_at, granted_b = grants.popleft() if grants else (0.0, 0)
+        self.in_flight_samples -= granted_b
         ready_at = max(granted_at, self._arrivals[w]) if granted_at else 0.0
         if turnaround is not None:
             ready_at = arrival - max(turnaround, 0.0)
@@ -137,19 +140,44 @@ class Ledger:
             self.granted[g.worker] += 1
             self.batch_sizes[g.worker] = int(g.batch_size)
             seqs.append(self.granted[g.worker])
-            self._grant_times[g.worker].append(now)
+            self._grants[g.worker].append((now, int(g.batch_size)))
+            self.in_flight_samples += int(g.batch_size)
             if g.worker in self.active:
                 self._member_in_flight += 1
         return Applied(closed, tuple(seqs), lr_changed)
+
+    def within(self, decision: Decision, end_samples: int) -> Decision:
+        """``decision`` less the APPLY grants a workload ending at ``end_samples`` has no
+        room for: each is kept while the samples counted and in flight fall short of the
+        end, taken in turns over the workers (every worker's first grant, then every
+        second), so a phase ends less than one batch per worker past its end whatever
+        ``depth`` a policy grants ahead. AGGREGATE grants (a round's) are all kept: a round
+        without some of its workers would not be the round the protocol defines."""
+        room = end_samples - self.samples - self.in_flight_samples
+        apply = [i for i, g in enumerate(decision.grants) if g.mode is PushMode.APPLY]
+        if not apply or sum(decision.grants[i].batch_size for i in apply) <= room:
+            return decision
+        turn, seen = {}, collections.Counter()
+        for i in apply:
+            turn[i] = seen[decision.grants[i].worker]
+            seen[decision.grants[i].worker] += 1
+        keep = set()
+        for i in sorted(apply, key=lambda i: (turn[i], i)):
+            if room <= 0:
+                break
+            keep.add(i)
+            room -= decision.grants[i].batch_size
+        grants = [g for i, g in enumerate(decision.grants) if g.mode is not PushMode.APPLY or i in keep]
+        return dataclasses.replace(decision, grants=tuple(grants))
 
     # -- the engine's restarts and rewinds ----------------------------------------------------
     def forget_grants(self) -> None:
         """The grants still outstanding went with the tasks that held them (a new cluster
         generation): nothing is granted in the new one yet."""
         self.granted = list(self.clocks)
-        for times in self._grant_times:
-            times.clear()
-        self._member_in_flight = 0
+        for grants in self._grants:
+            grants.clear()
+        self._member_in_flight = self.in_flight_samples = 0
 
     def resize(self, workers: int) -> None:
         """The job now has ``workers`` workers (0..workers-1), between generations, with
@@ -164,7 +192,7 @@ class Ledger:
         self.clocks = self.clocks[:keep] + [start] * (workers - keep)
         self.batch_sizes = self.batch_sizes[:keep] + [0] * (workers - keep)
         self._arrivals = self._arrivals[:keep] + [0.0] * (workers - keep)
-        self._grant_times = [collections.deque() for _ in range(workers)]
+        self._grants = [collections.deque() for _ in range(workers)]
         self.history = collections.deque((p for p in self.history if p.worker < workers), maxlen=self.history.maxlen)
         self.num_workers = workers
         self.active = frozenset(range(workers))

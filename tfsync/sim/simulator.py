@@ -128,6 +128,7 @@ class Simulator:
         self.now = 0.0
         self.ledger = Ledger(num_workers, history)  # counted as the engine counts (tfsync.policy.ledger)
         self._pending_grads: list = []
+        self._samples_end: int | None = None  # a run's samples limit, while it runs
         self.log: list[Push] = []
         self.counts: list[tuple[int, int]] = []
         self.accuracy: list[tuple[float, int, float]] = []
@@ -174,12 +175,17 @@ class Simulator:
                     or self.now >= limits[3] or bool(self.accuracy and self.accuracy[-1][2] >= target))
 
         with training_with(self.trainer):
-            self._apply(policy.start(self.view()))
-            while not done():
-                if not self._events:
-                    raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
-                                      f"granted (pushes so far: {self.pushes})")
-                self._event(policy, done)
+            # as the engine: no step granted ahead that a samples limit leaves no work for
+            self._samples_end = limits[2] if samples is not None else None
+            try:
+                self._apply(policy.start(self.view()))
+                while not done():
+                    if not self._events:
+                        raise PolicyError(f"policy {policy.name!r} left every worker idle with nothing "
+                                          f"granted (pushes so far: {self.pushes})")
+                    self._event(policy, done)
+            finally:
+                self._samples_end = None
             self._drain(policy)
         return SimResult(policy.describe(), policy.stats(), self.now, self.pushes, self.updates,
                          self.samples, self.ledger.dropped, self.n, list(self.log), list(self.counts),
@@ -245,6 +251,8 @@ class Simulator:
         self._next_eval = self.updates + self.eval_every
 
     def _apply(self, d: Decision) -> None:
+        if self._samples_end is not None:
+            d = self.ledger.within(d, self._samples_end)
         lr = self.lr * self.lr_scale  # a round closed now was pushed at the rate before this decision
         applied = self.ledger.apply(d, self.now)
         if applied.closed and self.model is not None:
