@@ -172,6 +172,20 @@ def test_a_schedule_is_followed_on_the_apply_path_and_through_a_hot_switch(tiny_
     assert len(used) >= len(asp) - 2 and min(used) == 4, sorted(used)
 
 
+def test_an_asynchronous_phase_whose_work_a_round_already_did_grants_nothing_and_the_plan_goes_on(tiny_problem,
+                                                                                                 tmp_path):
+    """BSP's last round (16 samples) carries the run past the end of the short ASP phase
+    after it: that phase has no work left, so it grants no step (none is cut short: the
+    engine grants no asynchronous step a phase has no room for) and the BSP after it
+    trains the rest."""
+    engine = _engine(tiny_problem, tmp_path)
+    phases = [Phase(BSP(FixedSizer([8, 8])), until=0.5), Phase(ASP(FixedSizer([8, 8])), until=0.52, switch="hot"),
+              Phase(BSP(FixedSizer([8, 8])), switch="hot")]
+    summary = engine.run(phases, total_samples=170)   # BSP to 85 (96 in rounds of 16), ASP to 88
+    protocols = [r["protocol"] for r in _records(tmp_path)]
+    assert "asp" not in protocols and protocols.count("bsp") == 22 and summary["samples"] == 176
+
+
 @pytest.mark.parametrize("data", ["two outputs from arrays", "dataset factory"])
 def test_float_targets_stay_floats_and_bsp_regression_equals_the_single_process_reference(tiny_problem, tmp_path,
                                                                                          data):

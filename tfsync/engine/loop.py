@@ -122,7 +122,8 @@ class Loop:
     def _run_until(self, phase: Phase, end_samples: int) -> None:
         policy = self.policy
         self.apply(policy.start(self.view()))
-        self._check_live(policy)
+        if self.ledger.samples < end_samples:  # (a phase done before it starts, as at a resume, grants nothing)
+            self._check_live(policy)
         start_samples, epoch, t_push = self.ledger.samples, 0, None
         while self.ledger.samples < end_samples:
             if callable(phase.momentum):

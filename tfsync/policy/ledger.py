@@ -150,10 +150,12 @@ class Ledger:
         """``decision`` less the APPLY grants a workload ending at ``end_samples`` has no
         room for: each is kept while the samples counted and in flight fall short of the
         end, taken in turns over the workers (every worker's first grant, then every
-        second), so a phase ends less than one batch per worker past its end whatever
-        ``depth`` a policy grants ahead. AGGREGATE grants (a round's) are all kept: a round
-        without some of its workers would not be the round the protocol defines."""
+        second), so a phase ends less than one batch past its end whatever ``depth`` a
+        policy grants ahead. AGGREGATE grants (a round's) are all kept, and counted first:
+        a round without some of its workers would not be the round the protocol defines."""
+        validate_decision(decision, (self.active - decision.remove) | decision.restore)
         room = end_samples - self.samples - self.in_flight_samples
+        room -= sum(g.batch_size for g in decision.grants if g.mode is not PushMode.APPLY)
         apply = [i for i, g in enumerate(decision.grants) if g.mode is PushMode.APPLY]
         if not apply or sum(decision.grants[i].batch_size for i in apply) <= room:
             return decision
