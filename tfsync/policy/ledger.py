@@ -6,7 +6,8 @@ so the two cannot count differently.
 
 The drain rule, decided here once for both: a drain runs every step already granted
 (the engine's tokens are on the PS gates already and cannot be taken back), grants
-nothing more, then applies what the round aggregated.
+nothing more, then applies what the round aggregated. And the end rule: no asynchronous
+step is granted that the workload has no room for (:meth:`Ledger.within`).
 """
 
 from __future__ import annotations
@@ -153,12 +154,12 @@ class Ledger:
         second), so a phase ends less than one batch past its end whatever ``depth`` a
         policy grants ahead. AGGREGATE grants (a round's) are all kept, and counted first:
         a round without some of its workers would not be the round the protocol defines."""
-        validate_decision(decision, (self.active - decision.remove) | decision.restore)
         room = end_samples - self.samples - self.in_flight_samples
         room -= sum(g.batch_size for g in decision.grants if g.mode is not PushMode.APPLY)
         apply = [i for i, g in enumerate(decision.grants) if g.mode is PushMode.APPLY]
         if not apply or sum(decision.grants[i].batch_size for i in apply) <= room:
-            return decision
+            return decision   # (apply validates it)
+        validate_decision(decision, (self.active - decision.remove) | decision.restore)   # before any is cut
         turn, seen = {}, collections.Counter()
         for i in apply:
             turn[i] = seen[decision.grants[i].worker]
