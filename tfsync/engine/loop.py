@@ -184,6 +184,8 @@ class Loop:
             return True
         try:
             self.drain(policy)
+            if self.ledger.samples >= end_samples:   # the drain finished the phase: what ends it saves
+                return True
             self.checkpoint("periodic")
         except (EngineError, ChannelError, tf.errors.UnavailableError, tf.errors.CancelledError):
             # the PS died during the save (UnavailableError "Socket closed" from it, or the
