@@ -1,8 +1,9 @@
 """The coordinator's ordered, asynchronous line to the PS control state.
 
-Releasing tokens and applying barriers are remote calls of a few milliseconds. Made
-from the engine's loop they would stall it while steps finish; here one thread carries
-them out in the order they were asked for, merging consecutive releases into one call.
+Releasing tokens and applying barriers are remote calls of a round trip each (sent by
+the coordinator's outgoing link, tfsync.engine.links). Made from the engine's loop they
+would stall it while steps finish; here one thread carries them out in the order they
+were asked for, merging every release asked while the last call ran into one call.
 ``sync()`` waits until everything asked so far is done (before a checkpoint, a switch or
 the end), and re-raises a failure in the caller's thread.
 """
@@ -13,7 +14,7 @@ import queue
 import threading
 
 import numpy as np
-import tensorflow as tf
+
 from ..base.exits import TfsyncError
 
 
@@ -25,8 +26,9 @@ class ChannelError(TfsyncError, RuntimeError):
 
 
 class PSChannel:
-    def __init__(self, control, name: str = "tfsync-ps-channel"):
-        self.control = control
+    def __init__(self, links, name: str = "tfsync-ps-channel"):
+        """``links``: the generation's ``tfsync.engine.links.Links``."""
+        self.links = links
         self._q: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -78,10 +80,9 @@ class PSChannel:
                     else:
                         pending = nxt
                         break
-                self._do(lambda: self.control.release(tf.constant(np.concatenate(rows))))
+                self._do(lambda: self.links.send(0, np.concatenate(rows)))
             elif kind == "barrier":
-                k, rows = arg
-                self._do(lambda: self.control.barrier(tf.constant(k, tf.int32), tf.constant(rows)))
+                self._do(lambda: self.links.send(*arg))
             elif kind == "call":
                 self._do(arg)
             elif kind == "sync":

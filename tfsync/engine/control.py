@@ -168,13 +168,14 @@ class PSControl:
         spec = tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64)
         on_ps = functools.partial(_OnPS, device)   # (user code inside: ``converted``)
         self.release = on_ps(self._release, input_signature=[spec])
-        self.barrier = on_ps(self._barrier, input_signature=[tf.TensorSpec([], tf.int32), spec])
         self.set_sizes = on_ps(self._set_sizes, input_signature=[tf.TensorSpec([num_workers + 1], tf.int64)])
-        # (these block on the PS: called as functions of two parts, each its own call, so
-        # that they hold up no release or barrier sent while they wait)
         function = functools.partial(tf.function, autograph=False)
+        # (run by the coordinator's standing loops, tfsync.engine.links)
         self.drain = function(self._drain, input_signature=[])
+        self.send = function(self._send, input_signature=[tf.TensorSpec([], tf.int32), spec])
         self.close_finished = function(self._close_finished, input_signature=[])
+        # (blocks on the PS: called as a function of two parts, its own call, so that it
+        # holds up no other call sent while it waits)
         self.rounds = function(self._rounds, input_signature=[
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec, tf.TensorSpec([], tf.int64)])
 
@@ -210,16 +211,21 @@ class PSControl:
                 q.enqueue_many(rows)
             return tf.constant(True)
 
-    def _barrier(self, num_required, tokens):
-        """Apply the round's weighted mean gradient, then release ``tokens`` (one call)."""
-        with tf.device(self.device):
+    def _send(self, num_required, tokens):
+        """Apply the weighted mean of a round of ``num_required`` pushes (none: 0), then
+        release ``tokens``: one call (``tfsync.engine.links``)."""
+        def round_end():
             flat = self.accumulator.take_grad(num_required)
-            mean = weighted_mean(flat, self.variables, self.sizes)
-        with tf.control_dependencies([flat]):   # the update's reads and iterations after the take
-            apply_update(self.optimizer, mean, self.variables, self.rate)
-        with tf.control_dependencies(read_back(self.optimizer, self.variables)):
-            self._release(tokens)
-        return flat[-1]
+            with tf.control_dependencies([flat]):   # the update's reads and iterations after the take
+                apply_update(self.optimizer, weighted_mean(flat, self.variables, self.sizes), self.variables,
+                             self.rate)
+            with tf.control_dependencies(read_back(self.optimizer, self.variables)):
+                return tf.constant(True)
+
+        with tf.device(self.device):
+            applied = tf.cond(num_required > 0, round_end, lambda: tf.constant(False))
+            with tf.control_dependencies([applied]):
+                return self._release(tokens)
 
     def _drain(self):
         """Every finished step's row on the queue, at least one (blocks until there is one;
@@ -301,6 +307,18 @@ class PSControl:
     def set_round(self, round_: int) -> None:
         with tf.device(self.device):
             self.accumulator.set_global_step(round_)
+
+
+def remote_call(device: str, function, args):
+    """``function`` (a concrete function traced under ``tf.device(device)``) run on
+    ``device`` as one ``RemoteCall``, inside a function of another task: the call's
+    inputs go with the request and the outputs come back in the answer, one round trip
+    (its captured variables and queues are passed as the call's last arguments, as
+    RemoteCall takes them)."""
+    target = tf.DeviceSpec(replica=0, device_type="CPU", device_index=0).make_merged_spec(
+        tf.DeviceSpec.from_string(device)).to_string()
+    return tf.raw_ops.RemoteCall(target=target, args=list(args) + function.captured_inputs,
+                                 Tout=[o.dtype for o in function.outputs], f=function)
 
 
 class _OnPS:

@@ -23,6 +23,7 @@ from ..base.pipeline import DatasetFactory, worker_index
 from . import tfcompat
 from .cluster import LocalCluster, connect_strategy
 from .control import LearningRate, PSControl, check_optimizer
+from .links import Links
 from .step import make_step_fn
 
 logger = logging.getLogger(__name__)
@@ -206,13 +207,14 @@ class Generation:
         _ = self.checkpoint.save_counter   # made now, so every checkpoint holds it (a restore expects it)
         self._save_fn = tf.function(lambda prefix: self.checkpoint.write(prefix, options=checkpoint_io()))
         self._finite_fn = tf.function(self._finite, autograph=False)
+        self.links: Links | None = None   # made by warm_up
         self.closed = False
         self.standing = 0   # its closures not yet ended (kept by engine.lifecycle)
 
     def warm_up(self) -> None:
         """Trace the step, control and checkpoint functions now, not on the first step."""
         tfcompat.trace_as_scheduled(self.coordinator, self.step_fn, self.worker_ids, self.iterator)
-        self.control.drain.get_concrete_function()
+        self.links = Links(self.control)   # (traces the coordinator's loops to the PS)
         self.control.rounds.get_concrete_function()
         self._save_fn.get_concrete_function(tf.TensorSpec([], tf.string))
         self._finite_fn.get_concrete_function()

@@ -153,7 +153,7 @@ class Lifecycle:
         gen.control.set_round(round)
         t3 = time.time()
         gen.warm_up()
-        self.current, self.channel = gen, PSChannel(gen.control)
+        self.current, self.channel = gen, PSChannel(gen.links)
         timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
                    "trace_s": time.time() - t3}
         logger.info("generation open in %.2f s: %s", time.time() - t0,
@@ -167,6 +167,7 @@ class Lifecycle:
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
             threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
                              name=f"tfsync-fetch-{i}").start()
+        gen.links.start()
         threading.Thread(target=self._drainer, args=(gen,), daemon=True, name="tfsync-drain").start()
         for _ in range(STANDING_PER_WORKER * self.workers):
             self._schedule(gen, self._fetch_q)
@@ -200,7 +201,7 @@ class Lifecycle:
     def _drainer(self, gen) -> None:
         while True:
             try:
-                rows = gen.control.drain().numpy()
+                rows = gen.links.rows()
             except Exception as e:
                 if gen is self.current:
                     self.results.put((gen, None, e))  # e.g. the PS died: reported by the engine loop
@@ -224,6 +225,7 @@ class Lifecycle:
             while gen.standing > 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             gen.control.close_finished()
+        gen.links.close()
         for _ in range(STANDING_PER_WORKER * self.workers + 1):
             self._fetch_q.put(None)  # fetchers still waiting on a closure stay blocked (daemons)
         gen.close()

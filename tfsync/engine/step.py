@@ -39,15 +39,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from . import tfcompat
-from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, TOKEN_LEN, PSControl, converted
+from .control import BATCH, MODE, MODE_AGGREGATE, ROUND, TOKEN_LEN, PSControl, converted, remote_call
 
 STEPS_PER_CLOSURE = 32
 
 
 def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOSURE):
     variables = control.variables
-    target = tf.DeviceSpec(replica=0, device_type="CPU", device_index=0).make_merged_spec(
-        tf.DeviceSpec.from_string(control.device)).to_string()
 
     def forward(x, y):   # the user's model and loss (called through control.converted)
         loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
@@ -78,11 +76,8 @@ def make_step_fn(model, control: PSControl, loss_fn, steps: int = STEPS_PER_CLOS
                              stats, tf.reshape(tf.cast(rate, tf.float64), [1]), tf.reshape(landed, [1])], 0)
             return control.finished(row, token[MODE])
 
-    def call(function, args):
-        """``function`` run on the PS as one remote call (its captured variables and
-        queues passed as the call's last arguments, as RemoteCall takes them)."""
-        return tf.raw_ops.RemoteCall(target=target, args=list(args) + function.captured_inputs,
-                                     Tout=[o.dtype for o in function.outputs], f=function)
+    def call(function, args):   # on the PS, one round trip
+        return remote_call(control.device, function, args)
 
     def ps_functions(grads):
         """``push`` and ``push`` then ``pull``, traced on the PS for these gradients
