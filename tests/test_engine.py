@@ -551,6 +551,38 @@ def test_ps_rounds_take_the_batch_sizes_lbbsp_decides_at_each_rounds_end(tiny_pr
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_decision_the_steady_round_does_not_make_halts_the_ps_rounds_and_is_carried_out(tiny_problem, tmp_path,
+                                                                                            caplog):
+    """A policy steady while it sees nothing (a straggler policy before a detection) has
+    its BSP rounds run by the PS; its decision to leave them (here ASP at half the rate,
+    after 6 updates) halts them and is carried out once the round in flight has closed:
+    every later push applied alone at the new rate, nothing lost, no warning."""
+    from tfsync.policy.base import Decision
+
+    class Leaves(BSP):
+        left, asp = False, ASP()
+
+        def steady_round(self, view):   # (BSP's own is for BSP itself)
+            return None if self.left else Decision(self.grants_for(sorted(view.members), view), barrier=True)
+
+        def on_push(self, push, view):
+            if not self.left and view.updates >= 6 and view.in_flight == 0:
+                self.left = True
+                return Decision(self.asp.start(view).grants, barrier=view.pending > 0, lr_scale=0.5)
+            return self.asp.on_push(push, view) if self.left else super().on_push(push, view)
+
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(Leaves(FixedSizer([5, 11])))], total_samples=30 * 16)
+    records = _records(tmp_path)
+    modes = [r["mode"] for r in records]
+    first = modes.index("apply")
+    assert summary["ps_rounds"] >= 5 and set(modes[:first]) == {"aggregate"} and set(modes[first:]) == {"apply"}
+    rates = {r["mode"]: r["lr"] for r in records}
+    assert rates["apply"] == pytest.approx(rates["aggregate"] * 0.5)
+    assert summary["samples"] == sum(r["batch_size"] for r in records) >= 30 * 16
+    assert not [r for r in caplog.records if "steady round" in r.getMessage()]
+
+
 def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_problem, tmp_path):
     """What keeps a diverged model out of the checkpoints (``Loop.checkpoint`` refuses
     to save when it finds one): every weight with a NaN or an infinity, by name, checked

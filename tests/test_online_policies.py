@@ -177,3 +177,28 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     calls.clear()
     loop.apply(Decision((Grant(0, 16),), lr_scale=3.0))  # no round pending: the new factor, then the grant
     assert calls == [("release", 1, 3.0)]
+
+
+@pytest.mark.parametrize("make", [GreedyStragglerPolicy, ElasticStragglerPolicy])
+def test_the_ps_may_run_the_rounds_only_while_no_straggler_is_seen(make):
+    """``steady_round`` (the engine's PS-run rounds, tfsync.engine.pilot): BSP's round of
+    every worker while the policy runs BSP, sees no straggler and is before its switch
+    point; None from a detection (elastic: while a worker is out) and at the switch point.
+    A start away from BSP comes with ASP's rate factor (after PS-run rounds halted there)."""
+    from tfsync.policy.base import ClusterView
+
+    view = lambda samples=0: ClusterView(3, (0, 0, 0), (0, 0, 0), samples=samples)  # noqa: E731
+    policy = make(detector(), bsp_samples=1000, lr_scales={"bsp": 3.0, "asp": 1.0})
+    steady = policy.steady_round(view())
+    assert steady is not None and steady.barrier and sorted(g.worker for g in steady.grants) == [0, 1, 2]
+    assert policy.steady_round(view(samples=1000)) is None   # the switch point: its decision halts the rounds
+    policy.detector._stragglers.add(2)   # (as a detection leaves it)
+    assert policy.steady_round(view()) is None
+    policy.detector._stragglers.clear()
+    if make is ElasticStragglerPolicy:
+        policy.removed[2] = 0.0
+        assert policy.steady_round(view()) is None
+        policy.removed.clear()
+    assert policy.steady_round(view()) is not None
+    policy.state = "asp"
+    assert policy.steady_round(view()) is None and policy.start(view()).lr_scale == 1.0

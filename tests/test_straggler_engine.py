@@ -72,6 +72,7 @@ def test_elastic_trains_without_the_straggler_then_takes_it_back(tmp_path):
     assert any(w == 2 and kind == "became" for _, w, kind in stats["detected"])
     states = [state for _, state in stats["states"]]
     assert states[-1] == "final" and "asp" not in states  # BSP throughout, ASP only after the switch
+    assert s["ps_rounds"] > 0   # its rounds with every worker in ran on the PS
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         pushes = [json.loads(line) for line in f if '"event"' not in line]
     t0 = s["started_at"]
@@ -87,6 +88,7 @@ def test_greedy_runs_asp_while_a_straggler_is_present_on_a_users_model(tmp_path)
     assert any(w == 2 and kind == "became" for _, w, kind in stats["detected"])
     assert "asp" in states and states.index("asp") < len(states) - 1  # left BSP for the straggler
     assert states[-1] == "final" and stats["switches"] >= 2
+    assert s["ps_rounds"] > 0   # its BSP rounds without a straggler ran on the PS
     began, ended = (min([s["started_at"] + e["time"] for e in s["injected"] if e["what"] == what] or [math.inf])
                     for what in ("begin", "end"))
     assert began < next(t for t, state in stats["states"] if state == "asp") < ended  # while it was slow

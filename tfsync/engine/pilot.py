@@ -22,9 +22,14 @@ saw this one's pushes (LB-BSP's sizes then come from predictions a round older, 
 non-blocking mode, paper 002 §4). Each marker says which sizes the round it opened had.
 
 Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drain (a
-switch, a checkpoint, a stop, a rejoin, the end of the phase) or a command. The PS
-finishes the round in flight and releases nothing more; the marker saying so ends the
-pilot, and outside a drain the policy grants again (which may start a new pilot). The
+switch, a checkpoint, a stop, a rejoin, the end of the phase), a command, or a decision
+the steady round does not make (a straggler policy that detects a straggler or reaches
+its switch point: its ``steady_round`` holds only while it sees none). The PS finishes
+the round in flight and releases nothing more; the marker saying so ends the pilot, and
+outside a drain the halting decision is carried out then, or else the policy grants
+again (either may start a new pilot). So a straggler policy's reaction comes a round
+later than on the coordinator's rounds: the round in flight, the straggler's step in it,
+closes first. The
 number of rounds asked for ends exactly at the phase's workload, or at the update a
 periodic checkpoint is due (``checkpoint_every``), which the engine then takes, as the
 coordinator's own loop would. A lost worker leaves the round in flight unfinished: what the PS applied
@@ -33,6 +38,7 @@ is what the coordinator counted (rows reach it only after their round was applie
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -77,6 +83,7 @@ class Pilot:
         self.grants = ()         # the grants the PS makes at each round's end
         self.rounds = 0          # rounds the PS closed, over the run
         self.halting = False
+        self.deferred: Decision | None = None   # a decision that halted the rounds, carried out after them
         self.version = 0         # of the sizes last set on the PS (set_sizes); only grows
         self.sized: dict[int, tuple] = {}   # version -> the grants of those sizes
         self.released_at: dict[int, float] = {}   # round -> when the PS released it (its clock)
@@ -100,6 +107,7 @@ class Pilot:
         gen = self.loop.lifecycle.current
         self.epoch += 1
         self.active, self.halting, self.grants = True, False, tuple(decision.grants)
+        self.deferred = None
         self.sized = {self.version: self.grants}   # (sizes the PS holds from an earlier call are older)
         self.released_at = {}
         if self.loop.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
@@ -131,14 +139,18 @@ class Pilot:
         a round; at its end, the steady round again, whose new batch sizes go to the PS.
         New sizes of another total halt the rounds (their number was counted from the
         total): the policy grants again after the round in flight, as after a command.
-        A decision that changes more (members, modes, anything besides grants and the
-        barrier) halts them too, with a warning: its policy's ``steady_round`` promised
-        none, and it is not carried out (the policy decides afresh after the halt)."""
+        A decision that changes more (members, modes, the rate: a straggler policy's
+        detection or planned switch) halts them too, and is carried out once the round in
+        flight has closed (``observe``); said with a warning where the policy's
+        ``steady_round`` still promises no change."""
         if decision == NOTHING or self.halting:
             return
         if decision != Decision(decision.grants, barrier=True) or _same(decision.grants) != _same(self.grants):
-            logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
-                           self.loop.policy.name, decision)
+            e = self.loop
+            if e.policy.steady_round(e.view()) is not None:
+                logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
+                               e.policy.name, decision)
+            self.deferred = decision
             self.halt()
             return
         if _total(decision.grants) != _total(self.grants):
@@ -179,9 +191,15 @@ class Pilot:
         if released:
             return
         self.active = False
-        if not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end \
-                and not e.log.checkpoint_due(e.checkpoint_every):
-            e.apply(e.policy.start(e.view()))   # halted for a command: the policy grants again
+        deferred, self.deferred = self.deferred, None
+        go_on = not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end \
+            and not e.log.checkpoint_due(e.checkpoint_every)
+        if deferred is not None:   # (its barrier is the round the PS closed; its grants only if training goes on)
+            e.apply(deferred if go_on else dataclasses.replace(deferred, grants=()))
+        if go_on and e.in_flight() == 0:
+            # halted for a command, or the halting decision granted nothing (it came within
+            # a round whose end, on the coordinator, would have granted): the policy grants again
+            e.apply(e.policy.start(e.view()))
 
     def turnaround(self, row) -> float | None:
         """A push of a round the PS released: from that release to the push's landing,
@@ -198,10 +216,12 @@ class Pilot:
 
     def abandon(self) -> None:
         """The generation is going (a lost worker or PS): a round the PS applied but whose
-        marker was not seen yet is closed in the ledger too; nothing more is expected."""
+        marker was not seen yet is closed in the ledger too; nothing more is expected (a
+        halting decision not yet carried out goes with it: the recovery's policy start
+        decides again)."""
         if self.active and self.loop.ledger.pending_workers:
             self.loop.ledger.apply(Decision(barrier=True), time.time())
-        self.active = False
+        self.active, self.deferred = False, None
 
     def rows(self, decision: Decision, seqs) -> tuple[np.ndarray, int]:
         """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""

@@ -139,7 +139,16 @@ class _StragglerAware(Policy):
         if self.state == "bsp":
             d = self.bsp.start(view)
             return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("bsp"))
-        return self.asp.start(view)
+        d = self.asp.start(view)
+        return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("asp"))
+
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        """BSP's steady round while it runs BSP and sees no straggler, before its switch
+        point: the PS may run those rounds (tfsync.engine.pilot); a detection or the switch
+        point halts them after the round in flight, and the decision is carried out then."""
+        if self.state != "bsp" or self.detector.stragglers or self.budget_done(view):
+            return None
+        return self.bsp.steady_round(view)
 
     def max_batch(self, workers: int) -> int:
         return max(self.bsp.max_batch(workers), self.asp.max_batch(workers))
@@ -274,6 +283,9 @@ class ElasticStragglerPolicy(_StragglerAware):
         if remove and self.readmit_after_s is not None:
             wake = view.now + self.readmit_after_s
         return Decision(d.grants, d.barrier, remove=remove, restore=restore, wake_at=wake)
+
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        return None if self.removed else super().steady_round(view)   # (every worker in)
 
     def _changes(self, view: ClusterView) -> tuple[frozenset[int], frozenset[int]]:
         stragglers = self.detector.stragglers
