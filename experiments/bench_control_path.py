@@ -149,6 +149,23 @@ def fit_chief(job: str, steps: int, spe: int) -> int:
     return 0
 
 
+def on_two_nodes(name: str, latency_ms: float, argvs):
+    """Each chief command of ``argvs`` on fresh task servers of a testbed of one PS node
+    and the chief's node, ``latency_ms`` one-way each; yields (the round trip between
+    them in ms, the chief's last line as JSON)."""
+    bed = testbed_bench.up(name, nodes=2, latency_ms=latency_ms)
+    try:
+        cluster, rtt = spec(bed, 1), round_trip_ms(bed)
+        print(f"{latency_ms:g} ms one-way: round trip {rtt:.1f} ms", flush=True)
+        with testbed_bench.work_dir(None) as work:
+            for argv in argvs:
+                with task_servers(bed, cluster, work):
+                    out = chief(bed, cluster, argv, work)
+                yield rtt, json.loads(out.strip().splitlines()[-1])
+    finally:
+        bed.down()
+
+
 def round_trip_ms(bed, samples: int = 50) -> float:
     """Median TCP request/response time from node c to n1 through the relay."""
     server = subprocess.Popen(bed.command("n1", [sys.executable, "-c", (

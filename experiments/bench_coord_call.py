@@ -208,28 +208,17 @@ def main(argv=None) -> int:
         print(json.dumps(chief(args.chief[0], int(args.chief[1]))), flush=True)
         return 0
     import testbed_bench
-    from bench_control_path import chief as run_chief
-    from bench_control_path import round_trip_ms, spec, task_servers
+    from bench_control_path import on_two_nodes
 
-    bed = testbed_bench.up("coordcall", nodes=2, latency_ms=args.latency)
     rows = []
-    try:
-        cluster, rtt = spec(bed, 1), round_trip_ms(bed)
-        print(f"{args.latency:g} ms one-way: round trip {rtt:.1f} ms", flush=True)
-        with testbed_bench.work_dir(None) as work:
-            for variant in VARIANTS:
-                with task_servers(bed, cluster, work):
-                    out = run_chief(bed, cluster, [sys.executable, os.path.abspath(__file__), "--chief", variant,
-                                                   str(args.calls)], work)
-                r = json.loads(out.strip().splitlines()[-1])
-                rows.append({"latency_ms": args.latency, "rtt_ms": round(rtt, 2), "variant": variant,
-                             **{k: round(v, 2) for k, v in r.items()},
-                             **{k.replace("_ms", "_rtt"): round(v / rtt, 2) for k, v in r.items() if k.endswith("_ms")}})
-                print(f"  {variant:<20} drain (rows waiting) {r['drain_waiting_rows_ms']:6.1f} ms, "
-                      f"drain from the enqueue {r['drain_from_enqueue_ms']:6.1f} ms, release {r['release_ms']:6.1f} ms",
-                      flush=True)
-    finally:
-        bed.down()
+    argvs = [[sys.executable, os.path.abspath(__file__), "--chief", variant, str(args.calls)] for variant in VARIANTS]
+    for variant, (rtt, r) in zip(VARIANTS, on_two_nodes("coordcall", args.latency, argvs)):
+        rows.append({"latency_ms": args.latency, "rtt_ms": round(rtt, 2), "variant": variant,
+                     **{k: round(v, 2) for k, v in r.items()},
+                     **{k.replace("_ms", "_rtt"): round(v / rtt, 2) for k, v in r.items() if k.endswith("_ms")}})
+        print(f"  {variant:<20} drain (rows waiting) {r['drain_waiting_rows_ms']:6.1f} ms, "
+              f"drain from the enqueue {r['drain_from_enqueue_ms']:6.1f} ms, release {r['release_ms']:6.1f} ms",
+              flush=True)
     testbed_bench.write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.csv and .png")

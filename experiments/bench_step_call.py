@@ -140,28 +140,18 @@ def main(argv=None) -> int:
         print(json.dumps(chief(args.chief[0], int(args.chief[1]), int(args.chief[2]))), flush=True)
         return 0
     import testbed_bench
-    from bench_control_path import chief as run_chief
-    from bench_control_path import round_trip_ms, spec, task_servers
+    from bench_control_path import on_two_nodes
 
-    bed = testbed_bench.up("stepcall", nodes=2, latency_ms=args.latency)
     rows = []
-    try:
-        cluster, rtt = spec(bed, 1), round_trip_ms(bed)
-        print(f"{args.latency:g} ms one-way: round trip {rtt:.1f} ms", flush=True)
-        with testbed_bench.work_dir(None) as work:
-            for size in (int(r) for r in args.rows.split(",")):
-                for variant in VARIANTS:
-                    with task_servers(bed, cluster, work):
-                        out = run_chief(bed, cluster, [sys.executable, os.path.abspath(__file__), "--chief", variant,
-                                                       str(args.steps), str(size)], work)
-                    r = json.loads(out.strip().splitlines()[-1])
-                    rows.append({"latency_ms": args.latency, "rtt_ms": round(rtt, 2), "weights_mb": round(size * 256 / 1e6, 2),
-                                 "variant": variant, **{k: round(v, 2) for k, v in r.items()},
-                                 "round_trips_per_step": round(r["step_ms"] / rtt, 2)})
-                    print(f"  {rows[-1]['weights_mb']:5.2f} MB  {variant:<28} a step {r['step_ms']:6.1f} ms "
-                          f"({rows[-1]['round_trips_per_step']:.2f} round trips)", flush=True)
-    finally:
-        bed.down()
+    runs = [(int(size), variant) for size in args.rows.split(",") for variant in VARIANTS]
+    argvs = [[sys.executable, os.path.abspath(__file__), "--chief", variant, str(args.steps), str(size)]
+             for size, variant in runs]
+    for (size, variant), (rtt, r) in zip(runs, on_two_nodes("stepcall", args.latency, argvs)):
+        rows.append({"latency_ms": args.latency, "rtt_ms": round(rtt, 2), "weights_mb": round(size * 256 / 1e6, 2),
+                     "variant": variant, **{k: round(v, 2) for k, v in r.items()},
+                     "round_trips_per_step": round(r["step_ms"] / rtt, 2)})
+        print(f"  {rows[-1]['weights_mb']:5.2f} MB  {variant:<28} a step {r['step_ms']:6.1f} ms "
+              f"({rows[-1]['round_trips_per_step']:.2f} round trips)", flush=True)
     testbed_bench.write_csv(args.out + ".csv", rows)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.csv and .png")

@@ -202,3 +202,17 @@ def test_the_ps_may_run_the_rounds_only_while_no_straggler_is_seen(make):
     assert policy.steady_round(view()) is not None
     policy.state = "asp"
     assert policy.steady_round(view()) is None and policy.start(view()).lr_scale == 1.0
+
+
+def test_elastic_removes_a_straggler_once_while_the_membership_lags():
+    """A removal waits for the PS's round in flight (tfsync.engine.pilot): until it is
+    carried out the view still lists the worker as a member; the policy removes it once
+    (one record, its first time kept for the readmission), not at every push."""
+    from tfsync.policy.base import ClusterView
+
+    policy = ElasticStragglerPolicy(detector())
+    policy.detector._stragglers.add(2)   # (as a detection leaves it)
+    first = policy._changes(ClusterView(3, (5, 5, 4), (5, 5, 5), now=10.0))
+    again = policy._changes(ClusterView(3, (6, 6, 4), (6, 6, 5), now=10.2))
+    assert first == (frozenset({2}), frozenset()) and again == (frozenset(), frozenset())
+    assert policy.removed == {2: 10.0} and policy.stats()["removals"] == 1

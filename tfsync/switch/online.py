@@ -299,7 +299,10 @@ class ElasticStragglerPolicy(_StragglerAware):
             del self.removed[w]
             self.detector.forget(w)
         limit = len(view.members) - 1 if self.max_removed is None else self.max_removed - len(self.removed)
-        remove = [w for w in sorted(stragglers) if w in view.members and w not in restore][:max(limit, 0)]
+        # (a worker removed already is left alone: the membership in the view lags while the
+        # removal waits for the PS's round in flight, tfsync.engine.pilot)
+        remove = [w for w in sorted(stragglers)
+                  if w in view.members and w not in restore and w not in self.removed][:max(limit, 0)]
         for w in remove:
             self.removed[w] = view.now
         self._log(view, "remove", remove)
