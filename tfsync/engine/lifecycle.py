@@ -225,9 +225,9 @@ class Lifecycle:
             while gen.standing > 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             gen.control.close_finished()
-        gen.links.close()
         for _ in range(STANDING_PER_WORKER * self.workers + 1):
             self._fetch_q.put(None)  # fetchers still waiting on a closure stay blocked (daemons)
+        gen.links.close()
         gen.close()
         cluster = gen.cluster
         del gen

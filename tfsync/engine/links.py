@@ -36,13 +36,15 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import cancellation   # (as ClusterCoordinator cancels its closures)
 
+from ..base.exits import TfsyncError
 from .control import ROW_LEN, TOKEN_LEN, PSControl, remote_call
 
 logger = logging.getLogger(__name__)
 
 
-class LinkClosed(RuntimeError):
+class LinkClosed(TfsyncError, RuntimeError):
     """A link was closed before its loop failed (the generation is closing)."""
 
 
@@ -74,8 +76,9 @@ class Links:
                 return i + 1
 
         function = lambda fn: tf.function(fn, autograph=False).get_concrete_function()  # noqa: E731
-        self._loops = ((function(lambda: forever(receive)), self.inbox, False),
-                       (function(lambda: forever(transmit)), self.answers, True))
+        self._cancel = cancellation.CancellationManager()
+        self._loops = ((self._cancel.get_cancelable_function(function(lambda: forever(receive))), self.inbox, False),
+                       (self._cancel.get_cancelable_function(function(lambda: forever(transmit))), self.answers, True))
         self._take = function(lambda: self.inbox.dequeue_many(tf.maximum(self.inbox.size(), 1)))
 
     def start(self) -> None:
@@ -108,9 +111,9 @@ class Links:
             raise self.error or LinkClosed("the generation's links are closed") from e
 
     def close(self) -> None:
-        """End the outgoing loop (the incoming one ends when the PS's queue closes or the PS goes)."""
-        _close(self.outbox, True)
-        _close(self.answers, True)
+        """End both loops (cancelled: no eager op, which can wait on a coordinator whose
+        cluster has a task it cannot reach); what waits on them then fails."""
+        self._cancel.start_cancel()
 
 
 def _close(queue, cancel: bool) -> None:
