@@ -17,7 +17,9 @@ from helpers import DATA, kill_worker, linear_job, records, wait_for
 pytestmark = pytest.mark.cluster
 
 MAIN = linear_job("seen", {"name": "bsp", "until": 0.5}, "asp", epochs=2, eval_every=40, checkpoint_every=60)
-LBBSP_RESTART = linear_job("lb-restart", {"name": "lbbsp", "predictor": "ema", "until": 0.5}, "asp", epochs=3,
+# (6 epochs: an LB-BSP phase long enough, at the engine's speed, that the worker killed
+# after its first 10 steps dies in it, not at or after the restart switch)
+LBBSP_RESTART = linear_job("lb-restart", {"name": "lbbsp", "predictor": "ema", "until": 0.5}, "asp", epochs=6,
                            extra='[switch]\nmethod = "restart"\n')
 
 FIGURES = {"loss", "timeline", "workers", "switches"}
