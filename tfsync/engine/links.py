@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 class LinkClosed(TfsyncError, RuntimeError):
-    """A link was closed before its loop failed (the generation is closing)."""
+    """A link's queue was closed with no failure of its loop recorded."""
 
 
 class Links:
@@ -60,7 +60,7 @@ class Links:
             send = control.send.get_concrete_function()
 
         def forever(body):
-            return tf.while_loop(lambda i: True, lambda i: body(i), [tf.constant(0)])
+            return tf.while_loop(lambda i: True, body, [tf.constant(0)])
 
         def receive(i):
             rows = remote_call(control.device, drain, [])[0]
@@ -92,7 +92,7 @@ class Links:
             logger.debug("a link to the PS ended: %s", e)
             if self.error is None:
                 self.error = e
-        _close(out, cancel)
+        out.close(cancel_pending_enqueues=cancel)
 
     def rows(self) -> np.ndarray:
         """Every row drained and not yet read, at least one (waits for one)."""
@@ -114,10 +114,3 @@ class Links:
         """End both loops (cancelled: no eager op, which can wait on a coordinator whose
         cluster has a task it cannot reach); what waits on them then fails."""
         self._cancel.start_cancel()
-
-
-def _close(queue, cancel: bool) -> None:
-    try:
-        queue.close(cancel_pending_enqueues=cancel)
-    except tf.errors.CancelledError:   # closed already
-        pass
