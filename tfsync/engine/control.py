@@ -158,6 +158,9 @@ class PSControl:
                                            name="finished_steps")
             self.accumulator = tf.compat.v1.ConditionalAccumulator(
                 tf.float32, shape=[sum(self.sizes) + 1], name="bsp_accumulator")
+            # the number of the next drain's rows; held by the drain taking rows (drain)
+            self.drain_turn = tf.queue.FIFOQueue(1, [tf.int64], shapes=[[]], name="drain_turn")
+            self.drain_turn.enqueue(tf.constant(0, tf.int64))
             self.round_rows = tf.queue.FIFOQueue(capacity * max(num_workers, 1), [tf.float64], shapes=[[ROW_LEN]],
                                                  name="round_steps")
             self.halted = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="rounds_halted")
@@ -228,16 +231,27 @@ class PSControl:
                 return self._release(tokens)
 
     def _drain(self):
-        """Every finished step's row on the queue, at least one (blocks until there is one;
-        the coordinator is the queue's only reader, so the count read first is there)."""
+        """``(number, rows)``: every finished step's row on the queue, at least one (blocks
+        until there is one). Several drains may wait at once: they take turns (the turn
+        queue holds the next number), so each takes a whole batch, and ``number`` orders
+        the batches (0, 1, ...)."""
         with tf.device(self.device):
-            return self.done.dequeue_many(tf.maximum(self.done.size(), 1))
+            number = self.drain_turn.dequeue()
+            with tf.control_dependencies([number]):
+                first = self.done.dequeue()
+            with tf.control_dependencies([first]):   # the rest: there now, taken at once
+                rest = self.done.dequeue_many(self.done.size())
+            with tf.control_dependencies([rest]):
+                passed = self.drain_turn.enqueue(number + 1)
+            with tf.control_dependencies([passed]):
+                return tf.identity(number), tf.concat([first[None], rest], 0)
 
     def _close_finished(self):
         """End a ``drain`` and ``rounds`` that wait (they fail with OutOfRangeError)."""
         with tf.device(self.device):
             self.done.close(cancel_pending_enqueues=True)
             self.round_rows.close(cancel_pending_enqueues=True)
+            self.drain_turn.close(cancel_pending_enqueues=True)
             return tf.constant(True)
 
     def _set_sizes(self, sizes):

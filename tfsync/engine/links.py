@@ -19,14 +19,15 @@ round trip after the PS queued it (12 ms), a release is answered in one (23 ms).
   order with the engine's other PS calls (tfsync.engine.channel).
 
 A loop that fails (the PS died, the generation closed) closes its queue on the
-coordinator: the rows it drained before are still read, then ``rows`` or ``send`` raises
+coordinator: the rows drained before are still read, then ``rows`` or ``send`` raises
 the loop's error.
 
-One drain waits on the PS at a time. A row queued while the last drain's answer travels
-waits for the next drain to arrive: up to a round trip more (a BSP round's pushes land
-within a few milliseconds, so the coordinator sees the first alone and the others a round
-trip later). Two drains waiting at once, ordered by a number the PS gives each, would
-close that gap; tried on 2026-11-28, the second drain's rows never came (not found why).
+Several receive loops wait on the PS at once (``RECEIVERS``). With one, a row queued
+while the last drain's answer travels waited for the next drain to arrive, up to a round
+trip more: a BSP round's pushes land within a few milliseconds, so the coordinator saw
+the first alone and the others a round trip later. The drains take turns on the PS, each
+taking every row there (``PSControl.drain``), and number their batches; ``rows`` hands
+the batches on in that order (a batch can overtake another on the way back).
 """
 
 from __future__ import annotations
@@ -39,20 +40,46 @@ import tensorflow as tf
 from tensorflow.python.eager import cancellation   # (as ClusterCoordinator cancels its closures)
 
 from ..base.exits import TfsyncError
-from .control import ROW_LEN, TOKEN_LEN, PSControl, remote_call
+from .control import TOKEN_LEN, PSControl, remote_call
 
 logger = logging.getLogger(__name__)
+
+RECEIVERS = 4   # drains waiting on the PS at once
 
 
 class LinkClosed(TfsyncError, RuntimeError):
     """A link's queue was closed with no failure of its loop recorded."""
 
 
+class InOrder:
+    """Numbered batches of rows handed on in their numbers' order, 0, 1, ..., whatever
+    order they come in."""
+
+    def __init__(self):
+        self._batches: dict[int, np.ndarray] = {}   # come, not yet handed on
+        self._next = 0   # the number of the batch handed on next
+
+    def add(self, number: int, rows: np.ndarray) -> None:
+        self._batches[number] = rows
+
+    def ready(self) -> list[np.ndarray]:
+        """The batches that can be handed on now, in order (none while the next is missing)."""
+        out = []
+        while self._next in self._batches:
+            out.append(self._batches.pop(self._next))
+            self._next += 1
+        return out
+
+    def rest(self) -> list[np.ndarray]:
+        """Every batch held, in order, gaps and all (the batches missing will not come)."""
+        return [self._batches.pop(number) for number in sorted(self._batches)]
+
+
 class Links:
     def __init__(self, control: PSControl, capacity: int = 1 << 20):
         self.error: BaseException | None = None   # the first loop's failure
-        # on the coordinator (no device scope: its own CPU)
-        self.inbox = tf.queue.FIFOQueue(capacity, [tf.float64], shapes=[[ROW_LEN]], name="drained_rows")
+        # on the coordinator (no device scope: its own CPU): (number, rows) of each drain
+        self.inbox = tf.queue.FIFOQueue(capacity, [tf.int64, tf.float64], name="drained_rows")
         self.outbox = tf.queue.FIFOQueue(16, [tf.int32, tf.int64], name="control_packets")   # (k, tokens)
         self.answers = tf.queue.FIFOQueue(16, [tf.bool], shapes=[[]], name="control_answers")
         with tf.device(control.device):
@@ -63,8 +90,7 @@ class Links:
             return tf.while_loop(lambda i: True, body, [tf.constant(0)])
 
         def receive(i):
-            rows = remote_call(control.device, drain, [])[0]
-            with tf.control_dependencies([self.inbox.enqueue_many(rows)]):
+            with tf.control_dependencies([self.inbox.enqueue(remote_call(control.device, drain, []))]):
                 return i + 1
 
         def transmit(i):
@@ -77,9 +103,12 @@ class Links:
 
         function = lambda fn: tf.function(fn, autograph=False).get_concrete_function()  # noqa: E731
         self._cancel = cancellation.CancellationManager()
-        self._loops = ((self._cancel.get_cancelable_function(function(lambda: forever(receive))), self.inbox, False),
-                       (self._cancel.get_cancelable_function(function(lambda: forever(transmit))), self.answers, True))
-        self._take = function(lambda: self.inbox.dequeue_many(tf.maximum(self.inbox.size(), 1)))
+        loop = lambda body: self._cancel.get_cancelable_function(function(lambda: forever(body)))  # noqa: E731
+        # (a function of its own for each receive loop: none shares its runs with another's)
+        self._loops = [(loop(receive), self.inbox, False) for _ in range(RECEIVERS)] + [
+            (loop(transmit), self.answers, True)]
+        self._order = InOrder()
+        self._take = function(self.inbox.dequeue)
 
     def start(self) -> None:
         for loop, out, cancel in self._loops:
@@ -92,14 +121,23 @@ class Links:
             logger.debug("a link to the PS ended: %s", e)
             if self.error is None:
                 self.error = e
-        out.close(cancel_pending_enqueues=cancel)
+        try:
+            out.close(cancel_pending_enqueues=cancel)
+        except tf.errors.CancelledError:   # closed by another receive loop
+            pass
 
     def rows(self) -> np.ndarray:
-        """Every row drained and not yet read, at least one (waits for one)."""
-        try:
-            return self._take().numpy()
-        except tf.errors.OutOfRangeError as e:
-            raise self.error or LinkClosed("the generation's links are closed") from e
+        """The rows drained and not yet read that the PS queued before any still on their
+        way, at least one, in the PS's order (waits for one)."""
+        while not (ready := self._order.ready()):
+            try:
+                number, rows = self._take()
+            except tf.errors.OutOfRangeError as e:
+                if held := self._order.rest():   # what came before the loops ended
+                    return np.concatenate(held)
+                raise self.error or LinkClosed("the generation's links are closed") from e
+            self._order.add(int(number), rows.numpy())
+        return np.concatenate(ready)
 
     def send(self, num_required: int, tokens: np.ndarray) -> None:
         """Apply the round of ``num_required`` pushes (0: none), then release ``tokens``
