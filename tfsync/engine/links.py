@@ -104,7 +104,8 @@ class Links:
         function = lambda fn: tf.function(fn, autograph=False).get_concrete_function()  # noqa: E731
         self._cancel = cancellation.CancellationManager()
         loop = lambda body: self._cancel.get_cancelable_function(function(lambda: forever(body)))  # noqa: E731
-        # (a function of its own for each receive loop: none shares its runs with another's)
+        # (a function of its own for each receive loop: while the four ran one function, one
+        # test run crashed in it when the PS died; the cause was not found)
         self._loops = [(loop(receive), self.inbox, False) for _ in range(RECEIVERS)] + [
             (loop(transmit), self.answers, True)]
         self._order = InOrder()
