@@ -600,3 +600,20 @@ def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_probl
             engine.loop.checkpoint("periodic")
     finally:
         engine.close()
+
+
+def test_records_a_policy_can_wait_for_are_drained_in_batches_and_none_is_lost(tiny_problem, tmp_path):
+    """A policy that can wait for its records (``patience``, ASP's) has them drained in
+    batches: one drain every ``patience`` seconds takes every row queued meanwhile. Every
+    step is still recorded, once and in each worker's order."""
+    class Patient(ASP):
+        def patience(self, view):
+            return 0.3
+
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(Patient(FixedSizer([8, 8])))], total_samples=2400)
+    recs = _records(tmp_path)
+    assert summary["pushes"] == len(recs) and summary["samples"] >= 2400
+    steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
+    assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
+    assert summary["rows_per_drain"] >= 3, summary["rows_per_drain"]

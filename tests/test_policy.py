@@ -91,3 +91,24 @@ def test_configuration_policy_follows_sync_switch():
     assert ConfigPolicy(momentum="zero").hyper("asp", 4, 64, 0.9, after_switch=True).momentum == 0.0
     with pytest.raises(ValueError, match="switch.momentum"):
         ConfigPolicy(momentum="nope")
+
+
+def test_asp_lets_its_records_wait_a_quarter_of_its_queue_and_other_policies_none():
+    """ASP's records may wait (the engine drains them in batches) for a quarter of the time
+    a worker's queue of ``depth`` steps lasts, at most MAX_PATIENCE_S; a policy that
+    decides at each push waits for none."""
+    from tfsync.policy.asp import MAX_PATIENCE_S
+    from tfsync.policy.base import Push
+
+    def view(starts):   # two workers, steps starting at these times
+        history = [Push(w, 0, 8, start=t, end=t + 0.001, arrival=t + 0.002, loss=0.0)
+                   for w, t in starts]
+        return ClusterView(2, (0, 0), (0, 0), history=history)
+
+    asp = P.get("asp", depth=8)
+    assert asp.patience(view([])) == 0.0 and asp.patience(view([(0, 1.0), (1, 1.0)])) == 0.0
+    steps = [(w, 1.0 + 0.004 * i) for i in range(10) for w in (0, 1)]   # 4 ms a step
+    assert asp.patience(view(steps)) == pytest.approx(8 * 0.004 / 4)
+    slow = [(w, 1.0 + 0.5 * i) for i in range(10) for w in (0, 1)]
+    assert asp.patience(view(slow)) == MAX_PATIENCE_S
+    assert P.get("bsp").patience(view(steps)) == 0.0 and P.get("ssp", staleness=2).patience(view(steps)) == 0.0

@@ -201,8 +201,8 @@ class PSControl:
         """Put a finished step's row on the PS's queue (after its push: the row depends on
         it); a ROUND step's on the round queue, which ``rounds`` passes on."""
         with tf.device(self.device):
-            return tf.cond(mode == MODE_ROUND, lambda: _enqueued(self.round_rows, row),
-                           lambda: _enqueued(self.done, row))
+            return tf.cond(mode == MODE_ROUND, lambda: enqueued(self.round_rows, row),
+                           lambda: enqueued(self.done, row))
 
     # -- coordinator side -----------------------------------------------------------------
     def _release(self, tokens):
@@ -351,7 +351,7 @@ class _OnPS:
             return self._function(*args)
 
 
-def _enqueued(queue, row):
+def enqueued(queue, row):
     with tf.control_dependencies([queue.enqueue(row)]):
         return tf.constant(True)
 

@@ -54,6 +54,7 @@ class Lifecycle:
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
         self.results: queue.Queue = queue.Queue()   # (generation, value, error)
+        self.drained = [0, 0]   # the links' batches of finished steps handed on, and their rows
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
         self._lock = threading.Lock()   # the current generation, and closure counts
@@ -161,14 +162,13 @@ class Lifecycle:
         return gen, timings
 
     def _stand(self) -> None:
-        """Every worker's standing closures, the threads that wait on them, and the thread
-        that drains finished steps."""
+        """Every worker's standing closures, the threads that wait on them, and the links
+        that hand finished steps on."""
         gen, self._fetch_q = self.current, queue.Queue()
         for i in range(STANDING_PER_WORKER * self.workers + 1):  # one per standing closure
             threading.Thread(target=self._fetcher, args=(gen, self._fetch_q), daemon=True,
                              name=f"tfsync-fetch-{i}").start()
-        gen.links.start()
-        threading.Thread(target=self._drainer, args=(gen,), daemon=True, name="tfsync-drain").start()
+        gen.links.start(lambda rows: self._arrived(gen, rows), lambda e: self._links_ended(gen, e))
         for _ in range(STANDING_PER_WORKER * self.workers):
             self._schedule(gen, self._fetch_q)
 
@@ -198,16 +198,15 @@ class Lifecycle:
                 except Exception as e:  # (the coordinator holds a failure of another closure)
                     self.results.put((gen, None, e))
 
-    def _drainer(self, gen) -> None:
-        while True:
-            try:
-                rows = gen.links.rows()
-            except Exception as e:
-                if gen is self.current:
-                    self.results.put((gen, None, e))  # e.g. the PS died: reported by the engine loop
-                return
-            for row in rows:
-                self.results.put((gen, row, None))
+    def _arrived(self, gen, rows) -> None:
+        self.drained[0] += 1
+        self.drained[1] += len(rows)
+        for row in rows:
+            self.results.put((gen, row, None))
+
+    def _links_ended(self, gen, error: BaseException) -> None:
+        if gen is self.current:
+            self.results.put((gen, None, error))  # e.g. the PS died: reported by the engine loop
 
     def close(self, kill: bool = True) -> None:
         """Stop the current generation: at once (``kill``), or after ending every standing

@@ -12,35 +12,49 @@ when it starts; a turn then costs one round trip: a row reaches the coordinator 
 round trip after the PS queued it (12 ms), a release is answered in one (23 ms).
 
 - in: a loop drains the PS's queue of finished steps (``PSControl.drain``, which waits
-  for a row) into a queue on the coordinator, which ``rows`` reads;
+  for a row) and hands the rows to the engine from the loop itself (``on_rows``, called
+  through ``tf.numpy_function``: no queue on the coordinator for a Python thread to call
+  a function on, which cost a fifth of the coordinator's CPU on a fast model);
 - out: ``send(k, tokens)`` puts a packet on a queue on the coordinator, and a loop takes
   it and calls ``PSControl.send`` on the PS (apply the round of ``k`` pushes if k > 0,
-  then release the tokens); ``send`` returns once the PS has answered, so packets stay in
-  order with the engine's other PS calls (tfsync.engine.channel).
+  then release the tokens); ``send`` returns once the PS has answered (the loop says so
+  through ``tf.numpy_function``), so packets stay in order with the engine's other PS
+  calls (tfsync.engine.channel).
 
-A loop that fails (the PS died, the generation closed) closes its queue on the
-coordinator: the rows drained before are still read, then ``rows`` or ``send`` raises
-the loop's error.
+When a receive loop fails (the PS died, the generation closed), the rows handed on
+before stand, the batches held for an earlier one are handed on, and ``on_end`` is told
+the loop's error, once; ``send`` then raises it.
 
 Several receive loops wait on the PS at once (``RECEIVERS``). With one, a row queued
 while the last drain's answer travels waited for the next drain to arrive, up to a round
 trip more: a BSP round's pushes land within a few milliseconds, so the coordinator saw
 the first alone and the others a round trip later. The drains take turns on the PS, each
-taking every row there (``PSControl.drain``), and number their batches; ``rows`` hands
-the batches on in that order (a batch can overtake another on the way back).
+taking every row there (``PSControl.drain``), and number their batches; ``on_rows`` gets
+the batches in that order (a batch can overtake another on the way back).
+
+A drain that hands on one row costs the coordinator about 1 ms of CPU (the remote call,
+the loop's turn, the handing on): on a model of a few milliseconds a step on two shared
+cores, that CPU is the workers'. Where the running policy can wait for its records
+(``Policy.patience``: ASP, whose steps are granted ahead), the links *linger*: one drain
+at a time, each started ``linger`` seconds after the last (a permit on a queue here that
+a pacing thread puts there), taking every row queued meanwhile. Each receive loop takes a
+permit before its drain; while the links do not linger, a loop puts its permit back
+after the drain, so every loop waits on the PS at once.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import cancellation   # (as ClusterCoordinator cancels its closures)
 
 from ..base.exits import TfsyncError
-from .control import TOKEN_LEN, PSControl, remote_call
+from .control import TOKEN_LEN, PSControl, enqueued, remote_call
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +89,24 @@ class InOrder:
         return [self._batches.pop(number) for number in sorted(self._batches)]
 
 
+_ENDED = object()   # on the answers' queue: the outgoing loop ended
+
+
 class Links:
-    def __init__(self, control: PSControl, capacity: int = 1 << 20):
+    def __init__(self, control: PSControl):
         self.error: BaseException | None = None   # the first loop's failure
-        # on the coordinator (no device scope: its own CPU): (number, rows) of each drain
-        self.inbox = tf.queue.FIFOQueue(capacity, [tf.int64, tf.float64], name="drained_rows")
+        # on the coordinator (no device scope: its own CPU)
         self.outbox = tf.queue.FIFOQueue(16, [tf.int32, tf.int64], name="control_packets")   # (k, tokens)
-        self.answers = tf.queue.FIFOQueue(16, [tf.bool], shapes=[[]], name="control_answers")
+        self._answers: queue.Queue = queue.Queue()   # True per packet the PS answered; _ENDED
+        self._lock = threading.Lock()
+        self._order = InOrder()
+        self._on_rows: Callable[[np.ndarray], None] | None = None
+        self._on_end: Callable[[BaseException], None] | None = None
+        self._ended = False
+        self.linger = 0.0   # seconds between drains (0: every loop drains at once)
+        # a permit per drain (see above): the receive loops put theirs back while not lingering
+        self._permits = tf.queue.FIFOQueue(64, [tf.int32], shapes=[[]], name="drain_permits")
+        self._stopped = threading.Event()
         with tf.device(control.device):
             drain = control.drain.get_concrete_function()
             send = control.send.get_concrete_function()
@@ -90,7 +115,12 @@ class Links:
             return tf.while_loop(lambda i: True, body, [tf.constant(0)])
 
         def receive(i):
-            with tf.control_dependencies([self.inbox.enqueue(remote_call(control.device, drain, []))]):
+            with tf.control_dependencies([self._permits.dequeue()]):
+                number, rows = remote_call(control.device, drain, [])
+            again = tf.numpy_function(self._arrived, [number, rows], tf.bool)   # (not lingering)
+            again.set_shape([])
+            back = tf.cond(again, lambda: enqueued(self._permits, 0), lambda: tf.constant(False))
+            with tf.control_dependencies([back]):
                 return i + 1
 
         def transmit(i):
@@ -98,7 +128,7 @@ class Links:
             k.set_shape([])
             tokens.set_shape([None, TOKEN_LEN + 1])
             done = remote_call(control.device, send, [k, tokens])[0]
-            with tf.control_dependencies([self.answers.enqueue(done)]):
+            with tf.control_dependencies([tf.numpy_function(self._answered, [done], tf.bool)]):
                 return i + 1
 
         function = lambda fn: tf.function(fn, autograph=False).get_concrete_function()  # noqa: E731
@@ -106,50 +136,77 @@ class Links:
         loop = lambda body: self._cancel.get_cancelable_function(function(lambda: forever(body)))  # noqa: E731
         # (a function of its own for each receive loop: while the four ran one function, one
         # test run crashed in it when the PS died; the cause was not found)
-        self._loops = [(loop(receive), self.inbox, False) for _ in range(RECEIVERS)] + [
-            (loop(transmit), self.answers, True)]
-        self._order = InOrder()
-        self._take = function(self.inbox.dequeue)
+        self._loops = [(loop(receive), False) for _ in range(RECEIVERS)] + [(loop(transmit), True)]
 
-    def start(self) -> None:
-        for loop, out, cancel in self._loops:
-            threading.Thread(target=self._run, args=(loop, out, cancel), daemon=True, name="tfsync-link").start()
+    def start(self, on_rows: Callable[[np.ndarray], None], on_end: Callable[[BaseException], None]) -> None:
+        """Run the loops: ``on_rows(rows)`` gets the finished steps' rows the PS queued, at
+        least one at a time, in the PS's order (called from a loop's thread: keep it short);
+        ``on_end(error)`` is called once, after the last rows, when the receive loops end."""
+        self._on_rows, self._on_end = on_rows, on_end
+        self._permits.enqueue_many(tf.zeros([RECEIVERS], tf.int32))
+        for loop, outgoing in self._loops:
+            threading.Thread(target=self._run, args=(loop, outgoing), daemon=True, name="tfsync-link").start()
+        threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer").start()
 
-    def _run(self, loop, out, cancel: bool) -> None:
+    def set_linger(self, seconds: float) -> None:
+        """Drain every ``seconds`` (> 0), one drain at a time, or (0) with every receive
+        loop at once, as soon as a row is queued."""
+        was, self.linger = self.linger, max(float(seconds), 0.0)
+        if was > 0 and self.linger == 0:   # every loop waits on the PS again
+            self._permits.enqueue_many(tf.zeros([max(RECEIVERS - int(self._permits.size()), 0)], tf.int32))
+
+    def _pace(self) -> None:
+        """While the links linger: a permit every ``linger`` seconds, unless one waits."""
+        try:
+            while not self._stopped.wait(self.linger or 0.05):
+                if self.linger > 0 and int(self._permits.size()) == 0:
+                    self._permits.enqueue(0)
+        except Exception as e:  # noqa: BLE001 - the links are closing
+            logger.debug("the links' pacer ended: %s", e)
+
+    def _arrived(self, number, rows) -> np.ndarray:
+        with self._lock:
+            if not self._ended:   # (a loop still running after another ended: the generation is closing)
+                self._order.add(int(number), np.array(rows))   # (its own copy: it is kept)
+                for batch in self._order.ready():
+                    self._on_rows(batch)
+        return np.array(self.linger == 0)
+
+    def _answered(self, done) -> np.ndarray:
+        self._answers.put(True)
+        return np.array(True)
+
+    def _run(self, loop, outgoing: bool) -> None:
         try:
             loop()
-        except Exception as e:  # noqa: BLE001 - reported by rows() and send()
+        except Exception as e:  # noqa: BLE001 - reported by on_end() and send()
             logger.debug("a link to the PS ended: %s", e)
             if self.error is None:
                 self.error = e
-        try:
-            out.close(cancel_pending_enqueues=cancel)
-        except tf.errors.CancelledError:   # closed by another receive loop
-            pass
-
-    def rows(self) -> np.ndarray:
-        """The rows drained and not yet read that the PS queued before any still on their
-        way, at least one, in the PS's order (waits for one)."""
-        while not (ready := self._order.ready()):
-            try:
-                number, rows = self._take()
-            except tf.errors.OutOfRangeError as e:
-                if held := self._order.rest():   # what came before the loops ended
-                    return np.concatenate(held)
-                raise self.error or LinkClosed("the generation's links are closed") from e
-            self._order.add(int(number), rows.numpy())
-        return np.concatenate(ready)
+        if outgoing:
+            self._answers.put(_ENDED)
+            return
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            for batch in self._order.rest():   # what came before the loops ended
+                self._on_rows(batch)
+        self._on_end(self.error or LinkClosed("the generation's links are closed"))
 
     def send(self, num_required: int, tokens: np.ndarray) -> None:
         """Apply the round of ``num_required`` pushes (0: none), then release ``tokens``
         (rows ``[worker, *token]``) on the PS; returns once it has."""
         try:
             self.outbox.enqueue((tf.constant(num_required, tf.int32), tf.constant(tokens, tf.int64)))
-            self.answers.dequeue()
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as e:
             raise self.error or LinkClosed("the generation's links are closed") from e
+        if self._answers.get() is _ENDED:
+            self._answers.put(_ENDED)   # (for the next send)
+            raise self.error or LinkClosed("the generation's links are closed")
 
     def close(self) -> None:
-        """End both loops (cancelled: no eager op, which can wait on a coordinator whose
+        """End the loops (cancelled: no eager op, which can wait on a coordinator whose
         cluster has a task it cannot reach); what waits on them then fails."""
+        self._stopped.set()
         self._cancel.start_cancel()

@@ -59,6 +59,7 @@ class Loop:
         self.draining = False
         self.wake_at: float | None = None  # the policy's next timer
         self.commands_s = 0.0              # time spent taking commands from the controller
+        self.paced_at = 0.0                # when the links were last told the policy's patience
         self.pilot = Pilot(self, enabled=ps_rounds)
         lifecycle.on_close.append(self.pilot.abandon)
 
@@ -148,6 +149,7 @@ class Loop:
                 self.apply(policy.on_timer(self.view()))
                 continue
             push, line = self._record(result, policy)
+            self._pace(policy)
             if self.ledger.samples >= end_samples:  # the workload of this phase is done: drain, grant nothing more
                 self.on_push(push, line)
                 continue
@@ -200,6 +202,15 @@ class Loop:
         return self.log.record(result, policy.name, policy.predicted_speed(int(result[0])),
                                self.pilot.turnaround(result))
 
+    def _pace(self, policy: Policy | None, every_s: float = 0.25) -> None:
+        """Let the links take records in batches as far as ``policy`` can wait for them
+        (``Policy.patience``; None: not at all), asked at most every ``every_s``."""
+        now = time.monotonic()
+        if policy is not None and now < self.paced_at + every_s:
+            return
+        self.paced_at = now
+        self.lifecycle.current.links.set_linger(policy.patience(self.view()) if policy is not None else 0.0)
+
     def _check_live(self, policy: Policy) -> None:
         if self.in_flight() == 0 and self.wake_at is None:
             raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
@@ -208,6 +219,7 @@ class Loop:
         """Wait for every granted step, then apply what the round aggregated."""
         self.policy, self.draining = policy, True
         self.pilot.halt()
+        self._pace(None)   # every record at once: what follows may need them so
         try:
             while self.in_flight() > 0 or self.pilot.active:
                 result = next_result(self)

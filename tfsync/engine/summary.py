@@ -47,6 +47,8 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "init_s": round(t_init, 3),
         "ps_rounds": engine.loop.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
         "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
+        # finished steps' rows (a PS round's marker too) per drain of the PS's queue (tfsync.engine.links)
+        "rows_per_drain": round(engine.lifecycle.drained[1] / max(engine.lifecycle.drained[0], 1), 3),
         "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
         # time the loop spent with the manager's link: its records and events, and taking commands

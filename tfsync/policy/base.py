@@ -295,6 +295,12 @@ class Policy:
         """A ``wake_at`` time has come. Default: nothing."""
         return NOTHING
 
+    def patience(self, view: ClusterView) -> float:
+        """Seconds the records of finished steps may wait before this policy hears of them,
+        so that the engine takes them in batches (0, the default: at once; a policy that
+        decides at each push needs them so). Asked every quarter of a second or so."""
+        return 0.0
+
     def finish(self, view: ClusterView) -> Decision:
         """Training ends: apply whatever is still aggregated."""
         return Decision(barrier=view.pending > 0)
