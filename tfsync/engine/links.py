@@ -44,9 +44,11 @@ after the drain, so every loop waits on the PS at once.
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -107,6 +109,7 @@ class Links:
         # a permit per drain (see above): the receive loops put theirs back while not lingering
         self._permits = tf.queue.FIFOQueue(64, [tf.int32], shapes=[[]], name="drain_permits")
         self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
         with tf.device(control.device):
             drain = control.drain.get_concrete_function()
             send = control.send.get_concrete_function()
@@ -144,9 +147,11 @@ class Links:
         ``on_end(error)`` is called once, after the last rows, when the receive loops end."""
         self._on_rows, self._on_end = on_rows, on_end
         self._permits.enqueue_many(tf.zeros([RECEIVERS], tf.int32))
-        for loop, outgoing in self._loops:
-            threading.Thread(target=self._run, args=(loop, outgoing), daemon=True, name="tfsync-link").start()
-        threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer").start()
+        self._threads = [threading.Thread(target=self._run, args=(loop, outgoing), daemon=True, name="tfsync-link")
+                         for loop, outgoing in self._loops]
+        self._threads.append(threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer"))
+        for t in self._threads:
+            t.start()
 
     def set_linger(self, seconds: float) -> None:
         """Drain every ``seconds`` (> 0), one drain at a time, or (0) with every receive
@@ -166,7 +171,7 @@ class Links:
 
     def _arrived(self, number, rows) -> np.ndarray:
         with self._lock:
-            if not self._ended:   # (a loop still running after another ended: the generation is closing)
+            if not self._ended and self._on_rows is not None:   # (else the generation is closing)
                 self._order.add(int(number), np.array(rows))   # (its own copy: it is kept)
                 for batch in self._order.ready():
                     self._on_rows(batch)
@@ -181,18 +186,19 @@ class Links:
             loop()
         except Exception as e:  # noqa: BLE001 - reported by on_end() and send()
             logger.debug("a link to the PS ended: %s", e)
-            if self.error is None:
-                self.error = e
+            if self.error is None:   # (without its traceback, whose frames would hold these links)
+                self.error = e.with_traceback(None)
         if outgoing:
             self._answers.put(_ENDED)
             return
         with self._lock:
-            if self._ended:
+            if self._ended or self._on_end is None:
                 return
             self._ended = True
+            on_rows, on_end = self._on_rows, self._on_end
             for batch in self._order.rest():   # what came before the loops ended
-                self._on_rows(batch)
-        self._on_end(self.error or LinkClosed("the generation's links are closed"))
+                on_rows(batch)
+        on_end(self._failure())
 
     def send(self, num_required: int, tokens: np.ndarray) -> None:
         """Apply the round of ``num_required`` pushes (0: none), then release ``tokens``
@@ -200,13 +206,31 @@ class Links:
         try:
             self.outbox.enqueue((tf.constant(num_required, tf.int32), tf.constant(tokens, tf.int64)))
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as e:
-            raise self.error or LinkClosed("the generation's links are closed") from e
+            raise self._failure() from e
         if self._answers.get() is _ENDED:
             self._answers.put(_ENDED)   # (for the next send)
-            raise self.error or LinkClosed("the generation's links are closed")
+            raise self._failure()
 
-    def close(self) -> None:
+    def _failure(self) -> BaseException:
+        """The first loop's failure, a copy each time (raised, it takes on the raiser's
+        frames, which must not stay with these links), or LinkClosed."""
+        return copy.copy(self.error) if self.error is not None else LinkClosed("the generation's links are closed")
+
+    def close(self, wait_s: float = 2.0) -> None:
         """End the loops (cancelled: no eager op, which can wait on a coordinator whose
-        cluster has a task it cannot reach); what waits on them then fails."""
+        cluster has a task it cannot reach); what waits on them then fails. Then, once
+        their threads have ended (up to ``wait_s``), let go of the engine's callbacks and
+        the loops' functions, so that they are freed with the generation by the thread
+        that closes it: a numpy_function's graph holds these links, and the callbacks the
+        generation, so a garbage collection in whichever thread ran one later would remove
+        the generation's functions from TensorFlow's context while the next generation's
+        functions run (a suspected cause of a crash in a loop's function call, seen twice
+        in whole test runs; not proven)."""
         self._stopped.set()
         self._cancel.start_cancel()
+        deadline = time.monotonic() + wait_s
+        for t in self._threads:
+            t.join(max(deadline - time.monotonic(), 0.0))
+        with self._lock:
+            self._on_rows = self._on_end = None
+        self._loops = []
