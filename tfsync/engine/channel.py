@@ -94,4 +94,4 @@ class PSChannel:
         try:
             fn()
         except Exception as e:  # reported to the engine's thread by check()/sync()
-            self._error = e
+            self._error = e.with_traceback(None)   # (its frames would hold what the calls hold: the generation)
