@@ -91,6 +91,10 @@ class InOrder:
         return [self._batches.pop(number) for number in sorted(self._batches)]
 
 
+# the loops' functions of every closed generation, never freed: freeing a function removes
+# it from TensorFlow's context, which asks every task, an unreachable one too (a recovery
+# from a partitioned node waited minutes on it); five small functions a generation
+_CLOSED: list = []
 _ENDED = object()   # on the answers' queue: the outgoing loop ended
 
 
@@ -219,13 +223,13 @@ class Links:
     def close(self, wait_s: float = 2.0) -> None:
         """End the loops (cancelled: no eager op, which can wait on a coordinator whose
         cluster has a task it cannot reach); what waits on them then fails. Then, once
-        their threads have ended (up to ``wait_s``), let go of the engine's callbacks and
-        the loops' functions, so that they are freed with the generation by the thread
-        that closes it: a numpy_function's graph holds these links, and the callbacks the
-        generation, so a garbage collection in whichever thread ran one later would remove
-        the generation's functions from TensorFlow's context while the next generation's
-        functions run (a suspected cause of a crash in a loop's function call, seen twice
-        in whole test runs; not proven)."""
+        their threads have ended (up to ``wait_s``), let go of the engine's callbacks, so
+        that the generation is freed when it closes, by the thread that closes it: a
+        numpy_function's graph holds these links, and the callbacks the generation, so a
+        garbage collection in whichever thread ran one later would remove the generation's
+        functions from TensorFlow's context while the next generation's functions run (a
+        suspected cause of a crash in a loop's function call, seen twice in whole test
+        runs; not proven). The loops' functions are kept (``_CLOSED``)."""
         self._stopped.set()
         self._cancel.start_cancel()
         deadline = time.monotonic() + wait_s
@@ -233,4 +237,5 @@ class Links:
             t.join(max(deadline - time.monotonic(), 0.0))
         with self._lock:
             self._on_rows = self._on_end = None
+        _CLOSED.append(self._loops)
         self._loops = []
