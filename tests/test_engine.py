@@ -4,8 +4,6 @@ import json
 import os
 import time
 
-import weakref
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -619,21 +617,3 @@ def test_records_a_policy_can_wait_for_are_drained_in_batches_and_none_is_lost(t
     steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
     assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
     assert summary["rows_per_drain"] >= 3, summary["rows_per_drain"]
-
-
-def test_a_closed_generation_is_freed_when_it_closes(tiny_problem, tmp_path):
-    """The generation a run closes is freed there, by the closing thread (its links let go
-    of it), not left for a later garbage collection in another thread, which would remove
-    its functions from TensorFlow's context while the next generation's functions run."""
-    engine = _engine(tiny_problem, tmp_path)
-    generations = []
-    open_generation = engine.lifecycle.open
-
-    def keep(*args, **kw):
-        out = open_generation(*args, **kw)
-        generations.append(weakref.ref(engine.lifecycle.current))
-        return out
-
-    engine.lifecycle.open = keep
-    engine.run([Phase(ASP(FixedSizer([8, 8])))], total_samples=160)
-    assert generations and all(g() is None for g in generations)
