@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import threading
 import time
@@ -35,8 +36,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from bench_engine import steady_rate  # noqa: E402
-from bench_user_models import native_fit, workload  # noqa: E402
+from bench_user_models import native_fit, tfsync_rate, workload  # noqa: E402
 from testbed_bench import write_csv  # noqa: E402
 
 CONFIGS = ("fit, 32 steps/execution", "tfsync ASP, a drain per record", "tfsync ASP, lingering drains",
@@ -88,21 +88,12 @@ class CpuSampler:
 
 
 def tfsync_run(work, batch: int, steps: int, workers: int, out_dir: str, protocol: str, linger: bool) -> float:
-    import shutil
-
     from tfsync import policy as P
-    from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
 
     policy = P.get(protocol, sizer=P.BatchSizer(batch))
     if not linger:   # its records at once: a drain each
         policy.patience = lambda view: 0.0
-    setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
-                       max_batch_size=batch)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False).run([Phase(policy)],
-                                                                            total_samples=steps * batch)
-    return steady_rate(out_dir)
+    return tfsync_rate(work, protocol, batch, steps, workers, out_dir, policy=policy)
 
 
 def run(config: str, work, batch: int, steps: int, workers: int, out_dir: str) -> dict:
@@ -132,7 +123,6 @@ def main(argv=None) -> int:
             measured[config].append(m)
             print(f"  repeat {rep + 1}: {config:<32} {m['steps_per_s']:7.1f} steps/s, coordinator "
                   f"{m['coordinator']:.2f} cores, tasks {m['tasks']:.2f}", flush=True)
-    import shutil
     shutil.rmtree(os.path.join(args.out, "bench_coordinator_cpu_run"), ignore_errors=True)
     tuned = float(np.median([m["steps_per_s"] for m in measured[CONFIGS[0]]]))
     rows = []

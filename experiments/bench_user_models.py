@@ -99,7 +99,9 @@ def fit_rate(strategy, work, batch: int, steps: int, per_execution: int = 1, dec
     return steps / (times[1] - times[0])
 
 
-def tfsync_rate(work, protocol: str, batch: int, steps: int, workers: int, out_dir: str) -> float:
+def tfsync_rate(work, protocol: str, batch: int, steps: int, workers: int, out_dir: str, policy=None) -> float:
+    """Steps/s of the steady part of a tfsync run of ``protocol`` (or ``policy``, a
+    Policy already made) with ``work``'s model, data, loss and optimizer."""
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
     from tfsync.engine.trainer import Engine, Phase
@@ -108,7 +110,8 @@ def tfsync_rate(work, protocol: str, batch: int, steps: int, workers: int, out_d
                        max_batch_size=batch)
     shutil.rmtree(out_dir, ignore_errors=True)
     engine = Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False)
-    engine.run([Phase(P.get(protocol, sizer=P.BatchSizer(batch)))], total_samples=steps * batch)
+    policy = policy if policy is not None else P.get(protocol, sizer=P.BatchSizer(batch))
+    engine.run([Phase(policy)], total_samples=steps * batch)
     return steady_rate(out_dir)
 
 
