@@ -2,6 +2,8 @@
 (tfsync/engine/tfcompat.py lists them)."""
 
 import inspect
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -104,3 +106,37 @@ def test_reading_answers_a_models_dense_reads_with_the_given_values_and_sums_the
     for g, w in zip(grads, wanted):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
     assert all(getattr(tfcompat._innermost(v), "_cached_value") is None for v in variables)   # restored
+
+
+def test_a_cancellation_cancels_only_the_functions_called_under_it_in_its_own_thread():
+    """TF keeps the cancellation manager of a cancellable call in a module global: a
+    function called in another thread meanwhile ran under it, and a closure of a new
+    generation was cancelled with an old one's links (seen in whole test runs)."""
+
+    from tensorflow.python.eager import cancellation
+
+    tfcompat.cancellation_per_thread()
+    q = tf.queue.FIFOQueue(4, [tf.int32], shapes=[[]])
+    dequeue = tf.function(lambda: q.dequeue(), autograph=False).get_concrete_function()
+    manager = cancellation.CancellationManager()
+    entered, outcome = threading.Event(), {}
+
+    def waits_under_the_manager():
+        try:
+            manager.get_cancelable_function(lambda: (entered.set(), dequeue())[1])()
+        except tf.errors.CancelledError as e:
+            outcome["cancelled"] = e
+
+    other = threading.Thread(target=waits_under_the_manager, daemon=True)
+    other.start()
+    assert entered.wait(10)
+    mine = {}
+    mine_t = threading.Thread(target=lambda: mine.setdefault("value", int(dequeue())), daemon=True)
+    mine_t.start()   # a plain call in a third thread, while the other waits under the manager
+    time.sleep(0.5)
+    manager.start_cancel()
+    other.join(10)
+    assert "cancelled" in outcome, "the cancelled call did not end"
+    q.enqueue(7)
+    mine_t.join(10)
+    assert mine.get("value") == 7, "a call outside the cancelled manager was cancelled with it"

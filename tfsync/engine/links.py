@@ -53,9 +53,9 @@ from typing import Callable
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import cancellation   # (as ClusterCoordinator cancels its closures)
 
 from ..base.exits import TfsyncError
+from . import tfcompat
 from .control import TOKEN_LEN, PSControl, enqueued, remote_call
 
 logger = logging.getLogger(__name__)
@@ -139,10 +139,10 @@ class Links:
                 return i + 1
 
         function = lambda fn: tf.function(fn, autograph=False).get_concrete_function()  # noqa: E731
-        self._cancel = cancellation.CancellationManager()
+        self._cancel = tfcompat.cancellation_manager()
         loop = lambda body: self._cancel.get_cancelable_function(function(lambda: forever(body)))  # noqa: E731
-        # (a function of its own for each receive loop: while the four ran one function, one
-        # test run crashed in it when the PS died; the cause was not found)
+        # (a function of each loop's own, and a cancellation manager its thread's alone:
+        # tfcompat.cancellation_per_thread)
         self._loops = [(loop(receive), False) for _ in range(RECEIVERS)] + [(loop(transmit), True)]
 
     def start(self, on_rows: Callable[[np.ndarray], None], on_end: Callable[[BaseException], None]) -> None:
@@ -227,9 +227,9 @@ class Links:
         that the generation is freed when it closes, by the thread that closes it: a
         numpy_function's graph holds these links, and the callbacks the generation, so a
         garbage collection in whichever thread ran one later would remove the generation's
-        functions from TensorFlow's context while the next generation's functions run (a
-        suspected cause of a crash in a loop's function call, seen twice in whole test
-        runs; not proven). The loops' functions are kept (``_CLOSED``)."""
+        functions from TensorFlow's context while the next generation's functions run. The
+        loops' functions are kept (``_CLOSED``), and with them their cancellation
+        manager."""
         self._stopped.set()
         self._cancel.start_cancel()
         deadline = time.monotonic() + wait_s

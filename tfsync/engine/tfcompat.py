@@ -26,6 +26,9 @@
   returns it instead of reading) and the wrapped variable of the strategy's
   (``AggregatingVariable._v``) and mixed precision's (``AutoCastVariable._variable``)
   wrappers: ``reading`` answers a model's reads with the weights the step brought.
+- ``cancellation.CancellationManagerContext`` and ``cancellation.context``, replaced so
+  that a cancellable call's manager is its thread's, not the process's
+  (``cancellation_per_thread``).
 """
 
 from __future__ import annotations
@@ -169,3 +172,46 @@ def summed(through, round_it):
     if through is None or round_it is None:
         return round_it if through is None else through
     return tf.convert_to_tensor(through) + tf.convert_to_tensor(round_it)
+
+
+_cancel_local = threading.local()   # the cancellation manager of this thread's cancellable call
+
+
+class _ThreadCancellationContext:
+    """``cancellation.CancellationManagerContext``, with the manager kept per thread."""
+
+    def __init__(self, manager):
+        self._manager = manager
+        self._outer = None
+
+    def __enter__(self):
+        self._outer = getattr(_cancel_local, "manager", None)
+        _cancel_local.manager = self._manager
+
+    def __exit__(self, *exc):
+        _cancel_local.manager = self._outer
+
+
+def _thread_cancellation_context():
+    return getattr(_cancel_local, "manager", None)
+
+
+def cancellation_per_thread() -> None:
+    """Make a cancellable call's cancellation manager its own thread's (idempotent). TF
+    keeps it in a module global (``cancellation._active_context``) that every function
+    call in any thread reads: a call in another thread meanwhile runs under it, and is
+    cancelled with it, or is left with a freed one. ClusterCoordinator's threads share one
+    manager, so TF alone does not show it; the links' loops (tfsync.engine.links) and a
+    replaced generation's coordinator bring others: a new generation's step was cancelled
+    with an old one ("RecvFromRemoteAsync is cancelled"), and a loop crashed in its call."""
+    from tensorflow.python.eager import cancellation
+    cancellation.CancellationManagerContext = _ThreadCancellationContext
+    cancellation.context = _thread_cancellation_context
+
+
+def cancellation_manager():
+    """A new ``CancellationManager`` (as ClusterCoordinator cancels its closures), with the
+    managers made per thread first."""
+    from tensorflow.python.eager import cancellation
+    cancellation_per_thread()
+    return cancellation.CancellationManager()
