@@ -617,3 +617,36 @@ def test_records_a_policy_can_wait_for_are_drained_in_batches_and_none_is_lost(t
     steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
     assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
     assert summary["rows_per_drain"] >= 3, summary["rows_per_drain"]
+
+
+def test_the_links_loops_start_one_at_a_time_each_after_the_last_made_its_first_call(
+        tiny_problem, tmp_path, monkeypatch):
+    """A loop's first call instantiates the PS's function on the coordinator, which TF
+    2.21 does unsafely beside another call (tfsync.engine.links.Links.start): so no loop
+    starts before the one started before it has made its first call."""
+    from tfsync.engine import links
+
+    events = []
+    run, arrived, answered = links.Links._run, links.Links._arrived, links.Links._answered
+
+    def run_(self, loop, outgoing):
+        events.append("start")
+        return run(self, loop, outgoing)
+
+    def arrived_(self, number, rows):
+        if number < 0:
+            events.append("first call")
+        return arrived(self, number, rows)
+
+    def answered_(self, done):
+        if self._priming:
+            events.append("first call")
+        return answered(self, done)
+
+    monkeypatch.setattr(links.Links, "_run", run_)
+    monkeypatch.setattr(links.Links, "_arrived", arrived_)
+    monkeypatch.setattr(links.Links, "_answered", answered_)
+    summary = _engine(tiny_problem, tmp_path).run([Phase(BSP(FixedSizer([8, 8])))], total_samples=320)
+    assert summary["samples"] >= 320
+    loops = links.RECEIVERS + 1
+    assert events[:2 * loops] == ["start", "first call"] * loops, events

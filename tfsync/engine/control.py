@@ -174,7 +174,7 @@ class PSControl:
         self.set_sizes = on_ps(self._set_sizes, input_signature=[tf.TensorSpec([num_workers + 1], tf.int64)])
         function = functools.partial(tf.function, autograph=False)
         # (run by the coordinator's standing loops, tfsync.engine.links)
-        self.drain = function(self._drain, input_signature=[])
+        self.drain = function(self._drain, input_signature=[tf.TensorSpec([], tf.bool)])
         self.send = function(self._send, input_signature=[tf.TensorSpec([], tf.int32), spec])
         self.close_finished = function(self._close_finished, input_signature=[])
         # (blocks on the PS: called as a function of two parts, its own call, so that it
@@ -230,11 +230,17 @@ class PSControl:
             with tf.control_dependencies([applied]):
                 return self._release(tokens)
 
-    def _drain(self):
+    def _drain(self, wait):
         """``(number, rows)``: every finished step's row on the queue, at least one (blocks
         until there is one). Several drains may wait at once: they take turns (the turn
         queue holds the next number), so each takes a whole batch, and ``number`` orders
-        the batches (0, 1, ...)."""
+        the batches (0, 1, ...). Without ``wait``: ``(-1, no rows)`` at once, taking
+        nothing (a call that only readies the caller's ``RemoteCall``: tfsync.engine.links)."""
+        with tf.device(self.device):
+            return tf.cond(wait, self._take_batch,
+                           lambda: (tf.constant(-1, tf.int64), tf.zeros([0, ROW_LEN], tf.float64)))
+
+    def _take_batch(self):
         with tf.device(self.device):
             number = self.drain_turn.dequeue()
             with tf.control_dependencies([number]):

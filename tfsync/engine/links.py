@@ -113,6 +113,8 @@ class Links:
         # a permit per drain (see above): the receive loops put theirs back while not lingering
         self._permits = tf.queue.FIFOQueue(64, [tf.int32], shapes=[[]], name="drain_permits")
         self._stopped = threading.Event()
+        self._ready = threading.Event()   # the loop started last has made its first call
+        self._priming = False   # the outgoing loop's next answer is to its first packet (start)
         self._threads: list[threading.Thread] = []
         with tf.device(control.device):
             drain = control.drain.get_concrete_function()
@@ -122,8 +124,8 @@ class Links:
             return tf.while_loop(lambda i: True, body, [tf.constant(0)])
 
         def receive(i):
-            with tf.control_dependencies([self._permits.dequeue()]):
-                number, rows = remote_call(control.device, drain, [])
+            with tf.control_dependencies([self._permits.dequeue()]):   # (the first turn waits for no row)
+                number, rows = remote_call(control.device, drain, [i > 0])
             again = tf.numpy_function(self._arrived, [number, rows], tf.bool)   # (not lingering)
             again.set_shape([])
             back = tf.cond(again, lambda: enqueued(self._permits, 0), lambda: tf.constant(False))
@@ -145,17 +147,31 @@ class Links:
         # tfcompat.cancellation_per_thread)
         self._loops = [(loop(receive), False) for _ in range(RECEIVERS)] + [(loop(transmit), True)]
 
-    def start(self, on_rows: Callable[[np.ndarray], None], on_end: Callable[[BaseException], None]) -> None:
+    def start(self, on_rows: Callable[[np.ndarray], None], on_end: Callable[[BaseException], None],
+              ready_s: float = 30.0) -> None:
         """Run the loops: ``on_rows(rows)`` gets the finished steps' rows the PS queued, at
         least one at a time, in the PS's order (called from a loop's thread: keep it short);
-        ``on_end(error)`` is called once, after the last rows, when the receive loops end."""
+        ``on_end(error)`` is called once, after the last rows, when the receive loops end.
+
+        The loops start one at a time, each once the last has made its first call (a
+        packet with nothing to apply or release; a drain that waits for no row), up to
+        ``ready_s`` each. A loop's first ``RemoteCall`` instantiates the PS's function, and
+        TensorFlow 2.21's ``EagerClusterFunctionLibraryRuntime`` adds it to a vector that a
+        concurrent call reads without its lock: a call made while the vector grew sent the
+        PS a corrupt request or crashed the coordinator (seen in whole test runs)."""
         self._on_rows, self._on_end = on_rows, on_end
-        self._permits.enqueue_many(tf.zeros([RECEIVERS], tf.int32))
-        self._threads = [threading.Thread(target=self._run, args=(loop, outgoing), daemon=True, name="tfsync-link")
-                         for loop, outgoing in self._loops]
-        self._threads.append(threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer"))
-        for t in self._threads:
+        self._priming = True
+        self.outbox.enqueue((tf.constant(0, tf.int32), tf.zeros([0, TOKEN_LEN + 1], tf.int64)))
+        for loop, outgoing in reversed(self._loops):   # (the outgoing loop is the last)
+            self._ready.clear()
+            if not outgoing:
+                self._permits.enqueue(0)   # (put back after each drain: one per receive loop in all)
+            t = threading.Thread(target=self._run, args=(loop, outgoing), daemon=True, name="tfsync-link")
+            self._threads.append(t)
             t.start()
+            self._ready.wait(ready_s)
+        self._threads.append(threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer"))
+        self._threads[-1].start()
 
     def set_linger(self, seconds: float) -> None:
         """Drain every ``seconds`` (> 0), one drain at a time, or (0) with every receive
@@ -174,6 +190,9 @@ class Links:
             logger.debug("the links' pacer ended: %s", e)
 
     def _arrived(self, number, rows) -> np.ndarray:
+        if number < 0:   # a loop's first turn (start)
+            self._ready.set()
+            return np.array(True)
         with self._lock:
             if not self._ended and self._on_rows is not None:   # (else the generation is closing)
                 self._order.add(int(number), np.array(rows))   # (its own copy: it is kept)
@@ -182,7 +201,11 @@ class Links:
         return np.array(self.linger == 0)
 
     def _answered(self, done) -> np.ndarray:
-        self._answers.put(True)
+        if self._priming:   # (start's packet)
+            self._priming = False
+            self._ready.set()
+        else:
+            self._answers.put(True)
         return np.array(True)
 
     def _run(self, loop, outgoing: bool) -> None:
@@ -192,6 +215,7 @@ class Links:
             logger.debug("a link to the PS ended: %s", e)
             if self.error is None:   # (without its traceback, whose frames would hold these links)
                 self.error = e.with_traceback(None)
+        self._ready.set()   # (start goes on)
         if outgoing:
             self._answers.put(_ENDED)
             return
