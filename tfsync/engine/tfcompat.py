@@ -202,8 +202,8 @@ def cancellation_per_thread() -> None:
     call in any thread reads: a call in another thread meanwhile runs under it, and is
     cancelled with it, or is left with a freed one. ClusterCoordinator's threads share one
     manager, so TF alone does not show it; the links' loops (tfsync.engine.links) and a
-    replaced generation's coordinator bring others: a new generation's step was cancelled
-    with an old one ("RecvFromRemoteAsync is cancelled"), and a loop crashed in its call."""
+    replaced generation's coordinator bring others, so that a step could be cancelled when
+    another generation's links closed."""
     from tensorflow.python.eager import cancellation
     cancellation.CancellationManagerContext = _ThreadCancellationContext
     cancellation.context = _thread_cancellation_context
