@@ -21,6 +21,11 @@ round trip after the PS queued it (12 ms), a release is answered in one (23 ms).
   through ``tf.numpy_function``), so packets stay in order with the engine's other PS
   calls (tfsync.engine.channel).
 
+The loops start one at a time (``start``): a ``RemoteCall``'s first run instantiates the
+PS's function, which TensorFlow 2.21 does unsafely beside another ``RemoteCall`` of the
+same process. Code that adds a ``RemoteCall`` on the coordinator must make its first
+call while no loop runs, too.
+
 When a receive loop fails (the PS died, the generation closed), the rows handed on
 before stand, the batches held for an earlier one are handed on, and ``on_end`` is told
 the loop's error, once; ``send`` then raises it.
