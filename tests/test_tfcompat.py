@@ -110,9 +110,8 @@ def test_reading_answers_a_models_dense_reads_with_the_given_values_and_sums_the
 
 def test_a_cancellation_cancels_only_the_functions_called_under_it_in_its_own_thread():
     """TF keeps the cancellation manager of a cancellable call in a module global: a
-    function called in another thread meanwhile ran under it, and a closure of a new
-    generation was cancelled with an old one's links (seen in whole test runs)."""
-
+    function called in another thread meanwhile ran under it, so a step could be
+    cancelled when another generation's links closed (tfcompat.cancellation_per_thread)."""
     from tensorflow.python.eager import cancellation
 
     tfcompat.cancellation_per_thread()
