@@ -102,7 +102,8 @@ def test_token_file_is_0600_and_round_trips(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert auth.read_token(path) == token and len(token) >= 43
     os.chmod(path, 0o644)  # rewriting an existing, too-open file tightens it again
-    assert auth.write_token(path, "t2") == "t2" and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    other = auth.new_token()
+    assert auth.write_token(path, other) == other and stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
 def test_group_or_world_readable_token_file_is_refused(tmp_path):
@@ -150,3 +151,19 @@ def test_tls_with_token_works_and_plaintext_cannot_talk_to_it(tmp_path):
         assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     finally:
         srv.stop(grace=None).wait(5)
+
+
+@pytest.mark.parametrize("token, why", [("x", "1 characters, fewer than 22"),
+                                        ("Secret123", "9 characters, fewer than 22"),
+                                        ("ab" * 20, "repeats 2 characters")])
+def test_a_weak_token_is_refused_in_one_line(tmp_path, token, why):
+    """A token file a hook or manager would serve with must hold 128 random bits or more:
+    a one-character or repeated token is refused naming the file and why."""
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(auth.TokenFileError, match=why) as e:
+        auth.read_token(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="at least 22"):
+        auth.write_token(tmp_path / "other", token)

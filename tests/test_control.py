@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import kill_if_running, linear_job, tfsync, tfsync_run, wait_for
+from tfsync.api import auth
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
@@ -34,7 +35,7 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
 
         token = run_dir / "control" / "token"
         real = token.read_text()
-        token.write_text("not-the-token\n")  # a caller with a wrong token is refused
+        token.write_text(auth.new_token() + "\n")  # a caller with a wrong token is refused
         bad = tfsync("status", str(job), env=env)
         token.write_text(real)
         assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr

@@ -109,6 +109,23 @@ def test_a_run_whose_disk_fills_stops_in_one_line_and_resumes_when_space_is_free
         assert len(whole_lines(run_dir / "metrics.jsonl")) > len(recs)
 
 
+@pytest.mark.cluster
+def test_a_disk_full_before_any_checkpoint_says_to_start_again_not_to_resume(tmp_path):
+    """The disk fills while the data is staged: no checkpoint exists, so the line says
+    `tfsync run` starts the job again (a resume would find nothing to go on from)."""
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        run_dir, job = disk / "run", disk / "job.toml"
+        job.write_text(linear_job("full", "bsp", epochs=1).format(run_dir=run_dir))
+        fill_disk(disk, leave=256 * 1024)
+        r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")))
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1, r.stderr
+    assert lines[-1].startswith("tfsync: error: disk full: cannot write the training records"), r.stderr
+    assert lines[-1].endswith(f"then `tfsync run {job}` starts the job again (it has no checkpoint yet)")
+
+
 @pytest.mark.unit
 def test_a_checkpoint_whose_list_cannot_be_written_is_removed_and_the_older_ones_stay(tmp_path, monkeypatch):
     """The list is written before older checkpoints go: when it cannot be (a full disk), the

@@ -174,6 +174,11 @@ def test_fit_trains_bsp_then_asp_at_the_requested_fraction(strategy, mnist):
     local.set_weights(model.inner.get_weights())  # the user's model holds the trained weights
     test_acc = np.mean(np.argmax(local(xt).numpy(), 1) == yt)
     assert test_acc > 0.6, f"held-out accuracy {test_acc:.3f} (chance 0.1)"
+    # evaluate as in one process, on arrays and on a dataset: the trained weights, the compiled metrics
+    _, acc = model.evaluate(xt, yt, verbose=0)
+    assert acc == pytest.approx(test_acc, abs=1e-6)
+    scores = model.evaluate(tf.data.Dataset.from_tensor_slices((xt, yt)).batch(256), verbose=0, return_dict=True)
+    assert scores["accuracy"] == pytest.approx(test_acc, abs=1e-6) and set(scores) == {"loss", "accuracy"}
 
 
 @cluster
@@ -384,6 +389,8 @@ def test_per_batch_tensorboard_scalars_and_the_switch_under_the_strategy(strateg
     assert all(np.isfinite(v) for _, v in ev["batch_loss"]) and all(0 <= v <= 1 for _, v in ev["batch_accuracy"])
     mode = dict(ev["sync/mode"])
     assert mode[5] == mode[10] == 0 and mode[30] == mode[35] == mode[40] == 1
+    steps = [step for step, _ in ev["sync/mode"]]
+    assert steps == sorted(set(steps)) == list(range(5, 41, 5))   # once each, epoch ends (20, 40) too
     assert ev["sync_switch"] == [(20, b"BSP -> ASP after 20 BSP steps (10 rounds)")]
     assert dict(ev["sync/learning_rate"])[5] == pytest.approx(N * 0.05)
 

@@ -55,6 +55,33 @@ def test_resume_after_the_manager_is_killed(tmp_path):
         assert [run.kind for run in store.runs(stored.id)] == ["train", "resume"]
 
 
+def test_resuming_a_finished_job_says_it_is_done_and_starts_nothing(tmp_path):
+    """A job trained to its end: `tfsync resume` says so (exit 0), starts no cluster and
+    writes nothing; with a larger workload (--set train.epochs) it trains on."""
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    short = CHECKPOINTED_JOB.replace("epochs = 1.5", "epochs = 0.2\neval_every = 5")
+    with tfsync_run(tmp_path, short, env=env) as (run, run_dir, job):
+        run.communicate(timeout=300)
+    assert run.returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "res is done: it trained" in r.stderr and "nothing started" in r.stderr, r.stderr
+    assert r.stdout == "" and "steps/s" not in r.stderr
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file() and p.name != ".tfsync.lock"} \
+        == {p: t for p, t in before.items() if p.name != ".tfsync.lock"}
+    more = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
+                           "--set", "train.epochs=0.3"], capture_output=True, text=True, timeout=300, env=env)
+    assert more.returncode == 0, more.stderr[-2000:]
+    summary, start = json.loads(more.stdout), json.loads(more.stdout)["resumed_from"]["samples"]
+    first, second = summary["runs"]
+    assert second["samples"] == summary["samples"] - start > 0   # this run's own, exactly
+    assert first["samples"] >= start
+    # the whole job's evaluations: the first run's up to the checkpoint, then this run's
+    assert any(e["samples"] <= start for e in summary["evals"]) and any(e["samples"] > start for e in summary["evals"])
+
+
 def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(CHECKPOINTED_JOB.format(run_dir=tmp_path / "run"))
@@ -82,7 +109,8 @@ def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
         size = f.seek(0, 2)
         f.seek(size // 3)
         f.write(os.urandom(max(1, size // 3)))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
+                        "--set", "train.epochs=0.25"],   # more than the finished run: something to resume
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     said = [line for line in r.stderr.splitlines() if line.startswith("skipped checkpoint")]

@@ -66,10 +66,10 @@ def test_jobs_lists_newest_first_with_protocols_accuracy_and_wall_time(store, tm
     code, out, err = tfsync(capsys, "jobs")
     assert code == 0 and err == ""
     header, first, second = out.splitlines()
-    assert header.split() == ["JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST", "ACC",
+    assert header.split() == ["JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "WORKERS", "RUNS", "TEST",
                               "WALL", "TRAINING", "RUN", "DIR"]
     assert first.startswith(running.id) and "running" in first and "ssp" in first
-    assert second.startswith(done.id) and "bsp -> asp" in second and "91.23%" in second and "42.1 s" in second
+    assert second.startswith(done.id) and "bsp -> asp" in second and "acc 91.23%" in second and "42.1 s" in second
     assert second.endswith(str(tmp_path / "runs" / "mnist"))
     created = time.strftime("%Y-%m-%d %H:%M", time.localtime(done.created))
     assert second.count(created) == 2  # created and ended, local time
@@ -123,6 +123,8 @@ def test_a_regression_jobs_runs_show_its_test_loss_and_metrics(store, tmp_path, 
     code, out, _ = tfsync(capsys, "runs", "housing")
     assert code == 0 and "test loss 0.0412" in out and "test mae 0.151" in out and "training 30.5 s" in out, out
     assert "accuracy" not in out
+    code, out, _ = tfsync(capsys, "jobs")   # its first test number: the loss
+    assert code == 0 and "loss 0.0412" in out.splitlines()[1], out
 
 
 def test_jobs_json_is_a_list_with_results(store, tmp_path, capsys):

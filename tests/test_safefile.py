@@ -89,9 +89,10 @@ def test_training_records_control_files_and_tokens_never_follow_links(tmp_path, 
         plant(run / name, victim)
     x, y = np.zeros((4, 3), np.float32), np.arange(4)
     write_records(TrainSetup(None, None, None, x, y, max_batch_size=2), str(run))
-    control = embedded.write_control(str(run), "tok", {"address": "127.0.0.1:1"})
+    token = auth.new_token()
+    control = embedded.write_control(str(run), token, {"address": "127.0.0.1:1"})
     assert untouched(victim)
-    assert auth.read_token(control / "token") == "tok"
+    assert auth.read_token(control / "token") == token
     for name in ("token", "manager.json"):
         assert stat.S_IMODE((control / name).stat().st_mode) == 0o600
     assert np.fromfile(run / "data" / "train_y.bin", np.int64).tolist() == [0, 1, 2, 3]

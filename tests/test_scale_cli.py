@@ -14,7 +14,8 @@ from tfsync.manager.store import Store
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-JOB = linear_job("scale", "bsp", batch_size=16, epochs=20, checkpoint_every=0)   # BSP at 2 x 0.05
+JOB = linear_job("scale", "bsp", batch_size=16, epochs=20, checkpoint_every=0,   # BSP at 2 x 0.05
+                 extra="[cluster]\nworkers = 2\nmax_workers = 4\n")
 
 
 def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_path):
@@ -26,11 +27,14 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
 
         wait_for("steps", lambda: (s := status()) and int(s.get("step", 0)) > 5 and s)
         r = tfsync("scale", str(job), "--workers", "0", env=env)
-        assert r.returncode == 2 and "workers = 0: expected a whole number from 1" in r.stderr, r.stderr
+        assert r.returncode == 2 and "workers = 0: a job needs at least 1 worker" in r.stderr, r.stderr
         r = tfsync("scale", str(job), "--workers", "2", env=env)   # the manager knows the job's count
         assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and "already runs 2 workers" in r.stderr
         r = tfsync("scale", str(job), "--workers", "x", env=env)
         assert r.returncode == 2 and "invalid int value" in r.stderr
+        r = tfsync("scale", str(job), "--workers", "9", env=env)   # the running job's bound, named
+        assert r.returncode == 2 and "INVALID_ARGUMENT" in r.stderr and \
+            "workers = 9: above cluster.max_workers = 4" in r.stderr, r.stderr
 
         # a rate set by hand (x3 at 2 workers) follows the count: x4.5 at 3
         sw = tfsync("switch", str(job), "--to", "bsp", "--lr-scale", "3", env=env)
@@ -38,6 +42,8 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
         up = tfsync("scale", str(job), "--workers", "3", env=env, timeout=150)
         assert up.returncode == 0 and "scaled 2 -> 3 workers in" in up.stdout and "learning rate x4.5" in up.stdout, \
             up.stderr
+        shown = tfsync("status", str(job), env=env)   # as soon as the answer: 3 workers (a new one: no step yet)
+        assert shown.returncode == 0 and len(shown.stdout.split("batch sizes [")[1].split("]")[0].split()) == 3
         # the manager takes 3 batch sizes now (it checks them against the job's count)
         sizes = tfsync("batch-sizes", str(job), "4", "8", "12", env=env)
         assert sizes.returncode == 0, sizes.stderr
@@ -61,6 +67,10 @@ def test_scale_a_running_job_up_then_stop_and_resume_at_the_scaled_count(tmp_pat
         (run_row,) = store.runs(stored.id)
         (event,) = store.events(run_row.id, "scaled")
         assert (event.detail["from"], event.detail["to"]) == (2, 3)
+    listed = tfsync("jobs", env=env)   # where users look: the job's workers, the run's scale
+    assert listed.returncode == 0 and "2 -> 3" in listed.stdout.splitlines()[1], listed.stdout
+    runs = tfsync("runs", str(job), env=env)
+    assert runs.returncode == 0 and "scaled 2 -> 3 workers (command)" in runs.stdout, runs.stdout
 
     # the job file still says 2 workers: the resumed run goes on with the 3 it was scaled to
     epochs = summary["samples"] / summary["meta"]["train_examples"] + 0.2   # a little more than done

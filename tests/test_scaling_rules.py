@@ -9,6 +9,7 @@ from tfsync.engine.phase import Phase
 from tfsync.engine.scaling import Elastic, check_scale, rescale
 from tfsync.policy import ASP, BSP, BatchSizer, FixedSizer
 from tfsync.policy.catalogue import aggregating
+from tfsync.policy.commands import InvalidCommand
 from tfsync.policy.ledger import Ledger
 
 pytestmark = pytest.mark.unit
@@ -41,13 +42,16 @@ def test_a_scale_is_refused_for_the_same_count_a_platforms_tasks_and_a_worker_he
 
 def test_a_scale_stays_within_the_jobs_bounds():
     loop = _loop(3, bounds=(2, 4))
-    for n in (1, 5):
-        with pytest.raises(ValueError, match=f"workers = {n}: expected a whole number from 2 to 4"):
-            check_scale(loop, n)
+    with pytest.raises(InvalidCommand, match=r"^workers = 1: below cluster.min_workers = 2$"):
+        check_scale(loop, 1)
+    with pytest.raises(InvalidCommand, match=r"^workers = 5: above cluster.max_workers = 4 \(raise it in the job file"):
+        check_scale(loop, 5)
     check_scale(loop, 2)
     check_scale(loop, 4)
-    with pytest.raises(ValueError, match="from 1 to 1024"):
+    with pytest.raises(InvalidCommand, match="^workers = 0: a job needs at least 1 worker$"):
         check_scale(_loop(), 0)
+    with pytest.raises(InvalidCommand, match="^workers = 1025: above 1024, the most"):
+        check_scale(_loop(), 1025)
 
 
 def test_local_keeps_each_workers_batch_and_gives_every_phase_still_to_run_the_rate_for_the_new_count():

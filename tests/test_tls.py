@@ -148,7 +148,7 @@ def test_status_of_a_job_whose_manager_serves_tls_needs_ca(tmp_path, tls_and_pla
     cert, tls_address, _ = tls_and_plain_servers
     control = tmp_path / "run" / "control"
     control.mkdir(parents=True)
-    auth.write_token(control / "token", "t")
+    auth.write_token(control / "token")
     (control / "manager.json").write_text(json.dumps({"address": tls_address, "job_id": "j1", "run_id": 1,
                                                       "tls": True, "ca": cert}))
     env = {k: v for k, v in os.environ.items() if k != "TFSYNC_CA"}

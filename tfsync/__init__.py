@@ -12,4 +12,12 @@ _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 __version__ = "0.1.0"
 
-from .base.pipeline import DatasetFactory, worker_index  # noqa: E402  (after the environment is set)
+
+
+def __getattr__(name):
+    # imported on first use, not with the package: `python -m tfsync.base.isolation` must be
+    # able to make a user namespace while the process has one thread (numpy starts more)
+    if name in ("DatasetFactory", "worker_index"):
+        from .base import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'tfsync' has no attribute {name!r}")

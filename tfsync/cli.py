@@ -38,6 +38,9 @@ def format_summary(s: dict) -> str:
         how = f", {sw['method']} switch {sw['overhead_s']:.2f} s" if sw else ", resumed" if ph.get("resumed") else ""
         parts.append(f"{ph['protocol']} from {ph['samples']} samples at {ph['time']:.1f} s{how}")
     lines.append("protocols: " + " -> ".join(parts))
+    if s.get("scales"):
+        lines.append(f"workers: {s['scales'][0]['from']}" + "".join(
+            f" -> {sc['to']} at {sc['samples']:,} samples ({sc['by']}, {sc['seconds']:.1f} s)" for sc in s["scales"]))
     return "\n".join(lines)
 
 
@@ -73,10 +76,49 @@ def cmd_run(args) -> int:
               "--manager-listen serves its status and commands", file=sys.stderr)
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
+    from .commands.jobrun import tasks_here
+    isolate(args, tasks_here(cfg) and not args.manager_listen and (not args.attach or args.attach.startswith("unix:")))
     from .commands.switch import stored_switch_point
     cfg, found = stored_switch_point(cfg)
     with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:
         return _run(args, with_run_dir(cfg, run_dir), found)
+
+
+def isolate(args, local: bool) -> None:
+    """A local run's process goes into a network of its own (tfsync.base.isolation) before
+    it starts anything: `tfsync` runs itself again there (exec: same pid). Where none can
+    be had it is refused there in one line, unless the user accepted open ports. A
+    program calling ``main`` keeps its process: its cluster's namespace and guard are
+    tfsync.base.netns's, or it is refused there."""
+    from .base import isolation
+    if args.open_ports:
+        os.environ[isolation.OPEN_ENV] = "1"
+    if local and args.own_process and not os.environ.get(isolation.ENV):   # (set: in one, or refused one)
+        run_isolated([sys.executable, "-m", "tfsync.cli", *sys.argv[1:]], replace=True)
+
+
+def run_isolated(command: list[str], replace: bool) -> int:
+    """``command`` run by ``python -m tfsync.base.isolation`` (a fresh process of one thread,
+    which a user namespace needs): in place of this process (``replace``: exec, same pid),
+    else as a child whose exit code is returned."""
+    argv = [sys.executable, "-m", "tfsync.base.isolation", *command]
+    if not replace:
+        import subprocess
+        return subprocess.run(argv).returncode
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(sys.stderr.fileno(), 2)   # the real stderr (tfsync.base.quiet sent fd 2 to /dev/null)
+    os.execv(sys.executable, argv)
+
+
+def cmd_isolate(args) -> int:
+    from .base import isolation
+    if args.open_ports:
+        os.environ[isolation.OPEN_ENV] = "1"
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        raise BadInput("tfsync isolate: name a command to run, e.g. `tfsync isolate -- python train.py`")
+    return run_isolated(command, replace=args.own_process)
 
 
 def with_run_dir(cfg, run_dir: str):
@@ -109,16 +151,24 @@ def resumed_changes(checkpoint: str, plan: bool) -> dict:
 def _run(args, cfg, found) -> int:
     if found is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
-        print(f"switch point: BSP for {found['fraction']:.4g} of the workload, then ASP (found by `tfsync search` "
+        from .switch.plan import SwitchPlan
+        print(f"switch point: {SwitchPlan.words(found['fraction'])} (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
     from .commands.jobrun import own_process_imports, run_job
     if args.own_process:
         own_process_imports(cfg)
+    from .base.nospace import NoSpaceError
     from .base.usercode import UserCodeError
 
     resume = None
     if getattr(args, "resume", False):
-        from .engine.records import last_intact_checkpoint
+        from .engine.records import finished, last_intact_checkpoint
+        done = finished(cfg.job.run_dir, cfg.train.epochs)
+        if done is not None:
+            print(f"{cfg.job.name} is done: it trained {done['samples']:,} of {done['workload_samples']:,} samples "
+                  f"({cfg.job.run_dir}/summary.json); nothing to resume, nothing started (raise train.epochs to "
+                  f"train on, or `tfsync run {args.job}` to start again)", file=sys.stderr)
+            return 0
         resume, skipped = last_intact_checkpoint(cfg.job.run_dir)
         for path, why in skipped:
             print(f"skipped checkpoint {path}: it does not read back ({why})", file=sys.stderr)
@@ -162,6 +212,11 @@ def _run(args, cfg, found) -> int:
         state = "stopped" if summary.get("stopped") else "done"
     except UserCodeError as e:   # which job file named the code (main turns every TfsyncError into its line)
         return fail(f"{args.job}: {e}", e.exit_code)
+    except NoSpaceError as e:
+        from .engine.records import last_intact_checkpoint
+        if resume is None and last_intact_checkpoint(cfg.job.run_dir)[0] is None:
+            raise e.then(f"`tfsync run {args.job}` starts the job again (it has no checkpoint yet)") from None
+        raise
     except KeyboardInterrupt:
         state = "stopped"
         if progress:
@@ -271,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "--manager-token-file): it controls this job, keep it as you keep the hooks' token")
         q.add_argument("--attach", metavar="ADDRESS", help="report to the standalone manager at ADDRESS instead of "
                        "embedding one (set by `tfsync manager` for submitted jobs, with the options below)")
+        q.add_argument("--open-ports", action="store_true",
+                       help="where no network of its own can be had for the run (an ordinary user with "
+                            "unprivileged user namespaces off), run anyway with the TF task ports open to every "
+                            "local user (default: refuse, saying why)")
         q.add_argument("--token-file", help=argparse.SUPPRESS)
         q.add_argument("--job-id", help=argparse.SUPPRESS)
         q.add_argument("--run-id", type=int, default=0, help=argparse.SUPPRESS)
@@ -278,6 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--server-name", help=argparse.SUPPRESS)  # and the name in its certificate
     r.set_defaults(func=cmd_run)
     rs.set_defaults(func=cmd_run, resume=True)
+    iso = sub.add_parser("isolate", help="run a program (your own script using tfsync's Python API or Keras "
+                         "path) in a network of its own",
+                         description="Run CMD in a new network namespace holding only loopback, so the TF task "
+                                     "ports of the local clusters it starts reach no other user or machine (as "
+                                     "`tfsync run` does for itself). Root makes the namespace and, under sudo, "
+                                     "CMD runs as the user who ran sudo; an ordinary user needs unprivileged "
+                                     "user namespaces. CMD has no network beyond this loopback: stage its data "
+                                     "first.")
+    iso.add_argument("--open-ports", action="store_true",
+                     help="where no namespace can be had, run CMD anyway with open task ports (default: refuse)")
+    iso.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]")
+    iso.set_defaults(func=cmd_isolate)
     tc = sub.add_parser("tfconfig", help="print each task's TF_CONFIG (Kubernetes TFJob, Slurm)",
                         description="The TF_CONFIG of every task of a job on the given addresses, for platforms "
                                     "that start the tasks themselves: each PS and worker runs "

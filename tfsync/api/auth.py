@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "
+MIN_TOKEN_CHARS, MIN_DISTINCT_CHARS = 22, 8   # a token guessed no sooner than 128 random bits
 MAX_TOKEN_FILE = 4096  # bytes: a token is 43 characters; more is not a token file (nor read into memory)
 
 
@@ -48,9 +49,9 @@ def write_token(path: str | os.PathLike, token: str | None = None) -> str:
     parent directory is made 0700.
     """
     token = new_token() if token is None else token
-    if not usable(token):
-        raise ValueError("a token must be a non-empty string of printable ASCII without whitespace; "
-                         "use tfsync.api.auth.new_token()")
+    if not usable(token) or weakness(token):
+        raise ValueError("a token must be a string of printable ASCII without whitespace, at least "
+                         f"{MIN_TOKEN_CHARS} random characters; use tfsync.api.auth.new_token()")
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
@@ -83,7 +84,21 @@ def read_token(path: str | os.PathLike) -> str:
         raise TokenFileError(f"token file {path!r} does not hold one token: it has spaces, control characters "
                              "or non-ASCII bytes (a token is one word of printable ASCII); "
                              "write a new one with tfsync.api.auth.write_token")
+    weak = weakness(token.decode("ascii"))
+    if weak:
+        raise TokenFileError(f"token file {path!r}: {weak}; write a new one (`tfsync hook --init-token`, or "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
     return token.decode("ascii")
+
+
+def weakness(token: str) -> str | None:
+    """Why ``token`` is too easy to guess (None: long enough): fewer than 22 characters
+    (128 bits as random base64) or fewer than 8 distinct ones. Generated tokens have 43."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"the token has {len(token)} characters, fewer than {MIN_TOKEN_CHARS} (128 random bits)"
+    if len(set(token)) < MIN_DISTINCT_CHARS:
+        return f"the token repeats {len(set(token))} characters; a random one has many more"
+    return None
 
 
 def usable(token: str | bytes) -> bool:

@@ -7,11 +7,13 @@ and without TLS that logs a warning: the token would cross the network in plaint
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import ssl
 import stat
+import tempfile
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -26,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 MAX_PEM_FILE = 2**20  # bytes of a certificate, key or CA bundle read whole
+MAX_UNIX_PATH = 107   # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
 
 
 class TransportError(TfsyncError, RuntimeError):
@@ -107,8 +110,34 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def unix_address(folder: str, name: str) -> str:
+    """``unix:PATH`` of a socket named ``name`` in ``folder`` (a 0700 folder: only its owner
+    connects), or, where that path is longer than a socket's address holds (107 bytes), in
+    a new 0700 folder of this user's in the temporary directory."""
+    path = os.path.abspath(os.path.join(folder, name))
+    if len(path.encode()) > MAX_UNIX_PATH:
+        path = os.path.join(tempfile.mkdtemp(prefix="tfsync-"), name)
+    return f"unix:{path}"
+
+
+def remove_unix_socket(address: str) -> None:
+    """Remove the socket of a ``unix:`` address (and the folder :func:`unix_address` made for it)."""
+    if not address.startswith("unix:"):
+        return
+    path = address[len("unix:"):]
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    folder = os.path.dirname(path)
+    if os.path.basename(folder).startswith("tfsync-") and os.path.dirname(folder) == tempfile.gettempdir():
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None, warn: bool = True) -> None:
-    """Refuse a non-loopback address unless ``allow_remote``; warn (``warn``) when it has no TLS."""
+    """Refuse a non-loopback address unless ``allow_remote``; warn (``warn``) when it has no TLS.
+    A ``unix:PATH`` socket is this machine's, reached by who may open PATH."""
+    if listen.startswith("unix:"):
+        return
     host, _ = split_address(listen)
     if not is_loopback(host):
         if not allow_remote:
@@ -122,7 +151,7 @@ def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None, warn: b
 def make_server(listen: str = f"{DEFAULT_HOST}:0", *, token: str, tls: TlsConfig | None = None,
                 allow_remote: bool = False, max_workers: int = 16, options=()) -> tuple[grpc.Server, int]:
     """A gRPC server (not started) that requires ``token`` on every call; returns it and the
-    bound port. Add servicers, then ``server.start()``."""
+    bound port (1 for a ``unix:`` socket). Add servicers, then ``server.start()``."""
     check_listen(listen, allow_remote, tls)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[auth.TokenAuthInterceptor(token)], options=list(options))

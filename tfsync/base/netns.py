@@ -36,13 +36,12 @@ import ctypes
 import ipaddress
 import logging
 import os
-import pwd
 import re
 import shutil
 import subprocess
 import threading
 
-from . import netguard, nft, ports
+from . import isolation, netguard, nft, ports
 from .exits import TfsyncError
 
 logger = logging.getLogger(__name__)
@@ -109,16 +108,7 @@ def task_user() -> tuple[int, int] | None:
     """``(uid, gid)`` the tasks of a private network run as: the user who ran ``sudo``
     (``SUDO_UID``, ``SUDO_GID``) when this process is root through it. None: they run as
     this process (it is not root, or root started it without sudo)."""
-    uid = os.environ.get("SUDO_UID", "")
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not uid.isdigit() or int(uid) == 0:
-        return None
-    gid = os.environ.get("SUDO_GID", "")
-    if gid.isdigit():
-        return int(uid), int(gid)
-    try:
-        return int(uid), pwd.getpwuid(int(uid)).pw_gid
-    except KeyError:
-        return int(uid), int(uid)
+    return isolation.sudo_user()
 
 
 def command_in(name: str, argv: list[str]) -> list[str]:
@@ -283,32 +273,47 @@ def unavailable_reason() -> str | None:
 
 
 def shared() -> PrivateNetwork | None:
-    """This process's private network, made on first use; None (and a warning, once) where
-    it cannot be made."""
+    """This process's private network, made on first use. None where the process has a
+    network of its own (``tfsync.base.isolation``: its loopback is private already), or
+    where none can be made or guarded and the user accepted open ports (a warning, once);
+    else IsolationError: a local cluster is refused rather than left open."""
     global _shared, _reason, _tried
+    if isolation.active():
+        return None
     with _lock:
         if _shared is not None and not _shared.closed:
             return _shared
         if _tried and _shared is None:
             return None
-        _tried = True
         reason = unavailable_reason()
         if reason is None:
             try:
-                _shared = PrivateNetwork.open()
-                logger.debug("task ports in network namespace %s (%s)", _shared.name, _shared.address)
-                if _shared.unguarded:
-                    logger.warning("TF task ports will be reachable by every user of this machine: %s",
-                                   _shared.unguarded)
-                return _shared
+                net = PrivateNetwork.open()
             except (NetnsError, OSError, subprocess.SubprocessError) as e:
                 reason = _reason = str(e)
-        logger.warning("TF task ports will listen on every interface of this machine, unprotected: %s", reason)
+            else:
+                if net.unguarded is None or isolation.accepted_open_ports():
+                    _tried, _shared = True, net
+                    logger.debug("task ports in network namespace %s (%s)", net.name, net.address)
+                    if net.unguarded:
+                        logger.warning("TF task ports will be reachable by every user of this machine (%s=1): %s",
+                                       isolation.OPEN_ENV, net.unguarded)
+                    return net
+                net.close()
+                reason = f"the task ports' namespace has no guard against other local users: {net.unguarded}"
+        if not isolation.accepted_open_ports():
+            raise isolation.IsolationError(isolation.refusal(
+                f"this process cannot keep a local cluster's task ports private ({reason})", in_process=True))
+        _tried = True
+        logger.warning("TF task ports will listen on every interface of this machine, unprotected (%s=1): %s",
+                       isolation.OPEN_ENV, reason)
         return None
 
 
 def describe(net: PrivateNetwork | None) -> str:
     """What protects a cluster's task ports (for summaries): ``net`` is its private network."""
+    if net is None and isolation.active():
+        return "this process's own network namespace (loopback only): no other user or machine reaches them"
     if net is not None:
         where = f"private network namespace {net.name} ({net.address}): reachable from this machine only"
         if net.unguarded:

@@ -25,13 +25,18 @@ class NoSpaceError(TfsyncError):
     """``what`` (e.g. "checkpoint ckpt-40") could not be written to ``path`` for want of
     space; ``needed``: its size in bytes when known; ``free``: bytes free there now."""
 
-    def __init__(self, what: str, path: str, needed: int | None = None):
+    def __init__(self, what: str, path: str, needed: int | None = None,
+                 then: str = "`tfsync resume` goes on from the last checkpoint"):
         self.what, self.path, self.needed = what, os.fspath(path), needed
         self.free = free_bytes(self.path)
         need = f"it needs {size(needed)}, " if needed else ""
         free = f"{size(self.free)} free there" if self.free is not None else "free space unknown"
         super().__init__(f"disk full: cannot write {what} to {self.path} ({need}{free}); free some space "
-                         "(or set job.run_dir on another disk), then `tfsync resume` goes on from the last checkpoint")
+                         f"(or set job.run_dir on another disk), then {then}")
+
+    def then(self, step: str) -> "NoSpaceError":
+        """The same failure with another next step (a job with no checkpoint yet starts again)."""
+        return NoSpaceError(self.what, self.path, self.needed, step)
 
 
 def is_no_space(e: BaseException) -> bool:

@@ -35,6 +35,15 @@ class Progress:
         """Said once the run's directory is ready and the cluster starts (20-30 s of silence else)."""
         self._say(f"starting {engine.ps} PS + {engine.workers} workers (run directory {engine.run_dir}) ...")
 
+    def event(self, kind: str, fields: dict) -> None:
+        """A scale or a switch, said as it happens (between two progress lines)."""
+        if kind == "scaled":
+            self._say(f"scaled {fields['from']} -> {fields['to']} workers ({fields['by']}) in "
+                      f"{fields['seconds']:.1f} s, at {fields['samples']:,} samples")
+        elif kind == "switch":
+            self._say(f"switched {fields['from']} -> {fields['to']} ({fields['method']}, {fields['by']}) in "
+                      f"{fields['overhead_s']:.2f} s, at {fields['samples']:,} samples")
+
     def rates(self, engine, now: float | None = None) -> tuple[float, float, float]:
         """(seconds of training, steps/s, samples/s) measured since training began."""
         now = time.time() if now is None else now
@@ -119,8 +128,9 @@ def progress_bar(stream=None):
     def update(done: int, total: int, message: str = "") -> None:
         frac = done / max(total, 1)
         bar = "#" * int(frac * 24) + "-" * (24 - int(frac * 24))
-        eta = (time.time() - t0) / max(frac, 1e-9) * (1 - frac)
-        line = f"[{bar}] {done}/{total}  eta {eta:,.0f} s  {message}"
+        # nothing done yet: no rate to project from (not the time so far over a share of 0)
+        eta = f"{(time.time() - t0) / frac * (1 - frac):,.0f} s" if frac > 0 else "?"
+        line = f"[{bar}] {done}/{total}  eta {eta}  {message}"
         if stream.isatty():
             stream.write("\r" + line[:160].ljust(120) + ("\n" if done >= total else ""))
         else:

@@ -9,7 +9,9 @@
 - **Private**: the directory is made ``0700`` and what the run writes there ``0600``
   whatever the umask (:func:`private` sets the process's umask to ``077`` for the run and
   closes what an earlier run left open), so no other local user reads the model, the
-  data records, the logs or the token.
+  data records, the logs or the token. A directory of another user's, or inside a folder
+  every user may write (without the sticky bit of ``/tmp``), is refused in one line:
+  its owner could rename ``control/`` or put a link in place of ``checkpoints``.
 - **One run at a time**: ``<run_dir>/.tfsync.lock`` is held (``flock``) for the whole of
   a ``tfsync run``, ``resume`` or trial of ``tfsync search``; a second one on the same
   directory is refused with a line naming the first (its pid and start time).
@@ -27,6 +29,7 @@ import json
 import os
 import stat
 import time
+from . import safefile
 from .exits import TfsyncError
 
 FIELD = "job.run_dir"
@@ -69,7 +72,13 @@ def private(run_dir: str) -> None:
     the tasks it starts too); ``run_dir`` is made, and what it holds already is closed
     to others (files and directories of this user, never through a link)."""
     os.umask(0o077)
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    problem = next((f"{p} is writable by every user" for p in _parents(run_dir)
+                    if os.path.isdir(p) and safefile.others_may_replace(os.stat(p))), None)
+    if problem is None:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        problem = safefile.not_private(run_dir, os.lstat(run_dir))
+    if problem:
+        raise RunDirError(f"{FIELD}: {problem}; choose a run directory of your own (default: runs/<job name>)")
     me = os.geteuid()
     for top, dirs, files in os.walk(run_dir):
         for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
@@ -77,6 +86,12 @@ def private(run_dir: str) -> None:
             if st.st_uid == me and not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
                 keep = 0o700 if stat.S_ISDIR(st.st_mode) else stat.S_IMODE(st.st_mode) & 0o700
                 os.chmod(name, keep)
+
+
+def _parents(path: str):
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        yield path
 
 
 @contextlib.contextmanager

@@ -75,6 +75,40 @@ def _refuse(path: str) -> UnsafePathError:
                            "(remove it, or choose another run directory)")
 
 
+def not_private(path: str, st: os.stat_result) -> str | None:
+    """Why the folder ``path`` (``st``: its ``lstat``) is not this user's alone to change:
+    a link or not a folder, another user's, or writable by others; None where it is."""
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a folder'}"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}), who could rename or replace " \
+               "what is written there"
+    if others_may_replace(st):
+        return f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def others_may_replace(st: os.stat_result) -> bool:
+    """Whether every user may rename what a folder (``st``) holds: writable by others,
+    without the sticky bit that keeps ``/tmp``'s entries their owners'."""
+    return bool(st.st_mode & 0o002) and not st.st_mode & stat.S_ISVTX
+
+
+def private_dir(path: str | os.PathLike) -> str:
+    """The folder ``path``, made 0700 where missing; an existing one that is not this
+    user's alone (:func:`not_private`) raises UnsafePathError naming it. Nothing is
+    followed: a link there is refused."""
+    path = os.path.abspath(os.fspath(path))
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    problem = not_private(path, os.lstat(path))
+    if problem:
+        raise UnsafePathError(f"{problem}; tfsync keeps its files in folders of its own user's only: remove it or "
+                              "choose another")
+    return path
+
+
 def make_dir(path: str | os.PathLike, mode: int = 0o755) -> str:
     """``os.makedirs(path)``, refusing a ``path`` that is a link."""
     path = os.fspath(path)

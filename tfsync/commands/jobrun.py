@@ -160,6 +160,12 @@ def platform_cluster(cfg: JobConfig):
     return PlatformCluster.factory(tc.spec)
 
 
+def tasks_here(cfg: JobConfig) -> bool:
+    """Whether the job's tasks are this process's to start, on this machine (no hooks, no
+    TF_CONFIG naming tasks a platform started)."""
+    return not cfg.cluster.hooks and "TF_CONFIG" not in os.environ
+
+
 def own_process_imports(cfg: JobConfig) -> None:
     """In a command's own process (not a program calling ``tfsync.cli.main``), before any
     TensorFlow context: import TensorFlow and, where the job's tasks run on this machine
@@ -168,12 +174,30 @@ def own_process_imports(cfg: JobConfig) -> None:
     as long as the process: Python's full collections skip it from now on (``gc.freeze``,
     0.2 s a collection less; each generation's close makes one)."""
     import gc
-    if not cfg.cluster.hooks and "TF_CONFIG" not in os.environ:
+    if tasks_here(cfg):
         from ..base import forkserver
         forkserver.prestart(here=True)
     import tensorflow  # noqa: F401
     gc.collect()
     gc.freeze()
+
+
+def check_batch_fits(cfg: JobConfig, examples: int, workers: int) -> None:
+    """A worker's batch larger than the training set is refused (ConfigError naming the
+    field and the numbers); a round of all the workers' batches larger than it is said in
+    a warning (BSP's one update then covers the set more than once)."""
+    from ..job.config import ConfigError
+    sizes = [("train.batch_size", cfg.train.batch_size)] + [
+        (f"protocol.{i}.batch_sizes", max(p.batch_sizes)) for i, p in enumerate(cfg.protocol) if p.batch_sizes]
+    field, biggest = max(sizes, key=lambda fs: fs[1])
+    if biggest > examples:
+        raise ConfigError(f"{field}: a worker's batch of {biggest:,} is larger than the training set "
+                          f"({examples:,} examples); at most {examples:,}", field)
+    round_ = cfg.train.batch_size * workers
+    if round_ > examples:
+        logger.warning("train.batch_size = %d on %d workers: one round of their batches (%s samples) is larger "
+                       "than the training set (%s examples): a BSP update covers it %.2g times",
+                       cfg.train.batch_size, workers, f"{round_:,}", f"{examples:,}", round_ / examples)
 
 
 def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, controller=None,
@@ -195,6 +219,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     biggest = max(max_batch(phases, cfg.cluster.workers), max_batch(phases, workers))
     if cfg.cluster.scale == "global":   # each worker's batch: the global one / workers
         biggest = max(biggest, -(-cfg.train.batch_size * cfg.cluster.workers // workers))
+    check_batch_fits(cfg, data.train_examples, workers)
     platform = platform_cluster(cfg)
     fits = functools.partial(check_job, ps=cfg.cluster.ps, max_batch=biggest, per_example=example_bytes(*data.sample()),
                              local_tasks=not cfg.cluster.hooks and platform is None)   # fits(workers): a scale asks too

@@ -75,6 +75,13 @@ _SHOWN = {"test_accuracy": lambda v: f"test accuracy {v:.2%}",
           "exit_code": lambda v: f"exit code {v}"}
 
 
+def first_test(results: dict) -> str:
+    """A job's first test number for its row: the accuracy, else (a regression) the loss."""
+    if _number(results.get("test_accuracy")):
+        return f"acc {results['test_accuracy']:.2%}"
+    return f"loss {results['test_loss']:.4g}" if _number(results.get("test_loss")) else "-"
+
+
 def results_text(results: dict) -> str:
     """Results in words: known keys first, other numbers and words as ``key value`` ("" if none).
     A search trial scored on its loss (``extra.metric`` "neg_log_loss") shows that loss."""
@@ -132,11 +139,25 @@ def job_record(store, job) -> dict:
     trains = [r["train_s"] for r in done if _number(r.get("train_s"))]
     return {"id": job.id, "name": job.name, "state": job.state, "created": job.created,
             "ended": job.updated if job.state in ENDED else None, "protocols": protocols_ran(store, job),
+            "workers": workers_ran(store, job, runs),
             "plan": protocols(job.config),
             "runs": len(runs), "results": store.results(runs[-1].id) if runs else {},
             "wall_s": sum(walls) if walls else None,   # every run's, a resumed job's too
             "train_s": sum(trains) if trains else None, "run_walls": walls, "run_trains": trains,
             "run_dir": job.run_dir, "signature": job.signature}
+
+
+def workers_ran(store, job, runs) -> list[int]:
+    """The job's worker counts in order: the first, then each a scale left (every run's)."""
+    counts = [int(job.config.get("cluster", {}).get("workers") or 0)] if isinstance(job.config, dict) else []
+    for run in runs:
+        counts += [e.detail["to"] for e in store.events(run.id, "scaled") if isinstance(e.detail.get("to"), int)]
+    return [n for i, n in enumerate(counts) if n and (i == 0 or n != counts[i - 1])]
+
+
+def scales_text(store, run) -> list[str]:
+    return [f"{e.detail.get('from')} -> {e.detail.get('to')} workers ({e.detail.get('by')})"
+            for e in store.events(run.id, "scaled")]
 
 
 def run_state(job, run, results: dict, latest: bool) -> str:
@@ -168,7 +189,7 @@ def run_records(store, job) -> list[dict]:
                     + (" (by command)" if e.detail.get("by") == "command" else "")
                     for e in store.events(run.id, "switch")]
         out.append({"id": run.id, "kind": run.kind, "started": run.started, "ended": ended, "state": state,
-                    "results": results, "switches": switches,
+                    "results": results, "switches": switches, "scales": scales_text(store, run),
                     "last_step": None if last is None else {"step": last.step, "time": last.time, "loss": last.loss,
                                                             "protocol": last.protocol},
                     "search": run.config.get("search") if isinstance(run.config, dict) else None})
@@ -192,12 +213,12 @@ def cmd_jobs(args) -> int:
               f"no {args.state} jobs in the job store {path} ({total} in all; `tfsync jobs` lists them)")
         return 0
     rows = [(r["id"], r["name"], r["state"], when(r["created"]), when(r["ended"]), " -> ".join(r["protocols"]) or "-",
-             str(r["runs"]),
-             f"{r['results']['test_accuracy']:.2%}" if _number(r["results"].get("test_accuracy")) else "-",
+             " -> ".join(map(str, r["workers"])) or "-", str(r["runs"]),
+             first_test(r["results"]),
              duration(r["wall_s"]) if r["wall_s"] is not None else "-",
              duration(r["train_s"]) if r["train_s"] is not None else "-", r["run_dir"] or "-")
             for r in records]
-    print(table(("JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "RUNS", "TEST ACC", "WALL", "TRAINING",
+    print(table(("JOB", "NAME", "STATE", "CREATED", "ENDED", "PROTOCOLS", "WORKERS", "RUNS", "TEST", "WALL", "TRAINING",
                  "RUN DIR"), rows))
     if len(shown) < len(jobs):
         print(f"({len(shown)} newest of {len(jobs)} jobs; --limit 0 lists all)")
@@ -230,6 +251,8 @@ def cmd_runs(args) -> int:
             text = f"step {r['last_step']['step']} ({r['last_step']['protocol']})"
         if r["switches"]:
             text = f"switched {', '.join(r['switches'])}; {text}"
+        if r["scales"]:
+            text = f"scaled {', '.join(r['scales'])}; {text}"
         rows.append((str(r["id"]), r["kind"], when(r["started"]), when(r["ended"]), r["state"], text))
     print(table(("RUN", "KIND", "STARTED", "ENDED", "STATE", "RESULTS"), rows) if rows else "no runs yet")
     totals = totals_text(record)

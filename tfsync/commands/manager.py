@@ -27,6 +27,8 @@ def client_tls(args, info: dict | None = None):
     plaintext manager of a `tfsync run` job is reached without, even with $TFSYNC_CA set."""
     from tfsync.api import transport
 
+    if info and str(info.get("address", "")).startswith("unix:"):
+        return None   # a socket in the user's 0700 folder: no network to protect
     ca = args.ca or (os.environ.get(ENV_CA) if info is None or info.get("tls") else None)
     server_name = args.server_name or (info or {}).get("server_name")
     if ca:
@@ -85,7 +87,7 @@ def _call(args, make, ended=None):
 def _text(d: dict) -> str:
     if "command_id" in d:
         return f"{d.get('message', 'queued')} (command {d['command_id']}{', already issued' if d.get('duplicate') else ''})"
-    sizes = " ".join(str(b) for b in d.get("batch_sizes", []))
+    sizes = " ".join(str(b) if b else "-" for b in d.get("batch_sizes", []))   # -: no step since it joined
     return (f"job {d.get('job_id')} ({d.get('name')}): {d.get('state', '').replace('JOB_STATE_', '').lower()}, "
             f"{d.get('protocol', '?')}, step {d.get('step', 0)}, samples {d.get('samples', 0)}, "
             f"loss {float(d.get('loss', 'nan')):.4f}, batch sizes [{sizes}]"

@@ -23,6 +23,7 @@ import time
 
 from ..base import rundir
 from ..base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
+from ..switch.plan import SwitchPlan
 
 EVALS_PER_RUN = 20  # when the job file sets no train.eval_every: the curve's resolution
 
@@ -124,7 +125,10 @@ def run_trial_process(cfg, data_path: str | None) -> dict:
     request = {"config": cfg.to_dict(), "data": data_path, "evals_per_run": EVALS_PER_RUN}
     out = os.path.join(cfg.job.run_dir + ".summary.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "tfsync.commands.trial", out], stdin=subprocess.PIPE,
+    # a local trial in a network of its own, as `tfsync run` (tfsync.base.isolation)
+    from .jobrun import tasks_here
+    isolated = [sys.executable, "-m", "tfsync.base.isolation"] if tasks_here(cfg) else []
+    proc = subprocess.Popen([*isolated, sys.executable, "-m", "tfsync.commands.trial", out], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(json.dumps(request))
@@ -160,7 +164,7 @@ def describe(result, settings, metric: str = "accuracy") -> dict:
     return {
         "fraction": result.fraction, "target": result.target, "beta": settings.beta, "metric": metric,
         "runs": settings.runs, "settings": settings.settings, "bsp": list(result.bsp),
-        "tried": [{"fraction": s.fraction, "accuracies": list(s.accuracies), "mean": s.score,
+        "tried": [{"fraction": s.fraction, "scores": list(s.accuracies), "mean": s.score,
                    "accepted": s.accepted, "confidence": confidence(s.accuracies, threshold)}
                   for s in result.settings],
         "trials_run": result.trials_run, "trials_reused": result.trials_reused,
@@ -178,7 +182,7 @@ def trial_scales(summary: dict) -> list[dict]:
 
 def format_result(d: dict, signature: str) -> str:
     f = d["fraction"]
-    plan = "BSP only (no earlier switch was acceptable)" if f >= 1.0 else f"BSP for {f:.4g} of the workload, then ASP"
+    plan = SwitchPlan.words(f) + (" (no earlier switch was acceptable)" if f >= 1.0 else "")
     what = "accuracy" if d.get("metric", "accuracy") == "accuracy" else "-ln(test loss)"
     given = (f" (mean of {len(d['bsp'])} BSP runs: " + ", ".join(f"{a:.4f}" for a in d["bsp"]) + ")"
              if d["bsp"] else " (given)")
@@ -189,13 +193,14 @@ def format_result(d: dict, signature: str) -> str:
              f"{'BSP share':>10} {'runs':>5} {'mean':>7} {'scores':<28} {'P(acceptable)':>13}  verdict"]
     for s in d["tried"]:
         conf = "n/a (1 run)" if s["confidence"] is None else f"{s['confidence']:.2f}"
-        accs = ", ".join(f"{a:.4f}" for a in s["accuracies"])
-        lines.append(f"{s['fraction']:>10.4g} {len(s['accuracies']):>5} {s['mean']:>7.4f} {accs:<28} {conf:>13}  "
+        scores = s.get("scores", s.get("accuracies", []))   # (named "accuracies" by searches before 2026-11-29)
+        accs = ", ".join(f"{a:.4f}" for a in scores)
+        lines.append(f"{s['fraction']:>10.4g} {len(scores):>5} {s['mean']:>7.4f} {accs:<28} {conf:>13}  "
                      + ("accept" if s["accepted"] else "reject"))
     chosen = next((s for s in d["tried"] if s["fraction"] == f), None)
     if chosen is not None and chosen["confidence"] is not None:
         lines.append(f"how sure: the chosen point is acceptable with probability {chosen['confidence']:.2f} "
-                     f"(t-test over its {len(chosen['accuracies'])} runs)")
+                     f"(t-test over its {len(chosen.get('scores', chosen.get('accuracies', [])))} runs)")
     for t in d.get("scaled", []):   # their scores are not all of the signature's worker count
         what = "BSP only" if t["fraction"] >= 1.0 else f"BSP {t['fraction']:.4g}"
         how = ", ".join(f"{s['from']} -> {s['to']} workers ({s['by']}"

@@ -96,6 +96,10 @@ class ProgressDisplay(Callback):
     def on_push(self, engine, push, record):
         self.progress(engine, engine.policy, engine.total_samples)
 
+    def on_event(self, engine, kind, fields):
+        if hasattr(self.progress, "event"):
+            self.progress.event(kind, fields)
+
 
 class Evaluations(Callback):
     """Asks the background evaluator for a point of the curve when one is due, and

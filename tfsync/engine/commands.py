@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, PolicyError
-from ..policy.commands import check_batch_sizes, check_switch, check_workers
+from ..policy.commands import InvalidCommand, check_batch_sizes, check_switch, check_workers
 from .phase import EngineError
 from .scaling import join, phases_left, scale
 from .switching import switch
@@ -55,6 +55,7 @@ class CommandResult:
     message: str
     updates: int  # the step boundary (model updates so far) at which it was carried out
     checkpoint_path: str = ""
+    invalid: bool = False   # refused as given (tfsync.policy.commands.InvalidCommand), not for the job's state
 
 
 class Controller:
@@ -146,11 +147,14 @@ def obey(loop: Loop, phase, cmd: Command) -> None:
     try:
         message, path = carry_out(loop, phase, cmd, loop.lifecycle.setup.max_batch_size)
     except StopRequested as stop:
+        loop.log.recorder.event("command", id=cmd.id, command=cmd.kind, message="stopping",
+                                **({"checkpoint": stop.checkpoint_path} if stop.checkpoint_path else {}))
         loop.controller.result(CommandResult(cmd.id, True, "stopping", loop.ledger.updates, stop.checkpoint_path))
         raise
     except (ValueError, PolicyError) as e:
         logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
-        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates))
+        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates,
+                                             invalid=isinstance(e, InvalidCommand)))
         return
     except EngineError as e:   # it failed halfway (a scale whose new tasks died): the run ends with it
         loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates))

@@ -109,6 +109,7 @@ def apply_update(optimizer, grads, variables, rate):
     tfcompat.rate_variable(optimizer).assign(tf.cast(used, tfcompat.rate_variable(optimizer).dtype))
     grads = tfcompat.clip_gradients(optimizer, grads)
     tfcompat.apply_weight_decay(optimizer, variables)
+    tfcompat.nadam_product(optimizer)
     for g, v in zip(grads, variables):
         with tf.device(v.device):
             converted(optimizer.update_step, g, v)

@@ -181,6 +181,16 @@ def checkpoint_io() -> "tf.train.CheckpointOptions":
     return _CHECKPOINT_IO[0]
 
 
+def tunable_momentum(optimizer) -> bool:
+    """Whether the engine sets ``optimizer``'s momentum during training (the momentum rule
+    of a switch, paper 003 §IV-C): SGD's, which its update reads as a number each step.
+    RMSprop's is fixed at build (its update branches on it in Python and keeps a momentum
+    slot only when it is > 0), and the other optimizers have none (Adam's betas are not
+    a momentum the rules speak of): theirs stay as the optimizer was made."""
+    import tf_keras as keras
+    return isinstance(optimizer, keras.optimizers.SGD)
+
+
 class Generation:
     def __init__(self, cluster: LocalCluster, setup: TrainSetup, records: dict):
         self.cluster = cluster
@@ -194,7 +204,8 @@ class Generation:
             self.optimizer.build(self.model.trainable_variables)
             momentum = float(getattr(self.optimizer, "momentum", 0.0) or 0.0)
             self.momentum = tf.Variable(momentum, trainable=False, name="momentum")
-            if hasattr(self.optimizer, "momentum"):
+            self.momentum_tunable = tunable_momentum(self.optimizer)
+            if self.momentum_tunable:
                 self.optimizer.momentum = self.momentum  # read per update: changeable at a switch
             self.rate = LearningRate(self.optimizer)  # the engine sets its scale
         self.control = PSControl(self.num_workers, self.model, self.optimizer, self.rate)
@@ -246,8 +257,8 @@ class Generation:
             self.rate.base.assign(float(base_lr))
         if lr_scale is not None:
             self.rate.scale.assign(float(lr_scale))
-        if momentum is not None:
-            self.momentum.assign(float(momentum))
+        if momentum is not None and self.momentum_tunable:   # (another optimizer's momentum is its own: see
+            self.momentum.assign(float(momentum))           # tunable_momentum)
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]

@@ -33,7 +33,7 @@ import grpc
 
 from tfsync.api import transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.base import netns
+from tfsync.base import isolation, netns
 from tfsync.base.netns import is_loopback
 from tfsync.base.procstats import worker_reading
 from tfsync.engine.cluster import ClusterError, NoNodes, free_ports
@@ -360,7 +360,7 @@ class HookCluster:
         private network's description, or per node (hook address) what its hook said,
         with the coordinator's own TF server (the chief), which listens on every
         interface of this machine."""
-        if self.network is not None:
+        if self.network is not None or (self.nodes.local and isolation.active()):
             return netns.describe(self.network)
         out = {"coordinator": f"every interface, unprotected: the coordinator's own TF server ({self.spec['chief'][0]})"
                               " is not firewalled"}

@@ -268,6 +268,19 @@ PREVIOUS_OUTPUTS = ("metrics.jsonl", "metrics.discarded.jsonl", "summary.json", 
                     "report.html", "report_files")
 
 
+def finished(run_dir: str, epochs: float) -> dict | None:
+    """The summary of the run in ``run_dir`` where it trained its whole workload and a
+    workload of ``epochs`` would add nothing (not stopped, not failed); else None."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        wanted = round(epochs * summary["meta"]["train_examples"])
+        done = summary["samples"] >= max(summary["workload_samples"], wanted)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return summary if done and not summary.get("stopped") and "failed" not in summary else None
+
+
 def set_aside_previous_run(run_dir: str) -> str | None:
     """Move an earlier run's outputs in ``run_dir`` to ``run_dir/previous/<UTC time>/`` so a
     new run starts clean and nothing is lost; returns where they went (None: nothing there).

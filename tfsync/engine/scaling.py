@@ -62,7 +62,7 @@ def check_scale(loop: Loop, workers: int) -> None:
     """Raise ValueError (one line) for a scale of the running job that cannot be carried
     out, before touching anything (what the plan's phases allow: ``rescale``)."""
     old = loop.workers
-    check_workers(workers, loop.elastic.min_workers or 1, loop.elastic.max_workers or MAX_WORKERS)
+    check_workers(workers, loop.elastic.min_workers, loop.elastic.max_workers)
     if workers == old:
         raise ValueError(f"the job already runs {old} workers")
     if not getattr(loop.lifecycle.current.cluster, "restartable", True):

@@ -88,6 +88,7 @@ def _counts(log, wall: float, train: float, workers: int, ps: int, total: int) -
             "samples_per_s": round((s.samples - log.train_counts[1]) / train, 3) if train > 0 else 0.0,
             "time_base": round(log.recorder.origin, 3), "workers": workers, "ps": ps,
             "pushes": s.pushes, "updates": s.updates, "samples": s.samples, "dropped": s.dropped,
+            "run_samples": s.samples - log.train_counts[1],   # this run's own (a resumed run's, after its checkpoint)
             "workload_samples": total, "timeline": log.timeline, "switches": log.switches, "scales": log.scales,
             "checkpoints": log.checkpoints, "recoveries": log.recoveries, "clocks": list(s.clocks)}
 
@@ -111,6 +112,9 @@ def whole_job(run_dir: str, resume: dict | None, summary: dict) -> dict:
             + [{**sw, "index": sw["index"] + len(kept)} for sw in summary["switches"]],
             "checkpoints": previous.get("checkpoints", []) + summary["checkpoints"],
             "recoveries": previous.get("recoveries", []) + summary["recoveries"],
+            # each run's evaluations (``time``: seconds since that run began), those before the checkpoint kept
+            "evals": [e for e in previous.get("evals", []) if e.get("samples", 0) <= resume.get("samples", 0)]
+            + summary.get("evals", []),
             "injected": previous.get("injected", []),  # slowdowns injected in the earlier runs
             "runs": runs, "job_wall_s": round(sum(r["wall_s"] for r in runs), 3), "job_train_s": round(train, 3),
             "job_samples_per_s": round(sum(r["samples"] for r in runs) / train, 3) if train > 0 else 0.0}
@@ -120,7 +124,8 @@ def _run_brief(summary: dict) -> dict:
     """One run of a job as the whole job's summary lists it: its own samples and rates."""
     train = float(summary.get("train_s") or 0.0)
     return {"started_at": summary.get("started_at"), "wall_s": float(summary.get("wall_s") or 0.0), "train_s": train,
-            "samples": round(float(summary.get("samples_per_s") or 0.0) * train),
+            "samples": summary["run_samples"] if "run_samples" in summary   # (a summary from before it was kept)
+            else round(float(summary.get("samples_per_s") or 0.0) * train),
             "samples_per_s": summary.get("samples_per_s"), "pushes_per_s": summary.get("pushes_per_s"),
             "stopped": bool(summary.get("stopped")), **({"failed": summary["failed"]} if "failed" in summary else {})}
 

@@ -120,6 +120,37 @@ def apply_weight_decay(optimizer, variables) -> None:
     _BaseOptimizer._apply_weight_decay(optimizer, variables)
 
 
+class _NadamProductDone:
+    """Stands for Nadam's ``_u_product_counter`` (see :func:`nadam_product`): equal to any
+    step, so every ``update_step`` reads the product the engine updated for the step."""
+
+    def __eq__(self, other):
+        return tf.constant(True)
+
+    def __iadd__(self, other):
+        return self
+
+    __hash__ = object.__hash__
+
+
+def nadam_product(optimizer) -> None:
+    """Nadam's running product of its momentum schedule, advanced once for this update.
+    tf_keras's Nadam advances it in the first ``update_step`` of a step and counts the
+    calls in a Python int, which a traced update (the engine's, and ``model.fit``'s own)
+    freezes at its trace: from the second step on every variable advanced it again, so
+    a model of k variables took the product k times a step. Here it advances once per
+    update, before the variables' updates, which read it as the eager optimizer does."""
+    import tf_keras as keras
+    if not isinstance(optimizer, keras.optimizers.Nadam):
+        return
+    if not isinstance(optimizer._u_product_counter, _NadamProductDone):
+        optimizer._u_product_counter = _NadamProductDone()
+    product = optimizer._u_product
+    step = tf.cast(optimizer.iterations + 1, product.dtype)
+    u_t = tf.cast(optimizer.beta_1, product.dtype) * (1.0 - 0.5 * tf.pow(tf.cast(0.96, product.dtype), step))
+    product.assign(product * u_t)
+
+
 def quiet_resource_deleters() -> None:
     """TF frees remote resources in ``__del__``; once their tasks are gone that fails
     harmlessly but prints a traceback per resource. Drop exactly those (idempotent)."""

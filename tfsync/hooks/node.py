@@ -17,6 +17,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import psutil
 
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.base import forkserver, safefile
+from tfsync.base import forkserver, isolation, safefile
 from tfsync.base.exits import EXIT_BAD_INPUT, EXIT_FAILED, fail, interrupt
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
@@ -193,21 +194,29 @@ class NodeHookService(node_hook_pb2_grpc.NodeHookServicer):
             tasks=[_status(t) for t in self.supervisor.tasks()], version=VERSION)
 
 
+OWN_LOG_DIR_ENV = "TFSYNC_HOOK_OWN_LOG_DIR"   # a restarted hook's folder, made by the hook it replaces
+
+
 class HookServer:
     """A running hook: its gRPC server and the task processes it started."""
 
-    def __init__(self, grpc_server: grpc.Server, supervisor: TaskSupervisor, stopping: threading.Event):
+    def __init__(self, grpc_server: grpc.Server, supervisor: TaskSupervisor, stopping: threading.Event,
+                 own_log_dir: bool = False):
         self.grpc_server = grpc_server
         self.supervisor = supervisor
         self._stopping = stopping
+        self.own_log_dir = own_log_dir   # made by the hook (no --log-dir): removed when it stops
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """End streams, stop serving, kill every task process this hook started."""
+        """End streams, stop serving, kill every task process this hook started; the log
+        folder goes too where the hook made it (a --log-dir is kept)."""
         self._stopping.set()
         try:
             self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
         finally:
             self.supervisor.shutdown()
+            if self.own_log_dir:
+                shutil.rmtree(self.supervisor.log_dir, ignore_errors=True)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self.grpc_server.wait_for_termination(timeout)
@@ -234,23 +243,34 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
     says so, once: at the start with ``warn_now``, else when the first task starts outside
     a private namespace. ``adopt_rows``: the tasks of this hook before it re-executed itself.
     """
-    log_dir = log_dir or os.path.join(tempfile.gettempdir(), f"tfsync-hook-{os.getpid()}")
     check_task_allow(task_allow)
-    server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
-                                         max_workers=max_workers)
-    fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
+    # task logs 0600 in a 0700 folder of the hook's: a new one of its own (removed when it
+    # stops; a hook restarted in place keeps its folder) unless --log-dir names one (kept)
+    own_log_dir = log_dir is None or log_dir == os.environ.pop(OWN_LOG_DIR_ENV, None)
+    log_dir = safefile.private_dir(log_dir) if log_dir else tempfile.mkdtemp(prefix="tfsync-hook-")
+    try:
+        server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote,
+                                             max_workers=max_workers)
+    except BaseException:
+        if own_log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+    if isolation.active():   # this process's network is its own: no one else reaches its tasks' ports
+        fw, why, warn_now = None, "none needed: the hook's network namespace is its process's own", False
+    else:
+        fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
     if fw is None and warn_now:
         logger.warning("tfsync hook: TF task ports of this node will listen on every interface, unprotected "
                        "(no firewall): %s", why)
     supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why,
-                                warn_open=not warn_now)
+                                warn_open=not warn_now and not isolation.active())
     supervisor.adopt(adopt_rows or [])
     stopping = threading.Event()
     node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),
                                                       server)
     server.start()
     logger.info("node hook serving on port %d (task logs in %s)", port, log_dir)
-    return HookServer(server, supervisor, stopping), port
+    return HookServer(server, supervisor, stopping, own_log_dir), port
 
 
 def check_task_allow(task_allow) -> None:
@@ -328,7 +348,9 @@ def main(argv=None) -> int:
     p.add_argument("--init-token", action="store_true",
                    help="if the token file does not exist, write a new token there (mode 0600) and say so: copy "
                         "it to the machine that runs the job (its cluster.token_file)")
-    p.add_argument("--log-dir", default=None, help="where task logs go")
+    p.add_argument("--log-dir", default=None,
+                   help="a folder of this user's where task logs go (0600), kept when the hook exits (default: a "
+                        "new 0700 folder in the temporary directory, removed when the hook exits)")
     p.add_argument("--node", default=None, help="this node's name in resource samples (default: the host name)")
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
@@ -373,7 +395,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, _restart)
     forkserver.prestart()   # TensorFlow imported before the first job asks for tasks
     try:
-        print(f"tfsync hook listening on port {port}", flush=True)
+        print(f"tfsync hook listening on port {port} (task logs in {server.supervisor.log_dir})", flush=True)
         if args.join and not os.environ.get(JOINED_ENV):   # (a hook restarted in place may have joined)
             code = join_job(args, port, manager_token)
             if code:
@@ -383,9 +405,12 @@ def main(argv=None) -> int:
         pass
     except Restart:   # the same process id, arguments and port; the tasks go on
         os.environ[adopt.ENV] = server.hand_over()
+        if server.own_log_dir:
+            os.environ[OWN_LOG_DIR_ENV] = server.supervisor.log_dir
         print("tfsync hook: restarting in place, keeping its tasks", flush=True)
         os.execv(sys.executable, [sys.executable, "-m", "tfsync.hooks.node", *hook_args,
-                                  "--listen", f"{args.listen.rsplit(':', 1)[0]}:{port}"])
+                                  "--listen", f"{args.listen.rsplit(':', 1)[0]}:{port}",
+                                  "--log-dir", server.supervisor.log_dir])
     finally:
         server.stop()
     return 0

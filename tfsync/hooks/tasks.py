@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tfsync.base import isolation
 from tfsync.base import netns as netns_
 from tfsync.base import forkserver, safefile, taskcmd
 from tfsync.base.exits import BadInput, TfsyncError, shown
@@ -323,6 +324,8 @@ class TaskSupervisor:
         """What keeps others off ``tasks``' ports, in one line (for StartTasks replies)."""
         if tasks and all(t.netns for t in tasks):
             return f"private network namespace {tasks[0].netns} of the node: not reachable from other machines"
+        if isolation.active():
+            return netns_.describe(None)
         if self.firewall is None:
             return f"every interface, unprotected: {self.open_reason}"
         ports = sorted({t.port for t in tasks if not t.netns})
@@ -349,11 +352,11 @@ class TaskSupervisor:
         full_env = taskcmd.task_env(env)
         log_dir = os.path.join(self.log_dir, job_id)
         made_dir = not os.path.isdir(log_dir)
-        safefile.make_dir(log_dir)
+        safefile.make_dir(log_dir, 0o700)
         log_path = os.path.join(log_dir, f"{job}-{index}.log")
         made_log = not os.path.lexists(log_path)
         try:
-            with safefile.open_append(log_path, binary=True) as out:
+            with safefile.open_append(log_path, mode=0o600, binary=True) as out:
                 proc = (forking and forkserver.fork(cmd[len(TASK_COMMAND):], full_env, cwd, log_path, FORK_TIMEOUT,
                                                     netns, netns_.task_user() if netns else None)) or subprocess.Popen(
                     netns_.command_in(netns, cmd) if netns else cmd, env=full_env, stdout=out,

@@ -787,6 +787,10 @@ def _user_code(where: str, d: dict, out: dict) -> None:
     if "momentum" in train and out["train"].optimizer != "sgd":
         raise ConfigError(f"{where}train.momentum: applies to sgd; give {out['train'].optimizer}'s options in "
                           "train.optimizer_args", "train.momentum")
+    if out["switch"].momentum != "keep" and out["train"].optimizer in OPTIMIZERS and out["train"].optimizer != "sgd":
+        raise ConfigError(f"{where}switch.momentum = {_fmt(out['switch'].momentum)}: changes SGD's momentum after "
+                          f"the switch, and {out['train'].optimizer}'s stays as it was made (RMSprop's is fixed at "
+                          "build; the others have none); use \"keep\"", "switch.momentum")
 
 
 def _inject(where: str, items: Any, workers: int) -> tuple[Inject, ...]:

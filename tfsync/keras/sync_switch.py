@@ -51,6 +51,7 @@ during BSP loses its token and stalls its round (not handled). Save ``model.inne
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import math
@@ -227,6 +228,7 @@ class _SyncSwitchModel(keras.Model):
         super().__init__(name=kwargs.pop("name", f"sync_switch_{inner.name}"), **kwargs)
         self.inner = inner
         self._sync = sync
+        self._evaluation = None
 
     def call(self, inputs, training=None, mask=None):
         return self.inner(inputs, training=training, mask=mask)
@@ -234,6 +236,35 @@ class _SyncSwitchModel(keras.Model):
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
         self._sync._attach(self, self.optimizer)
+        self._evaluation = None
+        given = inspect.signature(keras.Model.compile).bind(self, *args, **kwargs).arguments
+        self._compiled_with = {k: v for k, v in given.items()   # what the local copy is compiled with
+                               if k in ("loss", "metrics", "loss_weights", "weighted_metrics")}
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 callbacks=None, return_dict=False, **kwargs):
+        """``model.evaluate`` on the trained weights, for arrays or a ``tf.data.Dataset``, as
+        one process would: ParameterServerStrategy evaluates only a DatasetCreator with
+        ``steps``, so the weights are copied from the PS into a model of the same
+        architecture on the coordinator, compiled with this model's loss and metrics."""
+        if isinstance(x, keras.utils.experimental.DatasetCreator):
+            return super().evaluate(x, y, batch_size, verbose, sample_weight, steps, callbacks, return_dict=return_dict,
+                                    **kwargs)
+        local = self.local_copy()
+        return local.evaluate(x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight, steps=steps,
+                              callbacks=callbacks, return_dict=return_dict, **kwargs)
+
+    def local_copy(self) -> keras.Model:
+        """The wrapped model with its current weights, on this process, compiled as this one
+        was (without the optimizer): to evaluate, predict or save without the cluster."""
+        if tf.distribute.has_strategy():
+            raise ValueError("evaluate (or local_copy) this model outside `strategy.scope()`: its copy must live "
+                             "on this process, not on the parameter servers")
+        if self._evaluation is None:
+            self._evaluation = keras.models.clone_model(self.inner)
+            self._evaluation.compile(**self._compiled_with)
+        self._evaluation.set_weights(self.inner.get_weights())
+        return self._evaluation
 
     def fit(self, *args, **kwargs):
         from .tensorboard import TensorBoard
@@ -246,7 +277,12 @@ class _SyncSwitchModel(keras.Model):
                                "(update_freq=%s is ignored there); tfsync.keras.TensorBoard(log_dir, "
                                "update_freq=%s, sync=sync) writes them, and the switch", cb.update_freq,
                                cb.update_freq)
-        return super().fit(*args, **kwargs)
+        tf_logger = logging.getLogger("tensorflow")
+        tf_logger.addFilter(_no_batch_timing)
+        try:
+            return super().fit(*args, **kwargs)
+        finally:
+            tf_logger.removeFilter(_no_batch_timing)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -261,6 +297,13 @@ class _SyncSwitchModel(keras.Model):
         pushed = self._sync._push(grads, batch_size, token)
         with tf.control_dependencies([pushed]):
             return self.compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _no_batch_timing(record: logging.LogRecord) -> bool:
+    """Drops tf_keras' "Callback method `on_train_batch_end` is slow compared to the batch
+    time": under ParameterServerStrategy a batch's time is that of scheduling it (a few
+    microseconds, the step runs later on a worker), so every callback looks slow."""
+    return "is slow compared to the batch time" not in record.getMessage()
 
 
 class _SyncSwitchCallback(keras.callbacks.Callback):

@@ -31,10 +31,11 @@ class TensorBoard(keras.callbacks.TensorBoard):
         self.sync = sync
         self.batches = 0  # batch hooks seen in this fit
         self._switch_written = False
+        self._written_at = None   # the step of the last write
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self.batches, self._switch_written = 0, False
+        self.batches, self._switch_written, self._written_at = 0, False, None
 
     # The parent makes its writer the default for the whole fit (a context entered in
     # on_train_begin, left in on_train_end): two such callbacks in one fit leave each
@@ -57,9 +58,11 @@ class TensorBoard(keras.callbacks.TensorBoard):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        self._write({})
+        if self._written_at != self.batches:   # (the epoch's last batch may have written them)
+            self._write({})
 
     def _write(self, values: dict) -> None:
+        self._written_at = self.batches
         sync = self.sync
         if sync is not None:
             mode = int(sync.mode.numpy())

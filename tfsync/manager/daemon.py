@@ -15,6 +15,7 @@ results go to the job store; its output is in ``jobs/<job id>/coordinator.log``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,12 +40,14 @@ EXIT_STATES = {EXIT_DONE: "done", EXIT_INTERRUPTED: "stopped"}  # a coordinator'
 
 
 class Coordinators:
-    """The coordinator processes of submitted jobs, one per running job. ``tls``: the
-    manager's; its coordinators then connect with TLS, checking with ``tls.ca_file``."""
+    """The coordinator processes of submitted jobs, one per running job. A local job's
+    attaches at ``local``, the manager's Unix socket (plaintext: only this user may open
+    it); one on hooks at ``address``, with TLS (checked with ``tls.ca_file``) where the
+    manager serves it."""
 
-    def __init__(self, service: ManagerService, address: str, token_file: str, home: Path,
+    def __init__(self, service: ManagerService, address: str, local: str, token_file: str, home: Path,
                  tls: transport.TlsConfig | None = None):
-        self.service, self.address, self.token_file, self.home = service, address, token_file, home
+        self.service, self.address, self.local, self.token_file, self.home = service, address, local, token_file, home
         self.tls = tls
         self.procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -53,10 +56,13 @@ class Coordinators:
         folder = self.home / "jobs" / job.id
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         safefile.write(folder / "job.json", json.dumps(job.config, indent=2), mode=0o600)
+        # a local job's coordinator has a network of its own (tfsync.base.isolation): it attaches
+        # through the socket; one whose tasks run on hooks, at the address (with TLS where served)
+        on_hooks = bool((job.config.get("cluster") or {}).get("hooks"))
         cmd = [sys.executable, "-m", "tfsync.cli", "resume" if resume else "run", str(folder / "job.json"), "--json",
-               "--attach", self.address, "--token-file", self.token_file, "--job-id", job.id,
-               "--run-id", str(run.id)]
-        if self.tls is not None:
+               "--attach", self.address if on_hooks else self.local, "--token-file", self.token_file,
+               "--job-id", job.id, "--run-id", str(run.id)]
+        if self.tls is not None and on_hooks:
             cmd += ["--ca", os.path.abspath(self.tls.ca_file or self.tls.cert_file)]
             cmd += ["--server-name", self.tls.server_name] if self.tls.server_name else []
         with self._lock:
@@ -179,13 +185,20 @@ def serve(listen: str, *, token: str, token_file: str, store_path: str, home: Pa
         store = Store(store_path)
         service = StandaloneService(store)
         server, port = transport.make_server(listen, token=token, tls=tls, allow_remote=allow_remote)
+        # its coordinators attach through a socket in the 0700 home: a local job's process has a
+        # network of its own (tfsync.base.isolation), where the manager's loopback is not
+        local = transport.unix_address(str(home), "manager.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local[len("unix:"):])   # a killed manager's (the store lock says none runs)
+        if not server.add_insecure_port(local):
+            raise transport.TransportError(f"cannot listen on {local}")
     except BaseException:
         lock.release()
         raise
     service.lock = lock
     manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
     server.start()
-    host = listen.rsplit(":", 1)[0]
-    service.coordinators = Coordinators(service, f"{host}:{port}", os.path.abspath(token_file), home, tls)
-    lock.note(f"{host}:{port}")
+    address = f"{listen.rsplit(':', 1)[0]}:{port}"
+    service.coordinators = Coordinators(service, address, local, os.path.abspath(token_file), home, tls)
+    lock.note(address)
     return server, service, port

@@ -1,4 +1,5 @@
-"""The manager `tfsync run` embeds: a gRPC server on loopback (or ``--manager-listen``) for one job, its job store
+"""The manager `tfsync run` embeds: a gRPC server on loopback, or on a Unix socket in the run's control folder
+when the run has a network of its own (or ``--manager-listen``), for one job, its job store
 entry, the coordinator's link to it, and a node hook on loopback (``nodes``, the
 engine's cluster factory) that runs the job's PS and worker tasks on this machine.
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2_grpc
-from tfsync.base import safefile
+from tfsync.base import isolation, safefile
 from tfsync.engine.hook_cluster import HookNodes
 from tfsync.hooks.node import serve as serve_hook
 from tfsync.manager.home import default_store
@@ -57,6 +58,7 @@ class EmbeddedManager:
         finally:
             self.hook.stop()
             self.server.stop(grace=1.0)
+            transport.remove_unix_socket(self.address)
             self.service.close()
             (self.control_dir / "manager.json").unlink(missing_ok=True)
             self.store.close()
@@ -125,9 +127,12 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
     (default: a new one for this run). An unusable run directory fails first, before the
     store holds anything; a failure after that stops what was started and records the
     job as failed."""
-    listen = listen or f"{transport.DEFAULT_HOST}:0"
     token = token or auth.new_token()
     control = Path(safefile.make_dir(Path(run_dir) / "control", mode=0o700))
+    # in a network of its own (tfsync.base.isolation) this process's loopback is no one
+    # else's: the commands reach it through a socket in the 0700 control folder
+    listen = listen or (transport.unix_address(str(control), "manager.sock") if isolation.active()
+                        else f"{transport.DEFAULT_HOST}:0")
     store_path = store_path or default_store()
     Path(store_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(store_path)
@@ -144,7 +149,7 @@ def start(run_dir: str, name: str, config: dict, workers: int, protocol: str,
         server, port = transport.make_server(listen, token=token, allow_remote=allow_remote)
         manager_pb2_grpc.add_ManagerServicer_to_server(service, server)
         server.start()
-        address = f"{listen.rsplit(':', 1)[0]}:{port}"
+        address = listen if listen.startswith("unix:") else f"{listen.rsplit(':', 1)[0]}:{port}"
         link = ManagerLink(transport.make_channel(address, token=token), job.id, run.id, workers, protocol)
         hook, nodes = local_hook(run_dir, token, f"{job.id}-r{run.id}")
         info = {"address": address, "job_id": job.id, "run_id": run.id, "pid": os.getpid(), "store": store_path,

@@ -103,7 +103,7 @@ class ManagerLink(Controller):
     def result(self, result: CommandResult) -> None:
         self._out.put(manager_pb2.CoordinatorMessage(result=manager_pb2.CommandResult(
             command_id=result.id, ok=result.ok, message=result.message, step=result.updates,
-            checkpoint_path=result.checkpoint_path)))
+            checkpoint_path=result.checkpoint_path, invalid=result.invalid)))
 
     def close(self, timeout: float = 5.0) -> None:
         self._out.put(_DONE)

@@ -222,7 +222,7 @@ class ManagerService(ResourceReports):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the run ended before it carried out the {kind}; see `tfsync "
                           "status` and the run's log")
         if result is not None and not result.ok:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT if result.invalid else grpc.StatusCode.FAILED_PRECONDITION,
                           f"{kind} refused by the running job: {one_line(result.message)}")
         message = one_line(result.message) if result is not None else (
             f"{kind} queued; not carried out within {wait_s:.0f} s (the job acts at a step "
@@ -403,6 +403,8 @@ class ManagerService(ResourceReports):
                 f"{detail.get('reason', '')}; it goes on when a node answers (waits up to "
                 f"{detail.get('wait_s', '?')} s)")
             return
+        if ev.kind == "switch" and isinstance(detail.get("to"), str) and len(detail["to"]) <= MAX_NAME:
+            job.protocol = detail["to"]   # what status says from the switch's answer on, not from the next step
         if ev.kind == "scaled" and type(detail.get("to")) is int and 0 < detail["to"] <= MAX_WORKERS:
             with job.changed:   # before the steps of the new workers (the stream keeps its order)
                 job.workers = detail["to"]

@@ -48,6 +48,12 @@ class SwitchPlan:
             return cls((("bsp", 1.0),))
         return cls((("bsp", f), ("asp", 1.0)))
 
+    @staticmethod
+    def words(fraction: float) -> str:
+        """How a person reads ``bsp_then_asp(fraction)``."""
+        f = float(fraction)
+        return "BSP only" if f >= 1.0 else "ASP only" if f <= 0.0 else f"BSP for {f:.4g} of the workload, then ASP"
+
     def index_at(self, done: float, total: float) -> int:
         """Index of the phase active once ``done`` of ``total`` samples are trained."""
         if not total > 0:

@@ -1,0 +1,75 @@
+"""Every tf_keras optimizer trains on real tasks as it trains in one process: BSP rounds
+(aggregated on the PS) then, through a hot switch, ASP (each push applied on arrival),
+give the weights of the optimizer stepping on the same batches in one process. One
+worker, so that the order of ASP's pushes is known; uneven batches across workers are
+the SGD and Adam tests' (tests/test_engine.py)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tfsync.base import arrays
+from tfsync.engine.generation import TrainSetup
+from tfsync.engine.trainer import Engine, Phase
+from tfsync.policy import ASP, BSP, FixedSizer
+
+pytestmark = pytest.mark.cluster
+
+M = 16
+
+
+class ClippedSGD(keras.optimizers.SGD):
+    """A user's subclass: SGD whose update is computed on gradients clipped to +-0.05."""
+
+    def update_step(self, gradient, variable):
+        return super().update_step(tf.clip_by_value(gradient, -0.05, 0.05), variable)
+
+
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "sgd momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "sgd nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.05),
+    "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
+    "adamax": lambda: keras.optimizers.Adamax(0.05),
+    "nadam": lambda: keras.optimizers.Nadam(0.05),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    "rmsprop momentum centered": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+    "lion": lambda: keras.optimizers.Lion(0.01),
+    "adafactor": lambda: keras.optimizers.Adafactor(0.1),
+    "user subclass": lambda: ClippedSGD(0.1, momentum=0.9),
+}
+
+
+def reference(problem, optimizer_fn, updates: int):
+    """The optimizer stepping in one process on batch k's first M rows, k = 0, 1, ..."""
+    x, y, model_fn, _, loss_fn = problem
+    model, opt = model_fn(), optimizer_fn()
+    for k in range(updates):
+        k %= arrays.length(y) // M
+        bx, by = x[k * M:(k + 1) * M], y[k * M:(k + 1) * M]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(by, model(bx)))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_optimizer_under_bsp_then_asp_equals_the_optimizer_in_one_process(tiny_problem, tmp_path, name):
+    x, y, model_fn, _, loss_fn = tiny_problem
+    setup = TrainSetup(model_fn, OPTIMIZERS[name], loss_fn, x, y, max_batch_size=M, shuffle=False)
+    engine = Engine(setup, workers=1, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
+    try:
+        summary = engine.run([Phase(BSP(FixedSizer([M])), until=0.5), Phase(ASP(FixedSizer([M]), depth=1))],
+                             total_samples=6 * M)
+        weights = engine.final_weights()
+    finally:
+        engine.close()
+    assert summary["updates"] == 6 and summary["optimizer_iterations"] == 6
+    assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
+    for got, want in zip(weights, reference(tiny_problem, OPTIMIZERS[name], 6)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
