@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import kill_if_running, linear_job, tfsync, tfsync_run, wait_for
+from helpers import DATA, kill_if_running, linear_job, tfsync, tfsync_run, wait_for
 from tfsync.api import auth
 from tfsync.manager.store import Store
 
@@ -100,3 +100,32 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
 def test_a_job_that_is_not_running_is_named(tmp_path):
     r = tfsync("status", str(tmp_path))
     assert r.returncode == 2 and "no running job there" in r.stderr
+
+
+def test_a_job_file_named_from_another_folder_reaches_its_run(tmp_path):
+    """`tfsync run job.toml` in its folder, with a relative run_dir; `tfsync status` and
+    `stop` given the job file's absolute path from another folder reach that run; a job
+    that does not run is one line naming the absolute paths looked at."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    job = project / "job.toml"
+    job.write_text(linear_job("far", "bsp", epochs=50).format(run_dir="runs/far"))
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
+    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", "job.toml", "--json", "--data", DATA],
+                           cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        def status():
+            r = tfsync("status", str(job), "--json", env=env, cwd=elsewhere)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+
+        assert wait_for("the run, from another folder", lambda: (s := status()) and int(s.get("step", 0)) > 0 and s)
+        stopped = tfsync("stop", str(job), env=env, cwd=elsewhere)
+        assert stopped.returncode == 0, stopped.stderr
+        run.communicate(timeout=120)
+    finally:
+        kill_if_running(run)
+    other = elsewhere / "other.toml"
+    other.write_text(linear_job("other", "bsp").format(run_dir="runs/other"))
+    r = tfsync("status", str(other), env=env, cwd=elsewhere)
+    assert r.returncode == 2 and f"no {elsewhere}/runs/other/control/manager.json" in r.stderr, r.stderr

@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -45,7 +44,7 @@ def _reference(problem, batch_order, sizes):
 def _engine(problem, run_dir, **kw):
     x, y, model_fn, optimizer_fn, loss_fn = problem
     setup = TrainSetup(model_fn, optimizer_fn, loss_fn, x, y, max_batch_size=M, shuffle=False)
-    return Engine(setup, run_dir=str(run_dir), tensorboard=False, timeout_s=120, **kw)
+    return Engine(setup, run_dir=str(run_dir), tensorboard=False, **{"timeout_s": 120, **kw})
 
 
 class _DiesAfterListening(LocalCluster):
@@ -259,7 +258,6 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
     model can run every step it holds before the coordinator sees the push it stops at)."""
     import signal
     import threading
-    import time
 
     from tfsync.policy.ledger import Ledger
 
@@ -276,10 +274,9 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
                 threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
             return super().on_push(push, view)
 
-    engine = _engine(tiny_problem, tmp_path)
-    t0 = time.monotonic()
+    # a step timeout longer than the test's own (pytest's): ending by it would fail the test
+    engine = _engine(tiny_problem, tmp_path, timeout_s=3600)
     summary = engine.run([Phase(StopThenKillWorker1(FixedSizer([8, 8]), depth=4))], total_samples=total)
-    assert time.monotonic() - t0 < 60  # engine.timeout_s is 120
     assert summary["samples"] >= total and [r["task"] for r in summary["recoveries"]] == ["worker:1"]
     assert summary["checkpoints"][-1]["why"] == "final"
 
@@ -343,11 +340,9 @@ def test_a_step_that_fails_midway_through_a_closure_ends_the_run_at_once_with_it
         losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         return tf.debugging.check_numerics(losses, "the loss")
 
-    engine = _engine((x, y, model_fn, optimizer_fn, loss_fn), tmp_path)
-    t0 = time.monotonic()
+    engine = _engine((x, y, model_fn, optimizer_fn, loss_fn), tmp_path, timeout_s=3600)   # (longer than pytest's)
     with pytest.raises(EngineError, match=r"a training step failed: InvalidArgumentError: the loss : Tensor had NaN values$"):
         engine.run([Phase(ASP(FixedSizer([M, M])))], total_samples=len(y) * 4)
-    assert time.monotonic() - t0 < 60
     assert 1 <= len(_records(tmp_path)) < len(y) * 4 // M
 
 

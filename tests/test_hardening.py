@@ -66,10 +66,8 @@ def test_a_store_locked_by_a_writer_is_a_store_error_naming_the_lock(tmp_path):
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        t0 = time.monotonic()
         with pytest.raises(StoreError, match=r"locked by another process \(waited 0 s\)"):
-            Store(path, busy_timeout=0.3)
-        assert time.monotonic() - t0 < 10
+            Store(path, busy_timeout=0.3)   # (a wait for ever would meet pytest's timeout)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -237,7 +235,7 @@ def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_
     job.write_text(Path(JOB).read_text().replace("batch_size = 64 ", "batch_size = 1000000000 "))
     r = tfsync("run", str(job), "--run-dir", str(tmp_path / "run"), "-q",
                env={"TFSYNC_HOME": str(tmp_path / "home")}, timeout=120)
-    one_line(r, "train.batch_size", "GiB", code=2)
+    one_line(r, "train.batch_size", "larger than the training set (60,000 examples)", code=2)
     assert not list((tmp_path / "run").glob("logs/*/*.log"))  # no task was started
 
 
@@ -250,9 +248,7 @@ def test_a_job_file_that_is_a_fifo_a_device_a_directory_or_huge_is_refused_befor
     huge.write_text("# " + "x" * 2**20 + "\n")
     for path, words in ((fifo, "is a FIFO"), ("/dev/zero", "is a character device"), (tmp_path, "is a directory"),
                         (huge, "larger than 1 MiB, the limit for a job file")):
-        t0 = time.monotonic()
-        one_line(tfsync("run", str(path), timeout=60), str(path), words, code=2)
-        assert time.monotonic() - t0 < 30
+        one_line(tfsync("run", str(path), timeout=60), str(path), words, code=2)   # a read that blocks: timeout
 
 
 @pytest.mark.timeout(60)  # the signal timeout interrupts a read that blocks

@@ -213,10 +213,9 @@ def test_wrong_or_missing_token_is_unauthenticated(make_hook):
 def test_stream_resources_reports_each_task_and_ends_when_asked(make_hook):
     stub, _, _, _ = make_hook()
     task = _start(stub, _spec()).tasks[0]
-    t0 = time.monotonic()
     samples = list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(interval_s=0.1, max_samples=4),
-                                        timeout=10))
-    assert len(samples) == 4 and 0.3 <= time.monotonic() - t0 < 5
+                                        timeout=60))
+    assert len(samples) == 4 and samples[-1].time - samples[0].time >= 0.3 - 1e-3   # paced: 3 intervals between
     assert all(s.processes[0].pid == task.pid and s.processes[0].alive for s in samples)
     assert samples[-1].processes[0].rss_bytes > 0 and samples[-1].time > samples[0].time
     assert list(stub.StreamResources(node_hook_pb2.StreamResourcesRequest(

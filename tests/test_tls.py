@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -152,10 +151,8 @@ def test_status_of_a_job_whose_manager_serves_tls_needs_ca(tmp_path, tls_and_pla
     (control / "manager.json").write_text(json.dumps({"address": tls_address, "job_id": "j1", "run_id": 1,
                                                       "tls": True, "ca": cert}))
     env = {k: v for k, v in os.environ.items() if k != "TFSYNC_CA"}
-    t0 = time.monotonic()
-    r = tfsync("status", str(tmp_path / "run"), env=env)
+    r = tfsync("status", str(tmp_path / "run"), env=env)   # (a client that waits for ever: the call's timeout)
     assert r.returncode == 2 and re.search(r"serves TLS: pass --ca PATH .*TFSYNC_CA", error_line(r))
-    assert time.monotonic() - t0 < 30
 
 
 # -- coordinator <-> hooks: job-file settings ------------------------------------------------------

@@ -26,8 +26,9 @@ class NotRunning(ControlError):
 
 def run_dir_of(target: str) -> Path:
     """The run directory of ``target``: a job file's run_dir, else ``target`` itself
-    (absolute: the first of :func:`run_dirs`)."""
-    return run_dirs(target)[0]
+    (absolute: the first of :func:`run_dirs` that exists, else the first)."""
+    places = run_dirs(target)
+    return next((p for p in places if p.is_dir()), places[0])
 
 
 def run_dirs(target: str) -> list[Path]:
