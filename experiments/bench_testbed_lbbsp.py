@@ -1,5 +1,6 @@
-"""LB-BSP across separate hosts (issue 17): BSP, LB-BSP (the paper's proportional rule and
-the affine one, ``model = "affine"``) and ASP per update on a ``tfsync testbed`` whose
+"""LB-BSP across separate hosts (issue 17): BSP, LB-BSP (the paper's proportional rule
+without a floor, and tfsync's default: the affine rule with a floor of a quarter of the even
+split, issue 54), ASP and ``auto`` per update on a ``tfsync testbed`` whose
 worker nodes differ, against the ideal X / sum(v) (paper 002 Sec. 5.2; the same analysis
 as bench_lbbsp.py, which runs on one host).
 
@@ -45,11 +46,12 @@ from testbed_bench import FITS, fit_dir, run_fit, run_on_testbed, write_csv  # n
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
-PROTOCOLS = {"BSP": '[[protocol]]\nname = "bsp"\n', "LB-BSP": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\n',
-             "LB-BSP affine": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\nmodel = "affine"\n',
-             "ASP": '[[protocol]]\nname = "asp"\n'}
-COLORS = {"BSP": "#4878a8", "LB-BSP": "#c44e52", "LB-BSP affine": "#dd8452", "ASP": "#55a868", "fit": "#9a9a9a",
-          "fit 32/exec": "#5a5a5a"}
+PROTOCOLS = {"BSP": '[[protocol]]\nname = "bsp"\n',
+             "LB-BSP paper": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\nmodel = "proportional"\nfloor = 0.0\n',
+             "LB-BSP": '[[protocol]]\nname = "lbbsp"\npredictor = "{p}"\n',   # affine, floor 0.25 (issue 54)
+             "ASP": '[[protocol]]\nname = "asp"\n', "auto": '[[protocol]]\nname = "auto"\n'}
+COLORS = {"BSP": "#4878a8", "LB-BSP paper": "#c44e52", "LB-BSP": "#dd8452", "ASP": "#55a868", "auto": "#8172b2",
+          "fit": "#9a9a9a", "fit 32/exec": "#5a5a5a"}
 
 
 def job_text(run_dir: str, label: str, args, bed: Testbed) -> str:

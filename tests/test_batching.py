@@ -83,8 +83,11 @@ def test_a_step_fit_finds_the_fixed_share_once_batches_differ():
     for x in (512, 735, 735):
         fit.add(x, 0.143 + x * 1.46e-4)
     assert fit.fixed_share(512) == pytest.approx(0.143 / (0.143 + 512 * 1.46e-4))
-    for x in (256, 512, 1024):                      # slower at a smaller batch: all of it is fixed
+    for x in (256, 512, 1024):                      # slower at a smaller batch: noise, no evidence of a line
         fit.add(x, 0.5 - x * 1e-5)
+    assert fit.fixed_share(512) == 0.0
+    for x in (16, 512, 1024, 1024):                 # nearly all fixed: at most MAX_FIXED
+        fit.add(x, 0.5 + x * 1e-7)
     assert fit.fixed_share(512) == MAX_FIXED
     restored = StepFit(window=4)
     restored.restore_state(fit.save_state())

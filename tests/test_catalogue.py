@@ -170,7 +170,7 @@ def test_max_batch_is_what_each_policy_declares():
 
 
 def test_traits_drive_the_configuration_policy_and_rl_baselines():
-    assert [n for n in catalogue.names() if catalogue.spec(n).aggregating] == ["bsp", "lbbsp"]
+    assert [n for n in catalogue.names() if catalogue.spec(n).aggregating] == ["bsp", "lbbsp", "auto"]
     conf = ConfigPolicy()
     assert conf.hyper("lbbsp", 4, 64, 0.9).lr_scale == 4.0 and conf.hyper("fluentps", 4, 64, 0.9).lr_scale == 1.0
     assert STATIC == ("bsp", "asp", "ssp2", "ssp5", "ssp8")

@@ -115,7 +115,7 @@ def test_bad_protocol_name():
     e = _error({"protocol": [{"name": "bspx", "until": 0.5}, {"name": "asp"}]})
     assert e.field == "protocol[0].name"
     assert str(e) == ('job.toml: protocol[0].name = "bspx": must be one of '
-                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp", "fluentps"')
+                      '"bsp", "asp", "ssp", "pssp", "elastic_bsp", "rlp", "lbbsp", "fluentps", "auto"')
 
 
 def test_protocol_registry_is_extensible():

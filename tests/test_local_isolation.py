@@ -222,37 +222,20 @@ def test_no_other_local_user_reaches_a_root_jobs_task_ports(tmp_path, job_files,
     assert json.loads(out)["task_ports"].startswith("this process's own network namespace"), out
 
 
-def test_no_other_local_user_reaches_an_ordinary_users_task_ports(tmp_path, job_files):
-    """An ordinary user's run makes a user namespace with its network namespace; its files
-    stay the user's own."""
+@pytest.mark.parametrize("how", ["an ordinary user", "sudo"])
+def test_a_job_of_another_user_is_kept_from_the_others_and_runs_as_that_user(tmp_path, job_files, how):
+    """An ordinary user's run makes a user namespace with its network namespace; under sudo
+    root makes the namespace and the coordinator and every task become the sudo user. No
+    other user reaches the ports either way, and the run's files are the user's own."""
     if REASON:
         pytest.skip(REASON)
     folder, job = job_files(owner=JOB_USER)
     env = {**os.environ, "HOME": str(folder), "TFSYNC_HOME": str(folder / ".tfsync")}
-    proc = subprocess.Popen(as_user(JOB_USER, [sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data",
-                                               str(folder / "data.npz")]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=folder)
-    try:
-        seen = probe_running_job(proc, folder, env)
-    finally:
-        kill_if_running(proc)
-        proc.communicate()
-    check_unreachable(seen)
-    assert seen["uids"] == {JOB_USER}
-    assert {os.stat(p).st_uid for p in (folder / "run").rglob("*")} == {JOB_USER}
-
-
-def test_a_job_under_sudo_runs_entirely_as_the_user_who_ran_it(tmp_path, job_files):
-    """Root makes the namespace; the coordinator and every task are the sudo user's."""
-    if REASON:
-        pytest.skip(REASON)
-    folder, job = job_files(owner=JOB_USER)
-    env = {**os.environ, "SUDO_UID": str(JOB_USER), "SUDO_GID": str(JOB_USER), "HOME": "/root",
-           "TFSYNC_HOME": str(folder / ".tfsync")}
-    # root, in a mount namespace where the venv is readable by others
-    proc = subprocess.Popen(as_user(0, ["env", f"HOME={folder}", sys.executable, "-m", "tfsync.cli", "run", str(job),
-                                        "--json", "--data", str(folder / "data.npz")]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=folder)
+    run = [sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", str(folder / "data.npz")]
+    if how == "sudo":   # root, in a mount namespace where the venv is readable by others
+        env.update(SUDO_UID=str(JOB_USER), SUDO_GID=str(JOB_USER))
+    proc = subprocess.Popen(as_user(0 if how == "sudo" else JOB_USER, run), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=folder)
     try:
         seen = probe_running_job(proc, folder, env)
     finally:

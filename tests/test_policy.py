@@ -61,7 +61,7 @@ def test_sizer_is_asked_once_per_decision_and_sizes_reach_grants():
 
 
 def test_registry_errors_list_valid_names_and_options():
-    with pytest.raises(ValueError, match="valid: asp, bsp, elastic_bsp, fluentps, lbbsp, pssp, rlp, ssp"):
+    with pytest.raises(ValueError, match="valid: asp, auto, bsp, elastic_bsp, fluentps, lbbsp, pssp, rlp, ssp"):
         P.get("zipline")
     with pytest.raises(ValueError, match="takes no option 'stalenes'"):
         P.get("ssp", stalenes=2)

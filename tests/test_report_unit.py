@@ -199,8 +199,8 @@ def write_resumed_run(path):
                "timeline": [{"protocol": "lbbsp", "time": 5.0, "samples": 0, "lr_scale": 2.0,
                              "stats": {"detected": [[T0 + 8.0, 1, "became"]]}},
                             {"protocol": "asp", "time": 22.0, "samples": 1920, "lr_scale": 1.0, "resumed": True}],
-               "runs": [{"started_at": T0, "wall_s": 12.0, "train_s": 7.0, "stopped": True},
-                        {"started_at": T0 + 20, "wall_s": 6.0, "train_s": 4.0}],
+               "runs": [{"started_at": T0, "wall_s": 12.0, "train_s": 7.0, "init_s": 5.0, "stopped": True},
+                        {"started_at": T0 + 20, "wall_s": 6.0, "train_s": 4.0, "init_s": 2.0}],
                "job_wall_s": 18.0, "job_train_s": 11.0,
                "injected": [{"time": 7.0, "what": "begin", "worker": 1, "slowdown": 3.0},
                             {"time": 10.0, "what": "end", "worker": 1, "slowdown": 3.0}],
@@ -258,9 +258,13 @@ def test_the_report_shows_slowdowns_every_test_number_rates_and_a_resumed_job_on
     assert np.isnan(test_loss.get_xdata()).sum() == 1 and np.nanmax(test_loss.get_xdata()) == 26  # broken at the stop
     assert loss.axes[0].get_xlim() == ax.get_xlim()
 
+    waits = workers.axes[3]   # between a worker's steps: none drawn across the stop (the job's gap, shaded)
+    assert all(y < 1.0 for c in waits.collections for _, y in c.get_offsets()), "a wait drawn across the stop"
+
     page = open(write_report([run.path])).read()   # the table: the job's runs, each one's times, what ran
     for row in ("<th>runs</th><td>2: stopped, then resumed: done</td>", "<td>18.0 (12.0 + 6.0)</td>",
-                "<td>11.0 (7.0 + 4.0)</td>", "<td>lbbsp -&gt; asp</td>"):
+                "<td>11.0 (7.0 + 4.0)</td>", "<td>lbbsp -&gt; asp</td>",
+                "<th>cluster start (s)</th><td>7.0 (5.0 + 2.0)</td>"):
         assert row in page, row
 
 
@@ -298,3 +302,17 @@ def test_the_report_shows_how_a_scale_changed_the_worker_count(tmp_path):
     page = open(write_report([str(run)])).read()
     assert "<th>workers / PS</th><td>2 -&gt; 3 -&gt; 2 / 1</td>" in page
     assert load_run(str(run)).of("scaled")[1]["to"] == 2
+
+
+def test_the_report_says_each_move_of_the_choosing_policy_and_why(tmp_path):
+    run = write_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["time_base"] = T0
+    summary["timeline"][0]["stats"] = {"moves": [
+        {"time": T0 + 6.5, "from": "lbbsp", "to": "asp", "why": "w1's steps 5.5x the median at the smallest batch"},
+        {"time": T0 + 9.0, "from": "asp", "to": "drain", "why": "back to LB-BSP once ASP's steps are in"}]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    page = open(write_report([str(run)])).read()
+    assert "<h2>Protocol moves (auto)</h2>" in page
+    assert "<td>6.5</td><td>lbbsp -&gt; asp</td><td>w1&#x27;s steps 5.5x the median at the smallest batch</td>" in page
+    assert "Protocol moves" not in open(write_report([str(write_run(tmp_path / "plain"))])).read()

@@ -156,10 +156,14 @@ def refusal(why: str, in_process: bool = False) -> str:
     """The one line that refuses a local run whose task ports cannot be kept private.
     ``in_process``: the cluster was asked for by a program (the Python API, the Keras
     path), whose process already runs: the fix is to start it in a network of its own."""
-    fix = ("start the program in a network of its own: `tfsync isolate -- python YOUR_SCRIPT.py` (or run it as "
-           "root with nftables installed)" if in_process else
-           "run it as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
-           "Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)")
+    if in_process:
+        fix = ("start the program in a network of its own: `tfsync isolate -- python YOUR_SCRIPT.py` (or run it as "
+               "root with nftables installed)")
+    elif os.geteuid() == 0:
+        fix = "give this root CAP_SYS_ADMIN (a container: docker run --cap-add SYS_ADMIN, or a pod's securityContext)"
+    else:
+        fix = ("run it as root, or allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
+               "Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)")
     return (f"{why}: other local users would reach the TF task ports, and through them this user's files. "
             f"Fix: {fix}; or accept open ports with {'--open-ports or ' if not in_process else ''}{OPEN_ENV}=1")
 

@@ -10,6 +10,7 @@ import os
 from ..job.config import JobConfig
 from ..job.limits import check_job, example_bytes
 from ..policy import catalogue
+from ..policy.auto import AutoPolicy
 from ..policy.base import BatchSizer
 from ..policy.sizing import FixedSizer
 from ..switch.configuration import ConfigPolicy
@@ -44,6 +45,10 @@ def build_phases(cfg: JobConfig, num_train: int):
             momentum = functools.partial(conf.momentum_after, cfg.train.base_momentum, n)
         sizer = FixedSizer(p.batch_sizes) if p.batch_sizes else BatchSizer(hyper.batch_size)
         policy = catalogue.make(p.name, sizer, **p.options())
+        if isinstance(policy, AutoPolicy):   # its ASP at the configuration policy's rate and batch
+            asp = conf.hyper("asp", n, B, cfg.train.base_momentum, after_switch=True)
+            policy.lr_scales = {"lbbsp": hyper.lr_scale, "asp": asp.lr_scale}
+            policy.asp = catalogue.make("asp", BatchSizer(asp.batch_size))
         phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))
         prev = p.name

@@ -124,6 +124,7 @@ def _run_brief(summary: dict) -> dict:
     """One run of a job as the whole job's summary lists it: its own samples and rates."""
     train = float(summary.get("train_s") or 0.0)
     return {"started_at": summary.get("started_at"), "wall_s": float(summary.get("wall_s") or 0.0), "train_s": train,
+            "init_s": summary.get("init_s"),
             "samples": summary["run_samples"] if "run_samples" in summary   # (a summary from before it was kept)
             else round(float(summary.get("samples_per_s") or 0.0) * train),
             "samples_per_s": summary.get("samples_per_s"), "pushes_per_s": summary.get("pushes_per_s"),

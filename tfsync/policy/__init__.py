@@ -8,6 +8,7 @@ raise ValueError listing what is valid. ``register(cls)`` adds a protocol.
 from __future__ import annotations
 
 from .asp import ASP
+from .auto import AutoPolicy
 from .base import (NOTHING, BatchSizer, ClusterView, Decision, Grant, Policy, PolicyError,
                    Push, PushMode)
 from .bsp import BSP
@@ -21,12 +22,12 @@ from .rlp import RLP
 from .sizing import FixedSizer
 from .ssp import SSP
 
-# fluentps last: it became nameable in job files after the others, whose order messages keep
-for _cls in (BSP, ASP, SSP, PSSP, ElasticBSP, RLP, LBBSP, FluentPS):
+# in the order they became nameable in job files, which messages keep
+for _cls in (BSP, ASP, SSP, PSSP, ElasticBSP, RLP, LBBSP, FluentPS, AutoPolicy):
     register(_cls)
 
 __all__ = [
-    "ASP", "BSP", "ElasticBSP", "FluentPS", "LBBSP", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
+    "ASP", "AutoPolicy", "BSP", "ElasticBSP", "FluentPS", "LBBSP", "PSSP", "RLP", "SSP", "BatchSizer", "ClusterView",
     "Decision", "FixedSizer", "Grant", "NOTHING", "Option", "Policy", "PolicyError", "Push", "PushMode",
     "REGISTRY", "get", "make", "names", "register", "spec",
 ]

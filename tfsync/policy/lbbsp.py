@@ -15,8 +15,8 @@ the GPU rule (§3.3, a linear program; communication time as an EMA of the part 
 iteration the profile does not explain). A ``Hysteresis`` keeps sizes that are not
 worth changing (tfsync.batching.hysteresis).
 
-``model="affine"`` (beyond the paper, CPU rule only): a worker's step time is a + b * x,
-not x / v. Part of a step does not shrink with the batch (a pull and push over a slow
+``model="affine"`` (the default, beyond the paper, CPU rule only; ``"proportional"`` is
+the paper's): a worker's step time is a + b * x, not x / v. Part of a step does not shrink with the batch (a pull and push over a slow
 link; per-step overheads, which a slow CPU slows too), so under x / v a smaller batch
 saves less than predicted and the sizes reach equal times only over many rounds, or
 stop short of them inside the hysteresis. A least-squares line over each worker's last
@@ -26,6 +26,11 @@ scaled along that line, so a batch LB-BSP changed does not look like the worker 
 speed; NARX's resource inputs and trends act on this level), and ``affine_rule``
 equalises the lines. Until a worker's batches have differed (the first round's equal
 split) its share is 0: the proportional rule.
+
+``floor`` (beyond the paper, default 0.25): no worker's batch below that share of the even
+split. Under t = x / v, a worker whose batch got small measures itself slow (the step's
+fixed part no longer hidden by samples) and is sized smaller still: a trap a transient
+slowdown, or noise, puts it in for good. See ``_floors``.
 
 Modes (§4, Fig. 7): ``blocking=True`` sizes round r+1 at the barrier of round r from
 that round's observations (the paper's CPU clusters). ``blocking=False`` grants sizes
@@ -107,8 +112,12 @@ class LBBSPSizer(BatchSizer):
     def __init__(self, batch_size: int = 32, predictor="ema", *, profiles=None, blocking: bool = True,
                  background: bool = False, lo: int | Sequence[int] = 1, hi=None,
                  min_gain: float = 0.05, max_change: float = 0.5, comm_alpha: float = 0.2,
-                 model: str = "proportional"):
+                 model: str | None = None, floor: float = 0.25):
         super().__init__(batch_size)
+        model = model or ("affine" if profiles is None else "proportional")   # (GPU profiles: the GPU rule)
+        if not 0.0 <= floor <= 1.0:
+            raise ValueError(f"LB-BSP floor {floor!r}: give a share of a worker's speed-proportional batch in [0, 1]")
+        self.floor = float(floor)
         if model not in MODELS:
             raise ValueError(f"LB-BSP model {model!r}: give one of {', '.join(MODELS)}")
         if model == "affine" and profiles is not None:
@@ -198,6 +207,8 @@ class LBBSPSizer(BatchSizer):
               shapes: dict[int, float], current: dict[int, int] | None) -> dict[int, int]:
         """The sizes for ``workers`` from a snapshot (pure: safe in a background thread)."""
         total = self.batch_size * len(workers)
+        if self.profiles is None and not speeds:  # nothing observed yet: BSP's equal split
+            return {w: self.batch_size for w in workers}
         if self.profiles is not None:
             missing = [w for w in workers if w not in self.profiles]
             if missing:
@@ -209,24 +220,37 @@ class LBBSPSizer(BatchSizer):
 
             def times(sizes):
                 return dict(zip(workers, predicted_times(prof, [sizes[w] for w in workers], c)))
-        elif not speeds:  # nothing observed yet: BSP's equal split
-            return {w: self.batch_size for w in workers}
         elif self.model == "affine":  # t_i(x) = a_i + b_i x from the speed at B and the fixed share there
+            lo = self._floors(workers, total)
             line = {}
             for w in workers:
                 f, t = shapes.get(w, 0.0), self.batch_size / speeds[w]
                 line[w] = (f * t, (1.0 - f) * t / self.batch_size)
             proposed = dict(zip(workers, affine_rule([line[w][0] for w in workers], [line[w][1] for w in workers],
-                                                     total, self.lo, self.hi)))
+                                                     total, lo, self.hi)))
 
             def times(sizes):
                 return {w: line[w][0] + line[w][1] * sizes[w] for w in workers}
         else:
-            proposed = dict(zip(workers, cpu_rule([speeds[w] for w in workers], total, self.lo, self.hi)))
+            lo = self._floors(workers, total)
+            proposed = dict(zip(workers, cpu_rule([speeds[w] for w in workers], total, lo, self.hi)))
 
             def times(sizes):  # paper 002 §3.2: t_i = x_i / v_i
                 return {w: sizes[w] / speeds[w] for w in workers}
         return self.hysteresis.choose(current, proposed, times)
+
+    def _floors(self, workers: list[int], total: int) -> list[int]:
+        """Each worker's smallest batch: ``lo``, and at least ``floor`` of the even split
+        (beyond the paper). Without it a worker whose batch got small stays small: a step's
+        fixed part (the pull and push, per-step overheads) makes a small batch look slow
+        per sample, so the speed it measures sizes it smaller still (issue 54: sizes
+        [91, 1, 4] long after a slowdown ended). At a quarter of the even split the fixed
+        part no longer hides the worker's speed, and it climbs back within rounds once it is
+        fast again; a worker more than 1 / floor times slower than the others is then held
+        at the floor (leaving it out is ElasticBSP's)."""
+        given = bounds(len(workers), total, self.lo, self.hi)[0]
+        want = [max(g, math.ceil(self.floor * self.batch_size)) for g in given]
+        return want if sum(want) <= total else given
 
     def _snapshot(self, workers):
         self.last_speeds = self.predictions(workers)
@@ -411,16 +435,17 @@ class LBBSP(BSP):
                Option("comm_alpha", float, lo=0, hi=1, lo_open=True,
                       help="EMA weight of the communication time"),
                Option("model", str, choices=MODELS,
-                      help="step time as batch / speed (the paper) or affine: a fixed part plus batch / speed"))
+                      help="step time as batch / speed (the paper) or affine: a fixed part plus batch / speed"),
+               Option("floor", float, lo=0, hi=1, help="smallest batch as a share of the even split"))
 
     def __init__(self, batch_size: int = 32, predictor="ema", profiles=None, blocking: bool = True,
                  background: bool = False, lo=1, hi=None, min_gain: float = 0.05,
-                 max_change: float = 0.5, comm_alpha: float = 0.2, model: str = "proportional",
+                 max_change: float = 0.5, comm_alpha: float = 0.2, model: str | None = None, floor: float = 0.25,
                  sizer: LBBSPSizer | None = None, seed: int | None = None):
         if sizer is None:
             sizer = LBBSPSizer(batch_size, predictor, profiles=profiles, blocking=blocking,
                                background=background, lo=lo, hi=hi, min_gain=min_gain,
-                               max_change=max_change, comm_alpha=comm_alpha, model=model)
+                               max_change=max_change, comm_alpha=comm_alpha, model=model, floor=floor)
         elif not isinstance(sizer, LBBSPSizer):
             raise ValueError(f"LBBSP needs an LBBSPSizer, got {type(sizer).__name__}; pass "
                              "LB-BSP's options instead of a sizer")

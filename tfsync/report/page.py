@@ -37,7 +37,7 @@ SUMMARY_ROWS = [
     ("workers / PS", lambda r: f"{_workers(r)} / {r.summary.get('ps', '?')}"),
     ("runs", lambda r: _runs(r.summary.get("runs") or [{}])),
     ("wall time (s)", lambda r: _per_run(r.summary, "wall_s")),
-    ("cluster start (s)", lambda r: _num(r.summary.get("init_s"), ".1f")),
+    ("cluster start (s)", lambda r: _per_run(r.summary, "init_s")),
     ("steps / updates", lambda r: f"{r.summary.get('pushes', len(r.pushes))} / {r.summary.get('updates', '?')}"),
     ("samples", lambda r: f"{r.summary.get('samples', 0):,}"),
     ("training time (s)", lambda r: _per_run(r.summary, "train_s")),
@@ -79,7 +79,9 @@ def _per_run(summary: dict, key: str) -> str:
     runs = summary.get("runs") or []
     if len(runs) < 2:
         return _num(summary.get(key), ".1f")
-    return f"{_num(summary.get('job_' + key), '.1f')} (" + " + ".join(_num(r.get(key), ".1f") for r in runs) + ")"
+    each = [r.get(key) for r in runs]
+    whole = summary.get("job_" + key, sum(each) if all(isinstance(v, (int, float)) for v in each) else None)
+    return f"{_num(whole, '.1f')} (" + " + ".join(_num(v, ".1f") for v in each) + ")"
 
 
 def _metric_rows(runs: list[RunData]) -> list[tuple]:
@@ -137,6 +139,22 @@ def _table(runs: list[RunData]) -> str:
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
 
 
+def _moves(runs: list[RunData]) -> str:
+    """The protocol a choosing policy (``protocol = "auto"``) moved to, when and why ("" if none)."""
+    rows = []
+    for run, name in zip(runs, label(runs)):
+        base = run.summary.get("time_base") or run.summary.get("started_at") or 0.0
+        for ph in run.summary.get("timeline", []):
+            for m in (ph.get("stats") or {}).get("moves", []):
+                rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['time'] - base:.1f}</td>"
+                            f"<td>{html.escape(m['from'])} -&gt; {html.escape(m['to'])}</td>"
+                            f"<td>{html.escape(m['why'])}</td></tr>")
+    if not rows:
+        return ""
+    return ("<section><h2>Protocol moves (auto)</h2><table><tr><th>run</th><th>time (s)</th><th>move</th><th>why</th>"
+            f"</tr>{''.join(rows)}</table></section>")
+
+
 def _page(runs: list[RunData], sections: list[str]) -> str:
     title = "tfsync report: " + ", ".join(label(runs))
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime())
@@ -153,6 +171,7 @@ img {{ max-width: 100%; }}
 <h1>{html.escape(title)}</h1>
 <p class="cap">Made by <code>tfsync report</code> on {when}. Times are seconds since the job first started (a resumed job's runs on one time base).</p>
 {_table(runs)}
+{_moves(runs)}
 {"".join(sections)}
 </body></html>
 """

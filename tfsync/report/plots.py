@@ -229,6 +229,10 @@ def workers(run: RunData) -> Figure:
             ax.remove()
         pred_ax = fig.add_subplot(gs[2, :])
         panels.append(pred_ax)
+    # a worker's tasks start again at these (a stop and resume, a scale, a restart switch): the
+    # time between its steps across one is the job's gap (its own band), not a wait
+    breaks = [start for start, _ in run_spans(run)[1:]] + [e["time"] for e in run.of("scaled") + run.of("switch")
+                                                           if e.get("method", "restart") == "restart"]
     for w in run.workers:
         color = WORKER_COLORS[w % len(WORKER_COLORS)]
         mine = [p for p in run.pushes if p["worker"] == w]
@@ -240,7 +244,7 @@ def workers(run: RunData) -> Figure:
                       label=f"worker {w}")
         stale_ax.plot(*gapped(t, smooth([p.get("staleness", 0) for p in mine], n)), color=color, lw=1.2)
         waits = [(b["time"], max(b["start"] - a["end"], 0.0)) for a, b in zip(mine, mine[1:])
-                 if "start" in a and "end" in a]
+                 if "start" in a and "end" in a and not any(a["end"] <= t <= b["start"] for t in breaks)]
         if waits:  # each wait a dot: a long one (a recovery) stands out instead of being averaged away
             wait_ax.scatter([x for x, _ in waits], [y for _, y in waits], color=color, s=4, alpha=0.6)
             wait_ax.set_yscale("symlog", linthresh=0.01)

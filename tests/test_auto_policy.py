@@ -1,0 +1,57 @@
+"""``protocol = "auto"``: LB-BSP while it can balance the workers, ASP while one is too slow
+for it, back when that passes; every move with its reason. On the simulator, with recorded
+speed sequences (a step's fixed part, noise, a worker slowed and back); no TensorFlow."""
+
+import pytest
+
+from tfsync.policy import AutoPolicy, catalogue
+from tfsync.sim import Simulator, SpeedModel
+
+pytestmark = pytest.mark.unit
+
+NOISE = dict(fixed=0.0035, per_sample=0.00004, jitter=0.1)
+
+
+def run(phases, seed=1):
+    """``phases``: (speed factors, updates) in turn; the policy and the simulator's log."""
+    policy = AutoPolicy(batch_size=32, lr_scales={"lbbsp": 3.0, "asp": 1.0})
+    sim = Simulator(3, SpeedModel(factors=phases[0][0], seed=seed, **NOISE))
+    log = []
+    for factors, updates in phases:
+        sim.speeds = SpeedModel(factors=factors, seed=seed, **NOISE)
+        log += sim.run(policy, updates=updates).log
+    return policy, log
+
+
+def test_even_workers_run_lbbsp_at_the_even_split_and_never_move():
+    policy, log = run([([1, 1, 1], 300)])
+    assert policy.moves == [] and policy.state == "lbbsp"
+    assert {p.mode.value for p in log} == {"aggregate"}
+
+
+def test_a_worker_three_times_slower_for_good_is_balanced_by_lbbsp_not_sent_to_asp():
+    policy, log = run([([1, 3, 1], 400)])
+    assert policy.moves == []
+    late = [p.batch_size for p in log[-60:] if p.worker == 1]
+    assert late and max(late) < 20   # its share of the 96 samples a round: about 14
+
+
+def test_a_worker_too_slow_for_lbbsp_sends_the_job_to_asp_and_back_when_it_recovers():
+    policy, log = run([([1, 1, 1], 100), ([1, 8, 1], 3000), ([1, 1, 1], 3000)])
+    assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
+    to_asp, drain, _ = policy.moves
+    assert to_asp["why"].startswith("w1's steps ") and "the median at the smallest batch LB-BSP gives it, for 2 s" \
+        in to_asp["why"]
+    assert "back to LB-BSP" in drain["why"] and policy.state == "lbbsp"
+    assert {p.mode.value for p in log} == {"aggregate", "apply"}
+    assert log[-1].mode.value == "aggregate"
+
+
+def test_it_is_a_protocol_a_job_file_names_with_checked_options():
+    assert "auto" in catalogue.names() and catalogue.spec("auto").self_sizing
+    with pytest.raises(ValueError, match="back_below = 3.0 must be in \\[1, asp_above = 2\\]"):
+        AutoPolicy(back_below=3.0)
+    policy, _ = run([([1, 8, 1], 3000)])
+    again = AutoPolicy(batch_size=32)
+    again.restore_state(policy.save_state(), workers=3)
+    assert again.moves == policy.moves and again.state == policy.state

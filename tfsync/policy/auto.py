@@ -1,0 +1,208 @@
+"""``protocol = "auto"``: the protocol chosen for the user, from how long the workers' steps
+take as they go (beyond the papers; issue 54).
+
+It runs LB-BSP (paper 002) while LB-BSP can balance the workers: with even speeds LB-BSP
+is BSP (the even split, within its hysteresis), and a worker a few times slower gets a
+batch it finishes with the others. LB-BSP cannot balance a worker so slow that its steps
+at the smallest batch LB-BSP gives (the sizer's ``floor`` of the even split) still take
+``asp_above`` times the median step (default 2): after ``hold_s`` seconds of that it
+switches to ASP, where nobody waits for it. In ASP every worker runs the same batch, so
+the step times compare speeds directly; once the slowest worker's steps are back under
+``back_below`` times the median (default 1.5, where LB-BSP's floor can balance it for
+steps of which up to about half does not shrink with the batch) for ``hold_s``, it drains
+ASP's steps and goes back to LB-BSP. Step times are each push's ``turnaround`` (from when
+the step could start to its arrival), an exponential average per worker: what was
+measured, at the batch it ran, never extrapolated to another batch (a line fitted on a
+worker held at one size says nothing). Switches are hot, as Sync-Switch's greedy
+straggler policy's (``tfsync.switch.online``): to ASP at once (what the round aggregated is
+applied first; steps of the closed round are dropped), back by a drain. ``lr_scales``:
+each protocol's rate factor (the job's configuration policy: n for LB-BSP, 1 for ASP
+under ``switch.lr = "linear"``).
+
+Every move is kept with its reason (``moves``: time, from, to, why, e.g. "w1's steps 5.8x
+the median at the smallest batch LB-BSP gives it, for 2 s"), logged, and in ``stats()``
+(summary.json's timeline). SSP is not among its choices: it bounds staleness at a cost BSP
+and ASP bracket, and no run here has shown it ahead of both.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+
+from ..base import plainstate
+from .asp import ASP
+from .base import NOTHING, BatchSizer, ClusterView, Decision, Policy, Push, check_resize_count
+from .lbbsp import LBBSP
+from .options import Option
+
+logger = logging.getLogger(__name__)
+
+MODES = ("lbbsp", "asp", "drain")
+
+
+class AutoPolicy(Policy):
+    name = "auto"
+    self_sizing = True
+    aggregating = True   # it starts with LB-BSP: the configuration policy's rate for BSP
+    options = (Option("asp_above", float, lo=1, help="slowest step / median step (at LB-BSP's smallest batch) "
+                                                       "from which ASP runs"),
+               Option("back_below", float, lo=1, help="slowest step / median step (in ASP, batches even) under "
+                                                        "which LB-BSP runs again"),
+               Option("hold_s", float, lo=0, help="seconds a condition must hold before a move"))
+
+    def __init__(self, batch_size: int = 32, asp_above: float = 2.0, back_below: float = 1.5,
+                 hold_s: float = 2.0, lr_scales: dict | None = None, lbbsp: LBBSP | None = None,
+                 asp: Policy | None = None, seed: int | None = None, alpha: float = 0.3):
+        self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
+        self.asp = asp if asp is not None else ASP(BatchSizer(batch_size))
+        super().__init__(self.lbbsp.sizer, seed)
+        self.asp_above = float(asp_above)
+        self.back_below = float(back_below)
+        self.alpha = float(alpha)
+        self.steps: dict[int, float] = {}    # each worker's step time, an exponential average
+        self.batches: dict[int, int] = {}    # the batch of its last step
+        if not 1.0 <= self.back_below <= self.asp_above:
+            raise ValueError(f"auto: back_below = {back_below} must be in [1, asp_above = {self.asp_above:g}] "
+                             "(else it would switch back and forth)")
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"auto: alpha = {alpha} must be in (0, 1]")
+        self.hold_s = float(hold_s)
+        self.lr_scales = dict(lr_scales or {})
+        self.state = "lbbsp"
+        self.moves: list[dict] = []
+        self._since: float | None = None   # when the condition for the next move began to hold
+        self.workers: int | None = None
+
+    # -- what it watches ------------------------------------------------------------------
+    def _observe(self, push: Push) -> None:
+        t = push.turnaround
+        if t > 0 and push.batch_size > 0:
+            old = self.steps.get(push.worker)
+            self.steps[push.worker] = t if old is None else old + self.alpha * (t - old)
+            self.batches[push.worker] = push.batch_size
+
+    def slowest(self, view: ClusterView) -> tuple[int, float] | None:
+        """(worker, its step time over the median's) of the slowest member; None until
+        every member has been seen."""
+        members = sorted(view.members)
+        known = {w: self.steps[w] for w in members if w in self.steps}
+        if len(known) < len(members) or len(members) < 2:
+            return None
+        w = max(known, key=known.get)
+        return w, known[w] / statistics.median(known.values())
+
+    def _at_floor(self, worker: int) -> bool:
+        """Whether ``worker`` runs LB-BSP's smallest batch (it cannot be given less)."""
+        sizer = self.lbbsp.sizer
+        return self.batches.get(worker, sizer.batch_size) <= max(1, math.ceil(sizer.floor * sizer.batch_size))
+
+    def _held(self, condition: bool, view: ClusterView) -> bool:
+        """Whether ``condition`` has held for ``hold_s`` (it resets when it fails)."""
+        if not condition:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = view.now
+        return view.now - self._since >= self.hold_s
+
+    def _move(self, to: str, view: ClusterView, why: str) -> None:
+        logger.info("auto: %s -> %s at %.1f s: %s", self.state, to, view.now, why)
+        self.moves.append({"time": round(view.now, 3), "from": self.state, "to": to, "why": why})
+        self.state, self._since = to, None
+        if to != "drain":   # the other protocol's batches: its step times are not these
+            self.steps.clear()
+
+    # -- decisions ------------------------------------------------------------------------
+    def start(self, view: ClusterView) -> Decision:
+        self.workers = view.num_workers
+        inner = self.lbbsp if self.state == "lbbsp" else self.asp
+        d = inner.start(view)
+        return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("asp" if self.state == "asp"
+                                                                                 else "lbbsp"))
+
+    def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self.workers = view.num_workers
+        self._observe(push)
+        if self.state == "lbbsp":
+            d = self.lbbsp.on_push(push, view)
+        else:
+            self.lbbsp.sizer.observe(push, view)   # its predictions stay current for the way back
+        slow = self.slowest(view)
+        w, ratio = slow if slow else (None, 1.0)
+        if self.state == "lbbsp":
+            if self._held(ratio >= self.asp_above and self._at_floor(w), view):
+                self._move("asp", view, f"w{w}'s steps {ratio:.1f}x the median at the smallest batch LB-BSP gives "
+                                        f"it, for {self.hold_s:g} s: more than LB-BSP can balance")
+                a = self.asp.start(view)
+                return Decision(a.grants, barrier=view.pending > 0, lr_scale=self.lr_scales.get("asp"))
+            return d
+        if self.state == "asp":
+            if not self._held(ratio < self.back_below, view):
+                return self.asp.on_push(push, view)
+            self._move("drain", view, f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for "
+                                      f"{self.hold_s:g} s: back to LB-BSP once ASP's steps are in")
+        if view.in_flight:
+            return NOTHING
+        self._move("lbbsp", view, "ASP's steps drained")
+        d = self.lbbsp.start(view)
+        return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("lbbsp"))
+
+    def steady_round(self, view: ClusterView) -> Decision | None:
+        """LB-BSP's steady rounds (the PS may run them) while no move is in the making."""
+        if self.state != "lbbsp" or self._since is not None:
+            return None
+        return self.lbbsp.steady_round(view)
+
+    def patience(self, view: ClusterView) -> float:
+        return self.asp.patience(view) if self.state == "asp" else 0.0
+
+    def max_batch(self, workers: int) -> int:
+        return max(self.lbbsp.max_batch(workers), self.asp.max_batch(workers))
+
+    @property
+    def running(self) -> str:
+        return "lbbsp" if self.state == "lbbsp" else "asp"
+
+    def stats(self) -> dict:
+        return {"moves": list(self.moves), "lbbsp": self.lbbsp.stats()}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "asp_above": self.asp_above, "back_below": self.back_below,
+                "hold_s": self.hold_s, "lbbsp": self.lbbsp.describe(), "asp": self.asp.describe()}
+
+    # -- elastic workers and state ---------------------------------------------------------
+    def _prepare_resize(self, workers: int) -> plainstate.Apply:
+        """LB-BSP's and ASP's resizes (either may refuse); the mode and the moves go on."""
+        check_resize_count(workers, "protocol 'auto'")
+        parts = [self.lbbsp._prepare_resize(workers), self.asp._prepare_resize(workers)]
+
+        def apply():
+            for part in parts:
+                part()
+            self.workers, self._since = workers, None
+        return apply
+
+    def _save_state(self) -> dict:
+        return {"workers": self.workers, "mode": self.state, "moves": self.moves,
+                "lbbsp": self.lbbsp.save_state(), "asp": self.asp.save_state()}
+
+    def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
+        what = "protocol 'auto'"
+        mode = plainstate.field(state, "mode", what)
+        if mode not in MODES:
+            raise ValueError(f"{what}: the saved mode {mode!r} is none of {', '.join(MODES)}")
+        inner = [getattr(self, k)._prepare_state(plainstate.field(state, k, what), workers) for k in ("lbbsp", "asp")]
+        moves = state.get("moves", [])
+        if not isinstance(moves, list) or not all(isinstance(m, dict) for m in moves):
+            raise ValueError(f"{what}: the saved moves are malformed")
+
+        def apply():
+            for part in inner:
+                part()
+            # a drain is not resumed: the restored run starts its protocol afresh
+            self.state, self.moves, self._since = ("lbbsp" if mode == "drain" else mode), list(moves), None
+            self.workers = state.get("workers")
+        return apply
+
