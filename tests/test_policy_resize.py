@@ -164,7 +164,7 @@ def test_sizes_set_by_hand_a_new_worker_gets_their_mean_a_removed_one_loses_its_
 # -- LB-BSP ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("blocking", [True, False])
 def test_lbbsp_sizes_a_new_worker_at_the_mean_prediction_and_the_round_total_follows(blocking):
-    policy = LBBSP(batch_size=32, blocking=blocking)
+    policy = LBBSP(batch_size=32, blocking=blocking, model="proportional", floor=0.0)   # (the paper's rule, cpu_rule)
     t = run_on(policy, 2).time
     kept = dict(policy.sizer._next)
     assert set(kept) == {0, 1}

@@ -308,6 +308,8 @@ def test_the_report_says_each_move_of_the_choosing_policy_and_why(tmp_path):
     run = write_run(tmp_path / "run")
     summary = json.loads((run / "summary.json").read_text())
     summary["time_base"] = T0
+    summary["timeline"][1]["stats"] = {"moves": 3}   # LB-BSP's count of size changes: not moves of protocol
+    summary["timeline"][0].update(protocol="auto")
     summary["timeline"][0]["stats"] = {"moves": [
         {"time": T0 + 6.5, "from": "lbbsp", "to": "asp", "why": "w1's steps 5.5x the median at the smallest batch"},
         {"time": T0 + 9.0, "from": "asp", "to": "drain", "why": "back to LB-BSP once ASP's steps are in"}]}

@@ -145,7 +145,8 @@ def _moves(runs: list[RunData]) -> str:
     for run, name in zip(runs, label(runs)):
         base = run.summary.get("time_base") or run.summary.get("started_at") or 0.0
         for ph in run.summary.get("timeline", []):
-            for m in (ph.get("stats") or {}).get("moves", []):
+            moves = (ph.get("stats") or {}).get("moves") if ph.get("protocol") == "auto" else None
+            for m in moves if isinstance(moves, list) else []:
                 rows.append(f"<tr><td>{html.escape(name)}</td><td>{m['time'] - base:.1f}</td>"
                             f"<td>{html.escape(m['from'])} -&gt; {html.escape(m['to'])}</td>"
                             f"<td>{html.escape(m['why'])}</td></tr>")
