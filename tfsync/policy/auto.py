@@ -5,11 +5,10 @@ It runs LB-BSP (paper 002) while LB-BSP can balance the workers: with even speed
 is BSP (the even split, within its hysteresis), and a worker a few times slower gets a
 batch it finishes with the others. LB-BSP cannot balance a worker so slow that its steps
 at the smallest batch LB-BSP gives (the sizer's ``floor`` of the even split) still take
-``asp_above`` times the median step (default 2): after ``hold_s`` seconds of that it
+``asp_above`` times the median step (default 1.5): after ``hold_s`` seconds of that it
 switches to ASP, where nobody waits for it. In ASP every worker runs the same batch, so
 the step times compare speeds directly; once the slowest worker's steps are back under
-``back_below`` times the median (default 1.5, where LB-BSP's floor can balance it for
-steps of which up to about half does not shrink with the batch) for ``hold_s``, it drains
+``back_below`` times the median (default 1.2) for ``hold_s``, it drains
 ASP's steps and goes back to LB-BSP. Step times are each push's ``turnaround`` (from when
 the step could start to its arrival), an exponential average per worker: what was
 measured, at the batch it ran, never extrapolated to another batch (a line fitted on a
@@ -52,7 +51,7 @@ class AutoPolicy(Policy):
                                                         "which LB-BSP runs again"),
                Option("hold_s", float, lo=0, help="seconds a condition must hold before a move"))
 
-    def __init__(self, batch_size: int = 32, asp_above: float = 2.0, back_below: float = 1.5,
+    def __init__(self, batch_size: int = 32, asp_above: float = 1.5, back_below: float = 1.2,
                  hold_s: float = 2.0, lr_scales: dict | None = None, lbbsp: LBBSP | None = None,
                  asp: Policy | None = None, seed: int | None = None, alpha: float = 0.3):
         self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
@@ -84,14 +83,14 @@ class AutoPolicy(Policy):
             self.batches[push.worker] = push.batch_size
 
     def slowest(self, view: ClusterView) -> tuple[int, float] | None:
-        """(worker, its step time over the median's) of the slowest member; None until
-        every member has been seen."""
+        """(worker, its step time over the median of the others') of the slowest member;
+        None until every member has been seen."""
         members = sorted(view.members)
         known = {w: self.steps[w] for w in members if w in self.steps}
         if len(known) < len(members) or len(members) < 2:
             return None
-        w = max(known, key=known.get)
-        return w, known[w] / statistics.median(known.values())
+        w = max(known, key=known.get)   # against the others' median (of two workers: the other's step)
+        return w, known[w] / statistics.median(v for k, v in known.items() if k != w)
 
     def _at_floor(self, worker: int) -> bool:
         """Whether ``worker`` runs LB-BSP's smallest batch (it cannot be given less)."""
