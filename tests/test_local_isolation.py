@@ -219,7 +219,7 @@ def test_no_other_local_user_reaches_a_root_jobs_task_ports(tmp_path, job_files,
     assert seen["uids"] == {0}
     assert stopped.returncode == 0, stopped.stderr   # the manager answers through its socket
     assert proc.returncode == 0, err
-    assert json.loads(out)["task_ports"].startswith("this process's own network namespace"), out
+    assert json.loads(out)["task_ports"].startswith("private network namespace of this process"), out
 
 
 @pytest.mark.parametrize("how", ["an ordinary user", "sudo"])
@@ -291,3 +291,16 @@ def test_a_program_whose_cluster_cannot_be_guarded_is_refused(tmp_path):
     isolated = subprocess.run([sys.executable, "-m", "tfsync.cli", "isolate", "--", sys.executable, "-c", code],
                               capture_output=True, text=True, timeout=60, env=env)
     assert isolated.stdout == "spec: 127.0.0.1:" + isolated.stdout.rsplit(":", 1)[-1], isolated.stdout + isolated.stderr
+
+
+def test_a_hook_in_the_runs_own_network_raises_no_alarm(caplog, monkeypatch):
+    """The run's own hook reports its tasks' ports as a private network's: no warning that
+    they are open (a `tfsync run` printed one for every local run)."""
+    from tfsync.base import isolation, netns
+    from tfsync.engine import launcher
+
+    monkeypatch.setattr(isolation, "active", lambda: True)
+    launcher._warn_open("127.0.0.1:1", netns.describe(None))
+    assert "listen on" not in caplog.text
+    launcher._warn_open("127.0.0.1:2", "every interface, unprotected: no firewall")
+    assert "127.0.0.1:2 listen on every interface" in caplog.text

@@ -313,7 +313,7 @@ def shared() -> PrivateNetwork | None:
 def describe(net: PrivateNetwork | None) -> str:
     """What protects a cluster's task ports (for summaries): ``net`` is its private network."""
     if net is None and isolation.active():
-        return "this process's own network namespace (loopback only): no other user or machine reaches them"
+        return "private network namespace of this process (loopback only): no other user or machine reaches them"
     if net is not None:
         where = f"private network namespace {net.name} ({net.address}): reachable from this machine only"
         if net.unguarded:
