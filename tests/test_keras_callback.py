@@ -459,13 +459,16 @@ def test_fit_drops_tf_kerass_batch_timing_warning_and_nothing_else(strategy, mon
         tf.get_logger().warning("a warning of another kind")
 
     monkeypatch.setattr(keras.Model, "fit", fit)
-    said = _Said()   # on TensorFlow's own logger, where tf_keras says it (it does not propagate)
-    logging.getLogger("tensorflow").addHandler(said)
+    tf_logger = logging.getLogger("tensorflow")   # where tf_keras says it (it does not propagate)
+    level, said = tf_logger.level, _Said()
+    tf_logger.setLevel(logging.WARNING)   # (tfsync.base.quiet quiets it for the runs before)
+    tf_logger.addHandler(said)
     try:
         model.fit()
         fit(model)   # outside the wrapper's fit: both said
     finally:
-        logging.getLogger("tensorflow").removeHandler(said)
+        tf_logger.removeHandler(said)
+        tf_logger.setLevel(level)
     assert [m.split(" (")[0] for m in said.lines] == [
         "a warning of another kind", "Callback method `on_train_batch_end` is slow compared to the batch time",
         "a warning of another kind"]
