@@ -12,6 +12,7 @@ namespace of its own where /root is a 0755 tmpfs holding binds of what it held, 
 keeping its own mode (``AS_USER``). Root and util-linux (setpriv, nsenter, mount) are
 needed; without them these tests skip, saying so."""
 
+import functools
 import json
 import os
 import pathlib
@@ -102,6 +103,18 @@ for port in sys.argv[1:]:
 
 def as_user(uid, argv, mode="plain", **kw):
     return [sys.executable, "-c", AS_USER, str(uid), mode, *argv]
+
+
+@functools.lru_cache(maxsize=None)
+def skip_reason() -> str | None:
+    """Why these tests cannot run here: no root or util-linux, or another uid cannot run
+    this Python and tfsync even with /root opened (a checkout under another closed folder)."""
+    if REASON:
+        return REASON
+    r = subprocess.run(as_user(JOB_USER, [sys.executable, "-c", "import tfsync.base.isolation"]), cwd="/",
+                       capture_output=True, text=True, timeout=120)
+    return None if r.returncode == 0 else (f"uid {JOB_USER} cannot run {sys.executable} with tfsync here: "
+                                           f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -199,8 +212,8 @@ def check_unreachable(seen):
 
 @pytest.mark.parametrize("nft", ["without nft", "with nft"])
 def test_no_other_local_user_reaches_a_root_jobs_task_ports(tmp_path, job_files, nft):
-    if REASON:
-        pytest.skip(REASON)
+    if skip_reason():
+        pytest.skip(skip_reason())
     if nft == "with nft" and shutil.which("nft") is None:
         pytest.skip("nftables is not installed here")
     env = hide_nft(tmp_path) if nft == "without nft" else dict(os.environ)
@@ -227,8 +240,8 @@ def test_a_job_of_another_user_is_kept_from_the_others_and_runs_as_that_user(tmp
     """An ordinary user's run makes a user namespace with its network namespace; under sudo
     root makes the namespace and the coordinator and every task become the sudo user. No
     other user reaches the ports either way, and the run's files are the user's own."""
-    if REASON:
-        pytest.skip(REASON)
+    if skip_reason():
+        pytest.skip(skip_reason())
     folder, job = job_files(owner=JOB_USER)
     env = {**os.environ, "HOME": str(folder), "TFSYNC_HOME": str(folder / ".tfsync")}
     run = [sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", str(folder / "data.npz")]
@@ -249,8 +262,8 @@ def test_a_job_of_another_user_is_kept_from_the_others_and_runs_as_that_user(tmp
 def test_without_user_namespaces_an_ordinary_users_run_is_refused(tmp_path, job_files):
     """No namespace to be had: one line naming the fix and the option that accepts the risk,
     exit 1, nothing started; with --open-ports the run goes ahead, saying so."""
-    if REASON:
-        pytest.skip(REASON)
+    if skip_reason():
+        pytest.skip(skip_reason())
     folder, job = job_files(owner=JOB_USER)
     env = {**os.environ, "HOME": str(folder), "TFSYNC_HOME": str(folder / ".tfsync")}
     run = [sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", str(folder / "data.npz")]
@@ -274,8 +287,8 @@ def test_a_program_whose_cluster_cannot_be_guarded_is_refused(tmp_path):
     """The Python API in a process of its own network-less kind (no nft: the namespace's
     link cannot be guarded): refused in one line naming `tfsync isolate`; accepted with
     TFSYNC_OPEN_PORTS=1; inside `tfsync isolate` the cluster is on the private loopback."""
-    if REASON:
-        pytest.skip(REASON)
+    if skip_reason():
+        pytest.skip(skip_reason())
     env = hide_nft(tmp_path)
     code = ("from tfsync.engine.cluster import LocalCluster\n"
             "from tfsync.base.exits import TfsyncError\n"
