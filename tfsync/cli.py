@@ -91,8 +91,7 @@ def isolate(args, local: bool) -> None:
     program calling ``main`` keeps its process: its cluster's namespace and guard are
     tfsync.base.netns's, or it is refused there."""
     from .base import isolation
-    if args.open_ports:
-        os.environ[isolation.OPEN_ENV] = "1"
+    accept_open_ports(args)
     if local and args.own_process and not os.environ.get(isolation.ENV):   # (set: in one, or refused one)
         run_isolated([sys.executable, "-m", "tfsync.cli", *sys.argv[1:]], replace=True)
 
@@ -111,10 +110,15 @@ def run_isolated(command: list[str], replace: bool) -> int:
     os.execv(sys.executable, argv)
 
 
-def cmd_isolate(args) -> int:
-    from .base import isolation
+def accept_open_ports(args) -> None:
+    """``--open-ports``: said to this process and those it starts (tfsync.base.isolation)."""
     if args.open_ports:
+        from .base import isolation
         os.environ[isolation.OPEN_ENV] = "1"
+
+
+def cmd_isolate(args) -> int:
+    accept_open_ports(args)
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
     if not command:
         raise BadInput("tfsync isolate: name a command to run, e.g. `tfsync isolate -- python train.py`")

@@ -89,9 +89,9 @@ def enter() -> None:
     uid, gid = os.geteuid(), os.getegid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        why = "unprivileged user namespaces are off on this machine" if not root else os.strerror(err)
-        raise IsolationError(f"no private network for the task ports: unshare failed ({why}: {os.strerror(err)})")
+        why = os.strerror(ctypes.get_errno())
+        raise IsolationError("no private network for the task ports: unshare failed ("
+                             + (why if root else f"unprivileged user namespaces are off on this machine: {why}") + ")")
     try:
         if not root:   # this user is itself inside: what it writes stays its own
             _write("/proc/self/setgroups", "deny")

@@ -255,7 +255,8 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
         if own_log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
         raise
-    if isolation.active():   # this process's network is its own: no one else reaches its tasks' ports
+    isolated = isolation.active()
+    if isolated:   # this process's network is its own: no one else reaches its tasks' ports
         fw, why, warn_now = None, "none needed: the hook's network namespace is its process's own", False
     else:
         fw, why = firewall.open_firewall(port, task_allow, keep=bool(adopt_rows))
@@ -263,7 +264,7 @@ def serve(listen: str = "127.0.0.1:0", *, token: str, tls: transport.TlsConfig |
         logger.warning("tfsync hook: TF task ports of this node will listen on every interface, unprotected "
                        "(no firewall): %s", why)
     supervisor = TaskSupervisor(log_dir, task_command=task_command, firewall=fw, open_reason=why,
-                                warn_open=not warn_now and not isolation.active())
+                                warn_open=not warn_now and not isolated)
     supervisor.adopt(adopt_rows or [])
     stopping = threading.Event()
     node_hook_pb2_grpc.add_NodeHookServicer_to_server(NodeHookService(supervisor, node or node_name(), stopping),

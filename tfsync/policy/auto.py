@@ -160,10 +160,6 @@ class AutoPolicy(Policy):
     def max_batch(self, workers: int) -> int:
         return max(self.lbbsp.max_batch(workers), self.asp.max_batch(workers))
 
-    @property
-    def running(self) -> str:
-        return "lbbsp" if self.state == "lbbsp" else "asp"
-
     def stats(self) -> dict:
         return {"moves": list(self.moves), "lbbsp": self.lbbsp.stats()}
 
