@@ -47,7 +47,7 @@ def test_converged_accuracy():
 
 
 def test_noise_free_search_finds_the_grid_point_above_the_knee():
-    result = binary_search(knee_trial(), "sig", SearchSettings(target=HIGH, settings=4, runs=2))
+    result = binary_search(knee_trial(), "sig", SearchSettings(target=HIGH, settings=4, runs=2, ends=False))
     assert result.fraction == EXPECTED
     assert [(s.fraction, s.accepted) for s in result.settings] == [(0.5, True), (0.25, False), (0.375, True),
                                                                    (0.3125, True)]
@@ -73,7 +73,7 @@ def test_success_rate_under_noise_matches_the_analytic_probability():
 
 def test_target_is_measured_from_r_bsp_runs_when_not_given():
     calls = []
-    result = binary_search(knee_trial(0.01, calls=calls), "sig", SearchSettings(settings=2, runs=3, seed=10))
+    result = binary_search(knee_trial(0.01, calls=calls), "sig", SearchSettings(settings=2, runs=3, seed=10, ends=False))
     assert calls[:3] == [(1.0, 10), (1.0, 11), (1.0, 12)]
     assert len(result.bsp) == 3 and result.target == pytest.approx(np.mean(result.bsp))
     assert [c[1] for c in calls[3:]] == [10, 11, 12] * 2  # run r of every setting: seed + r
@@ -98,7 +98,7 @@ def test_interval_rule_rejects_a_switch_point_much_better_than_the_target():
 
 @pytest.mark.parametrize("kind", ["memory", "json"])
 def test_an_interrupted_search_resumes_with_only_the_missing_trials(kind, tmp_path):
-    settings = SearchSettings(settings=4, runs=3)  # 3 BSP + 12 candidate trials
+    settings = SearchSettings(settings=4, runs=3, ends=False)  # 3 BSP + 12 candidate trials
     make_store = (lambda: JsonTrials(tmp_path / "trials.json")) if kind == "json" else None
     memory = MemoryTrials()
     store = make_store() if make_store else memory
@@ -193,3 +193,33 @@ def test_a_trial_scores_its_accuracy_or_else_minus_log_of_its_converged_test_los
         trial_score({"converged_accuracy": None, "evals": [], "test_loss": None})
     with pytest.raises(ValueError, match=r"test loss is -0.5 \(not > 0\)"):
         trial_score({"converged_accuracy": None, "test_loss": -0.5})
+
+
+def plans(acc_of, time_of):
+    """A trial whose accuracy and training time follow its BSP share."""
+    return lambda fraction, seed: TrialResult(acc_of(fraction), time_of(fraction))
+
+
+def test_the_search_answers_asp_only_when_asp_alone_is_acceptable_and_fastest():
+    run = plans(lambda f: 0.9, lambda f: 100.0 + 50.0 * f)   # staleness costs nothing here
+    result = binary_search(run, "s", SearchSettings(settings=2, runs=1))
+    assert (result.fraction, result.searched) == (0.0, 0.25)   # Algorithm 1 alone would switch at 0.25
+    assert result.times == {0.0: 100.0, 0.25: 112.5, 1.0: 150.0}
+    assert (result.settings[-1].fraction, result.settings[-1].accepted) == (0.0, True)
+    assert binary_search(run, "s", SearchSettings(settings=2, runs=1, ends=False)).fraction == 0.25
+
+
+def test_the_search_answers_bsp_only_when_the_switch_costs_more_than_it_saves():
+    # BSP as fast as ASP per sample, and the switch's restart costs 30 s: BSP alone wins
+    run = plans(lambda f: 0.9 if f >= 0.3 else 0.85, lambda f: 100.0 + (30.0 if 0 < f < 1 else 0.0))
+    result = binary_search(run, "s", SearchSettings(settings=3, runs=2))
+    assert result.searched == 0.375 and result.fraction == 1.0
+    assert result.times == {0.375: 130.0, 1.0: 100.0}   # ASP only was not acceptable: no candidate
+
+
+def test_with_a_given_target_bsp_only_is_no_candidate_unless_nothing_else_was_acceptable():
+    run = plans(lambda f: 0.9 if f >= 0.3 else 0.85, lambda f: 100.0 + 100.0 * f)
+    result = binary_search(run, "s", SearchSettings(target=0.9, settings=2, runs=1))
+    assert (result.fraction, result.times) == (0.5, {0.5: 150.0})   # no BSP runs were made to time it
+    never = binary_search(plans(lambda f: 0.5, lambda f: 1.0), "s", SearchSettings(target=0.9, settings=2, runs=1))
+    assert (never.fraction, never.times) == (1.0, {})

@@ -68,11 +68,13 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     out = tfsync(*args, "--json", env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["trials_reused"] == 1 and result["trials_run"] == 1  # the BSP trial is not trained again
+    assert result["trials_reused"] == 1 and result["trials_run"] == 2  # the BSP trial is not trained again
     assert result["bsp"] == [done_before[0][1]["converged_accuracy"]]
-    assert [t["fraction"] for t in result["tried"]][0] == 0.5
+    assert [t["fraction"] for t in result["tried"]] == [0.5, 0.0]   # the switch point, then ASP only
     fractions = sorted(s["fraction"] for s, _ in stored_trials(db, signature))
-    assert len(fractions) == 2 and fractions.count(1.0) == 1  # every trial stored once
+    assert fractions == [0.0, 0.5, 1.0]  # every trial stored once
+    times = {float(f): t for f, t in result["times"].items()}   # the acceptable plans' mean training times
+    assert result["fraction"] == min(times, key=times.get)
     f = result["fraction"]
 
     show = tfsync("search", "--show", str(job), env=env, timeout=600)

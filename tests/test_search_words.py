@@ -25,11 +25,12 @@ def job(tmp_path, monkeypatch):
     return path
 
 
-def stand_in(score_of):
-    """A trial that trains nothing: its summary's converged score from its BSP share."""
+def stand_in(score_of, wall_of=lambda f: 1.0):
+    """A trial that trains nothing: its summary's converged score and time from its BSP share."""
     def run(cfg, data_path):
-        fraction = cfg.protocol[0].until if len(cfg.protocol) > 1 else 1.0
-        return {"wall_s": 1.0, **score_of(fraction), "evals": []}
+        names = [p.name for p in cfg.protocol]
+        fraction = cfg.protocol[0].until if len(names) > 1 else 1.0 if names == ["bsp"] else 0.0
+        return {"wall_s": wall_of(fraction), **score_of(fraction), "evals": []}
     return run
 
 
@@ -39,7 +40,8 @@ def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monke
                         stand_in(lambda f: {"converged_accuracy": 0.9 if f >= 1.0 else 0.5}))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "2")
     assert code == 0, err
-    assert "training trial 1 of 3: BSP only, run 0 ..." in err and "training trial 2 of 3: BSP 0.5 then ASP" in err
+    assert "training trial 1 of 4: BSP only, run 0 ..." in err and "training trial 2 of 4: BSP 0.5 then ASP" in err
+    assert "training trial 4 of 4: ASP only, run 0 ..." in err
     assert "BSP only (no earlier switch was acceptable)" in out
     assert out.strip().splitlines()[-1].startswith(f"stored; `tfsync run {job}` now runs BSP to the end"), out
     # a job whose BSP phase has a straggler policy keeps it: not "BSP only"
@@ -87,3 +89,29 @@ def test_a_search_says_which_trials_changed_their_worker_count_and_keeps_it_with
     assert said in out and out.count("scaled during") == 1, out
     code, out, _ = tfsync(capsys, "search", "--show", str(job))
     assert code == 0 and said in out, out
+
+
+def test_a_search_answers_asp_only_or_bsp_only_when_they_train_fastest(job, monkeypatch, capsys):
+    # every plan acceptable, ASP fastest: the answer is ASP only, and `tfsync run` then runs ASP alone
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+                        stand_in(lambda f: {"converged_accuracy": 0.9}, lambda f: 100.0 + 60.0 * f))
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1")
+    assert code == 0, err
+    assert ("switch point for job signature" in out and ": ASP only (acceptable and fastest: ASP only 100 s, "
+            "switch at 0.5 130 s, BSP only 160 s of training on average)" in out), out
+    assert "now runs ASP alone" in out.strip().splitlines()[-1], out
+    from tfsync.job.config import load_job
+    from tfsync.commands.switch import stored_switch_point
+    cfg, found = stored_switch_point(load_job(str(job)))
+    assert found["fraction"] == 0.0 and found["searched"] == 0.5 and [p.name for p in cfg.protocol] == ["asp"]
+    # the switch's restart costs more than ASP saves: BSP only
+    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+                        stand_in(lambda f: {"converged_accuracy": 0.9}, lambda f: 100.0 + (50.0 if f < 1 else 0.0)))
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--set", "train.learning_rate=0.02")
+    assert code == 0, err
+    assert ": BSP only (acceptable and fastest: BSP only 100 s, " in out, out
+    # --no-ends: Algorithm 1's answer, and no ASP trial
+    code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--set", "train.learning_rate=0.03",
+                            "--no-ends")
+    assert code == 0, err
+    assert "ASP only" not in err and ": BSP for 0.5 of the workload, then ASP\n" in out, out

@@ -101,7 +101,7 @@ def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     job = project(tmp_path, epochs=2, protocols='until = 0.5\n[[protocol]]\nname = "asp"', run="search")
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1",
-                        "--json"], cwd="/", env=env, capture_output=True, text=True, timeout=600)
+                        "--no-ends", "--json"], cwd="/", env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
     assert result["trials_run"] == 2 and result["bsp"][0] > 0.5
@@ -122,7 +122,7 @@ def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
     shutil.copy(os.path.join(EXAMPLES, "regression", "model.py"), job.parent / "model.py")
     job.write_text(open(os.path.join(EXAMPLES, "regression", "job.toml")).read().replace("epochs = 4", "epochs = 1"))
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    search = [sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1"]
+    search = [sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1", "--no-ends"]
     r = subprocess.run([*search, "--target-loss", "1000", "--json"], cwd=str(tmp_path), env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]

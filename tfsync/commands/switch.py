@@ -11,6 +11,7 @@ and ``tfsync run`` then switches at the stored point (``switch.point = "auto"``)
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -36,7 +37,9 @@ def add_commands(sub) -> None:
                     "e.g. a regression: whose converged test loss stays within a factor exp(--beta) of "
                     "BSP's, about --beta relative). Trains the job file "
                     "R times per setting on a local cluster; trials are stored in the job store, so an "
-                    "interrupted search resumes and `tfsync run` uses the answer.")
+                    "interrupted search resumes and `tfsync run` uses the answer. Then ASP only is trained R "
+                    "times too, and the answer is whichever acceptable plan trained fastest: ASP only, the "
+                    "switch point found, or BSP only.")
     s.add_argument("job", help="path to the job file (TOML)")
     s.add_argument("--runs", type=int, default=3, metavar="R", help="training runs per setting (default 3)")
     s.add_argument("--settings", type=int, default=4, metavar="M", help="switch points tried (default 4)")
@@ -48,6 +51,9 @@ def add_commands(sub) -> None:
     target.add_argument("--target-loss", type=float, metavar="L",
                         help="for a job without accuracy (e.g. a regression): the test loss to reach "
                              "(default: the mean -ln(test loss) of R BSP runs)")
+    s.add_argument("--ends", action=argparse.BooleanOptionalAction, default=True,
+                   help="also train ASP only and answer the fastest acceptable plan (default); --no-ends: "
+                        "Algorithm 1's switch point as printed, R trials fewer")
     s.add_argument("--data", help="data path (overrides data.path)")
     from ..job.config import OVERRIDE_HELP
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -169,6 +175,7 @@ def describe(result, settings, metric: str = "accuracy") -> dict:
                   for s in result.settings],
         "trials_run": result.trials_run, "trials_reused": result.trials_reused,
         "search_time_s": round(result.time, 3),
+        "searched": result.searched, "times": {str(f): round(t, 3) for f, t in sorted(result.times.items())},
     }
 
 
@@ -180,9 +187,25 @@ def trial_scales(summary: dict) -> list[dict]:
              "at": round(s["samples"] / total, 4) if total else None} for s in summary.get("scales", [])]
 
 
+def short(fraction: float, then: str = " then ASP") -> str:
+    """A plan in a progress line: "BSP only", "ASP only" or "BSP 0.25 then ASP"."""
+    return "BSP only" if fraction >= 1.0 else "ASP only" if fraction <= 0.0 else f"BSP {fraction:.4g}{then}"
+
+
+def why(d: dict) -> str:
+    """Why the search answered ``d["fraction"]``: the candidates' mean training times when
+    the ends were tried, else Algorithm 1's reason for BSP only."""
+    times = {float(k): v for k, v in d.get("times", {}).items()}   # a search stored before 2026-11-29 has none
+    if len(times) > 1:
+        return " (acceptable and fastest: " + ", ".join(
+            f"{short(k, '') if k in (0.0, 1.0) else f'switch at {k:.4g}'} {v:.0f} s"
+            for k, v in sorted(times.items(), key=lambda kv: kv[1])) + " of training on average)"
+    return " (no earlier switch was acceptable)" if d["fraction"] >= 1.0 else ""
+
+
 def format_result(d: dict, signature: str) -> str:
     f = d["fraction"]
-    plan = SwitchPlan.words(f) + (" (no earlier switch was acceptable)" if f >= 1.0 else "")
+    plan = SwitchPlan.words(f) + why(d)
     what = "accuracy" if d.get("metric", "accuracy") == "accuracy" else "-ln(test loss)"
     given = (f" (mean of {len(d['bsp'])} BSP runs: " + ", ".join(f"{a:.4f}" for a in d["bsp"]) + ")"
              if d["bsp"] else " (given)")
@@ -202,7 +225,7 @@ def format_result(d: dict, signature: str) -> str:
         lines.append(f"how sure: the chosen point is acceptable with probability {chosen['confidence']:.2f} "
                      f"(t-test over its {len(chosen.get('scores', chosen.get('accuracies', [])))} runs)")
     for t in d.get("scaled", []):   # their scores are not all of the signature's worker count
-        what = "BSP only" if t["fraction"] >= 1.0 else f"BSP {t['fraction']:.4g}"
+        what = short(t["fraction"], "")
         how = ", ".join(f"{s['from']} -> {s['to']} workers ({s['by']}"
                         + (f", at {100 * s['at']:.0f} % of its workload)" if s.get("at") is not None else ")")
                         for s in t["scales"])
@@ -251,7 +274,8 @@ def cmd_search(args) -> int:
         if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
             raise ValueError(f"--target-loss {args.target_loss}: must be a test loss > 0")
         target = args.target if args.target_loss is None else -math.log(args.target_loss)  # on the score's scale
-        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0)
+        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0,
+                                  ends=args.ends)
     except (ConfigError, ValueError) as e:
         return fail(str(e), EXIT_BAD_INPUT)
     signature = config_signature(cfg.to_dict())
@@ -275,7 +299,7 @@ def cmd_search(args) -> int:
         job = store.create_job(cfg.job.name, signature, cfg.to_dict(), run_dir=run_dir)
         store.set_job_state(job.id, "running")
         trials = JobStoreTrials(store, job.id)
-        total = settings.runs * (settings.settings + (settings.target is None))
+        total = settings.runs * (settings.settings + (settings.target is None) + settings.ends)
         bar = progress_bar()
         expect = "accuracy" if args.target is not None else "neg_log_loss" if args.target_loss is not None else None
         done = {"n": 0, "metric": expect, "scaled": []}
@@ -283,7 +307,7 @@ def cmd_search(args) -> int:
         def run_trial(fraction: float, seed: int) -> TrialResult:
             run = seed - settings.seed
             tcfg = trial_config(cfg, fraction, run)
-            what = "BSP only" if fraction >= 1.0 else f"BSP {fraction:.4g} then ASP"
+            what = short(fraction)
             bar(done["n"], total, f"training trial {done['n'] + 1} of {total}: {what}, run {run} ...")
             summary = run_trial_process(tcfg, args.data)
             try:
@@ -307,7 +331,7 @@ def cmd_search(args) -> int:
             done["metric"] = r.extra.get("metric", "accuracy")  # a trial stored before losses: accuracy
             if r.extra.get("scales"):
                 done["scaled"].append({"fraction": p["fraction"], "run": p["run"], "scales": r.extra["scales"]})
-            what = "BSP only" if p["fraction"] >= 1.0 else f"BSP {p['fraction']:.4g}"
+            what = short(p["fraction"], "")
             score = (f"accuracy {r.converged_accuracy:.4f}" if done["metric"] == "accuracy"
                      else f"test loss {math.exp(-r.converged_accuracy):.4g}")
             bar(done["n"], total, f"{what} run {p['run']}: {score}, {r.time:.0f} s"

@@ -8,6 +8,14 @@ s = (upper + lower) / 2 R times; if the mean converged accuracy is acceptable,
 upper = s (switch earlier), else lower = s. The answer is ``upper``: the earliest
 switch point found acceptable (1.0, i.e. BSP only, if none was).
 
+Beyond the paper (``ends=True``, the default): Algorithm 1 never answers ASP only, and it
+answers a switch even where BSP alone trains as fast (with BSP's rounds on the PS, it
+often does) or where the switch's restart costs more than ASP saves. So ASP only (fraction
+0) is also tried R times, and the answer is whichever acceptable plan trained fastest on
+the mean of its trials: ASP only, the switch point found, or BSP only (when the BSP runs
+that set the target were made). ``SearchResult.searched`` keeps Algorithm 1's answer and
+``times`` every candidate's mean training time.
+
 Deviations from the printed pseudo-code, each switchable for reproduction:
 - the printed accumulator alpha' is never reset, so from the second setting on the
   "mean" alpha'/R adds every earlier setting's accuracies. We reset it per setting
@@ -22,6 +30,7 @@ by a failure resumes where it stopped; run r of every setting uses seed ``seed +
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from dataclasses import dataclass
@@ -43,6 +52,7 @@ class SearchSettings:
     accept: str = "at_least"
     paper_accumulation: bool = False  # True: the printed, never-reset accumulator
     seed: int = 0
+    ends: bool = True  # also try ASP only; answer the fastest acceptable plan (module doc)
 
     def __post_init__(self):
         if not self.beta >= 0:
@@ -70,6 +80,8 @@ class SearchResult:
     trials_run: int  # run_trial calls made by this search
     trials_reused: int  # found in the store
     time: float  # summed time of every trial the search used (its cost)
+    searched: float | None = None  # Algorithm 1's answer (``fraction`` unless ``ends`` chose an end)
+    times: dict = dataclasses.field(default_factory=dict)  # acceptable fraction -> mean trial time (``ends``)
 
 
 def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str,
@@ -100,8 +112,15 @@ def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str
 
     R = int(settings.runs)
     bsp: tuple[float, ...] = ()
+    times: dict[float, list[float]] = {}   # fraction -> its trials' times
+
+    def trials(fraction: float) -> tuple[float, ...]:
+        results = [trial(fraction, r) for r in range(R)]
+        times[fraction] = [t.time for t in results]
+        return tuple(t.converged_accuracy for t in results)
+
     if settings.target is None:  # Algorithm 1 lines 2-5
-        bsp = tuple(trial(1.0, r).converged_accuracy for r in range(R))
+        bsp = trials(1.0)
         target = statistics.fmean(bsp)
     else:
         target = float(settings.target)
@@ -111,12 +130,10 @@ def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str
         s = (upper + lower) / 2.0
         if not settings.paper_accumulation:
             alpha = 0.0  # the fix: the printed algorithm never resets alpha' between settings
-        accs = tuple(trial(s, r).converged_accuracy for r in range(R))
+        accs = trials(s)
         alpha += sum(accs)
         score = alpha / R
-        ok = score >= target - settings.beta
-        if settings.accept == "interval":
-            ok = ok and score <= target + settings.beta
+        ok = acceptable(score, target, settings)
         tried.append(Setting(s, accs, score, ok))
         logger.debug("switch at %.6g: mean accuracy %.4f vs target %.4f -> %s", s, score, target,
                      "accept" if ok else "reject")
@@ -124,6 +141,23 @@ def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str
             upper = s
         else:
             lower = s
+    answer, candidates = upper, {}
+    if settings.ends:
+        asp = trials(0.0)
+        tried.append(Setting(0.0, asp, statistics.fmean(asp), acceptable(statistics.fmean(asp), target, settings)))
+        candidates = {s.fraction: statistics.fmean(times[s.fraction]) for s in tried if s.accepted
+                      and s.fraction in (0.0, upper)}
+        if bsp:
+            candidates[1.0] = statistics.fmean(times[1.0])
+        if candidates:
+            answer = min(candidates, key=lambda f: (candidates[f], -f))   # a tie: the more BSP
     logger.info("switch-point search for %s: BSP for %.4g of the workload (target %.4f, %d trials run, "
-                "%d reused)", signature, upper, target, counts["run"], counts["reused"])
-    return SearchResult(upper, target, bsp, tuple(tried), counts["run"], counts["reused"], counts["time"])
+                "%d reused)", signature, answer, target, counts["run"], counts["reused"])
+    return SearchResult(answer, target, bsp, tuple(tried), counts["run"], counts["reused"], counts["time"],
+                        upper, candidates)
+
+
+def acceptable(score: float, target: float, settings: SearchSettings) -> bool:
+    """Whether a setting's mean score is acceptable (``settings.accept``)."""
+    ok = score >= target - settings.beta
+    return ok and score <= target + settings.beta if settings.accept == "interval" else ok
