@@ -1,5 +1,6 @@
 """LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -21,9 +22,9 @@ def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
     lb = Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32), updates=60)
     bsp = Simulator(2, SpeedModel(**speeds)).run(BSP(), updates=60)
     rounds = round_sizes(lb)
-    assert rounds[0] == {0: 32, 1: 32}  # nothing observed yet: BSP's equal split
+    assert rounds[:3] == [{0: 32, 1: 32}] * 3  # BSP's equal split, measured first (the guard's baseline)
     assert all(sum(r.values()) == 64 for r in rounds)  # X = n * batch_size every round
-    ratios = [r[0] / r[1] for r in rounds[1:]]
+    ratios = [r[0] / r[1] for r in rounds[3:]]
     assert all(2.5 <= q <= 3.6 for q in ratios), ratios
     assert lb.samples == 64 * lb.updates == bsp.samples  # same progress per update as BSP
     assert lb.time / lb.updates < 0.6 * bsp.time / bsp.updates  # ideal: 48/96 of BSP's round
@@ -56,7 +57,7 @@ def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
                         hidden=16, seed=3)
 
     speeds = dict(fixed=0.0, per_sample=0.001, factors=[1, 3])
-    lb = LBBSP(batch_size=32)
+    lb = LBBSP(batch_size=32, guard=False)   # (the guard would run 3 rounds at the even split first)
     view = ClusterView(2, (0, 0), (0, 0))
     for w, speed in ((0, 3000.0), (1, 1000.0)):  # prime the predictors: worker 0 is 3x faster
         lb.sizer.observe(Push(w, 1, 30, 0.0, 30 / speed, 0.0, 0.0, PushMode.AGGREGATE), view)
@@ -72,8 +73,8 @@ def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
 
 def test_non_blocking_lags_one_round():
     speeds = SpeedModel(fixed=0.0, factors=[1, 3])
-    blocking = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32), updates=4))
-    lagged = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32, blocking=False), updates=4))
+    blocking = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32, guard=False), updates=4))
+    lagged = round_sizes(Simulator(2, speeds).run(LBBSP(batch_size=32, blocking=False, guard=False), updates=4))
     assert blocking[:3] == [{0: 32, 1: 32}, {0: 48, 1: 16}, {0: 48, 1: 16}]
     assert lagged[:3] == [{0: 32, 1: 32}, {0: 32, 1: 32}, {0: 48, 1: 16}]
 
@@ -83,7 +84,7 @@ def fake_push(worker, batch, seconds):
 
 
 def test_background_plan_is_used_when_ready_and_never_waited_for():
-    sizer = LBBSPSizer(32, blocking=False, background=True)
+    sizer = LBBSPSizer(32, blocking=False, background=True, guard=False)
     view = ClusterView(2, (1, 1), (1, 1))
     try:
         for w, t in ((0, 0.01), (1, 0.03)):
@@ -98,7 +99,7 @@ def test_background_plan_is_used_when_ready_and_never_waited_for():
 def test_gpu_profiles_size_by_the_linear_program_and_estimate_comm():
     # step time (0.01 + 0.001 x) * factor + comm: profiles m = 0.001 f, b = 0.01 f
     profiles = [GpuProfile(0.001, 0.01, 1, None), GpuProfile(0.003, 0.03, 1, None)]
-    policy = LBBSP(batch_size=32, profiles=profiles)
+    policy = LBBSP(batch_size=32, profiles=profiles, guard=False)   # (the rule from the first barrier on)
     sim = Simulator(2, SpeedModel(fixed=0.01, per_sample=0.001, factors=[1, 3]), comm=0.05)
     r = sim.run(policy, updates=10)
     assert round_sizes(r)[1:] and all(s == {0: 53, 1: 11} for s in round_sizes(r)[1:])
@@ -149,7 +150,7 @@ def test_each_worker_is_predicted_at_its_own_push_so_the_barrier_predicts_nothin
             Counting.predicts += 1
             return super()._predict()
 
-    sizer = LBBSPSizer(16, Counting, min_gain=0, max_change=0)
+    sizer = LBBSPSizer(16, Counting, min_gain=0, max_change=0, guard=False)
     view = ClusterView(3, (1, 1, 1), (1, 1, 1))
     for w, t in ((0, 0.5), (1, 0.25), (2, 1.0)):
         sizer.observe(fake_push(w, 16, t), view)
@@ -200,3 +201,42 @@ def test_a_worker_slowed_for_a_while_is_never_starved_and_gets_its_share_back(se
     for w in range(3):
         assert abs(np.mean([r[w] for r in rounds[180:]]) / 32 - 1) < 0.15
     assert min(r[1] for r in run(floor=0.0)) == 1   # the trap the floor keeps it out of
+
+
+@dataclasses.dataclass
+class QuotaSpeeds(SpeedModel):
+    """A container's CPU quota, simply: a step over ``cap`` samples spends the period's
+    quota and waits ``stall`` s for the next (a cliff that no line through the sizes seen
+    predicts)."""
+    cap: int = 64
+    stall: float = 0.06
+
+    def step_time(self, worker, batch_size, now):
+        return super().step_time(worker, batch_size, now) + (self.stall if batch_size > self.cap else 0.0)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sizes_that_make_rounds_slower_than_the_even_split_are_dropped(seed):
+    """Issue 54: four alike workers under a CPU quota, 15 % step noise. The noise looks like
+    speed, and LB-BSP's sizes put a worker over the quota's cliff: every round 2.7x BSP's.
+    The guard measures each trial's rounds against the even split's, drops the sizes and
+    tries again ever later: within 10 % of BSP over 400 rounds. Where a worker really is 3x
+    slower, the sizes pay and are kept."""
+    noise = dict(fixed=0.0035, per_sample=0.0004, jitter=0.15, seed=seed)
+    bsp = Simulator(4, QuotaSpeeds(**noise)).run(BSP(FixedSizer([64] * 4)), updates=400)
+    guarded, policy = Simulator(4, QuotaSpeeds(**noise)), LBBSP(batch_size=64)
+    guarded = guarded.run(policy, updates=400)
+    blind = Simulator(4, QuotaSpeeds(**noise)).run(LBBSP(batch_size=64, guard=False), updates=400)
+    assert blind.time > 2 * bsp.time   # the trap
+    assert guarded.time < 1.1 * bsp.time
+    checks = policy.stats()["guard_checks"]
+    assert checks and not any(c["kept"] for c in checks)
+    assert [c["round"] for c in checks] == sorted(c["round"] for c in checks)
+    gaps = np.diff([c["round"] for c in checks])
+    assert all(b > a for a, b in zip(gaps, gaps[1:]))   # ever later: the hold doubles
+    uneven = dict(noise, factors=[1, 3, 1, 1])
+    slow = Simulator(4, SpeedModel(**uneven)).run(BSP(FixedSizer([64] * 4)), updates=400)
+    policy = LBBSP(batch_size=64)
+    balanced = Simulator(4, SpeedModel(**uneven)).run(policy, updates=400)
+    assert balanced.time < 0.6 * slow.time
+    assert policy.stats()["guard_checks"] and all(c["kept"] for c in policy.stats()["guard_checks"])

@@ -57,3 +57,6 @@ def test_lbbsp_on_the_ps_rounds_gives_a_slowed_worker_the_smaller_batches(tmp_pa
     mean = [sum(p["batch_size"] for p in late if p["worker"] == w) / sum(p["worker"] == w for p in late)
             for w in (0, 1)]
     assert mean[1] < 0.7 * mean[0], mean
+    # the guard tried the sizes against the even split's rounds and kept them (a 4x slower worker: they pay)
+    checks = summary["timeline"][0]["stats"]["guard_checks"]
+    assert checks and checks[0]["kept"] and checks[0]["sizes_s"] < checks[0]["even_s"], checks

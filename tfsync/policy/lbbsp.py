@@ -27,6 +27,12 @@ speed; NARX's resource inputs and trends act on this level), and ``affine_rule``
 equalises the lines. Until a worker's batches have differed (the first round's equal
 split) its share is 0: the proportional rule.
 
+``guard`` (beyond the paper, default on): sizes that leave the even split are a trial,
+kept only while the rounds they bring are measured no slower than the even split's
+(``tfsync.batching.guard``); where a model of a step's time is wrong (a CPU quota's cliff,
+noise between alike workers), LB-BSP then runs BSP's even split instead of slower rounds.
+Its measurements start again after a restart or a resize.
+
 ``floor`` (beyond the paper, default 0.25): no worker's batch below that share of the even
 split. Under t = x / v, a worker whose batch got small measures itself slow (the step's
 fixed part no longer hidden by samples) and is sized smaller still: a trap a transient
@@ -72,6 +78,7 @@ from typing import Mapping, Sequence
 from ..base import plainstate
 from ..batching import GpuProfile, Hysteresis, affine_rule, cpu_rule, gpu_rule, predicted_times
 from ..batching.apportion import bounds
+from ..batching.guard import EvenGuard
 from ..batching.stepfit import StepFit
 from ..predict import EMA, REGISTRY as PREDICTORS, factory
 from .base import BatchSizer, ClusterView, Decision, Grant, Push, check_resize_count
@@ -112,8 +119,9 @@ class LBBSPSizer(BatchSizer):
     def __init__(self, batch_size: int = 32, predictor="ema", *, profiles=None, blocking: bool = True,
                  background: bool = False, lo: int | Sequence[int] = 1, hi=None,
                  min_gain: float = 0.05, max_change: float = 0.5, comm_alpha: float = 0.2,
-                 model: str | None = None, floor: float = 0.25):
+                 model: str | None = None, floor: float = 0.25, guard: bool = True):
         super().__init__(batch_size)
+        self.guard = EvenGuard(batch_size) if guard else None
         model = model or ("affine" if profiles is None else "proportional")   # (GPU profiles: the GPU rule)
         if not 0.0 <= floor <= 1.0:
             raise ValueError(f"LB-BSP floor {floor!r}: give a share of a worker's speed-proportional batch in [0, 1]")
@@ -163,6 +171,8 @@ class LBBSPSizer(BatchSizer):
         self._t0 = t0 if self._t0 is None else self._t0
         t = push.turnaround
         self.workers = view.num_workers
+        if self.guard is not None and not push.dropped:
+            self.guard.observe(push.round, push.batch_size, t, len(view.members))
         if t > 0 and push.batch_size > 0:
             cpu, mem = resource_reading(view.resources.get(push.worker) if view.resources else None)
             p = self.predictors.get(push.worker)
@@ -278,6 +288,8 @@ class LBBSPSizer(BatchSizer):
                     self._future = self._pool.submit(self._rule, workers, *snapshot, sizes)
             else:
                 self._plan = self._rule(workers, *snapshot, sizes)
+        if self.guard is not None:
+            sizes = self.guard.allow(self.current, sizes)
         self.current = sizes
         self._decide_s.append(time.perf_counter() - t0)
         logger.debug("LB-BSP sizes %s (total %d)", sizes, sum(sizes.values()))
@@ -325,6 +337,8 @@ class LBBSPSizer(BatchSizer):
 
         def apply():
             self.__dict__.update(values)  # a plan still in the making (background) is for the old count
+            if self.guard is not None:
+                self.guard.reset()
             if not self.blocking and self._next:  # the next round's plan, from the predictions kept
                 everyone = list(range(workers))
                 self._plan = self._rule(everyone, *self._snapshot(everyone), None)
@@ -344,7 +358,8 @@ class LBBSPSizer(BatchSizer):
                 "current": sizes(self.current), "plan": sizes(plan),
                 "fits": plainstate.str_keys(self.fits, lambda f: f.save_state()),
                 "last_speeds": plainstate.str_keys(self.last_speeds, float),
-                "late": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds}
+                "late": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds,
+                **({"guard": self.guard.save_state()} if self.guard is not None else {})}
 
     def load_state(self, state: dict) -> plainstate.Apply:
         """Check ``save_state``'s dict; return what applies it, changing nothing before. A
@@ -370,6 +385,11 @@ class LBBSPSizer(BatchSizer):
                           last_speeds=plainstate.int_keys(state.get("last_speeds", {}), float),
                           late=int(state.get("late", 0)), workers=state.get("workers"))
             counters = int(state.get("moves", 0)), int(state.get("holds", 0))
+            guard = None
+            if self.guard is not None and isinstance(state.get("guard"), dict):   # (none saved before 2026-11-29)
+                guard = EvenGuard(self.batch_size, self.guard.trial, self.guard.baseline, self.guard.backoff,
+                                  self.guard.max_backoff)
+                guard.load_state(state["guard"])
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
         except (TypeError, AttributeError) as e:
@@ -378,6 +398,8 @@ class LBBSPSizer(BatchSizer):
         def apply():
             self.__dict__.update(values)
             self.hysteresis.moves, self.hysteresis.holds = counters
+            if guard is not None:
+                self.guard = guard
         return apply
 
     # -- reporting ----------------------------------------------------------------------
@@ -390,7 +412,8 @@ class LBBSPSizer(BatchSizer):
                 "observe_ms_mean": 1e3 * self._observe_s / self._observes if self._observes else 0.0,
                 "observe_ms_max": 1e3 * self._observe_max, "share": spent / wall if wall > 0 else 0.0,
                 "late_plans": self.late, "moves": self.hysteresis.moves, "holds": self.hysteresis.holds,
-                "sizes": dict(self.current) if self.current else {}}
+                "sizes": dict(self.current) if self.current else {},
+                **({"guard_checks": list(self.guard.checks)} if self.guard is not None else {})}
 
     def settle(self, timeout: float = 10.0) -> None:
         """Wait for the plan being made in the background (tests, shutdown)."""
@@ -416,7 +439,8 @@ class LBBSPSizer(BatchSizer):
         return {"name": "LBBSPSizer", "batch_size": self.batch_size, "predictor": self.predictor_spec,
                 "rule": "gpu" if self.profiles is not None else "cpu", "model": self.model, "blocking": self.blocking,
                 "background": self.background, "lo": self.lo, "hi": self.hi,
-                "hysteresis": self.hysteresis.describe()}
+                "hysteresis": self.hysteresis.describe(),
+                "guard": self.guard.describe() if self.guard is not None else None}
 
 
 class LBBSP(BSP):
@@ -436,16 +460,18 @@ class LBBSP(BSP):
                       help="EMA weight of the communication time"),
                Option("model", str, choices=MODELS,
                       help="step time as batch / speed (the paper) or affine: a fixed part plus batch / speed"),
-               Option("floor", float, lo=0, hi=1, help="smallest batch as a share of the even split"))
+               Option("floor", float, lo=0, hi=1, help="smallest batch as a share of the even split"),
+               Option("guard", bool, help="keep sizes only while their rounds are measured no slower than the "
+                                          "even split's"))
 
     def __init__(self, batch_size: int = 32, predictor="ema", profiles=None, blocking: bool = True,
                  background: bool = False, lo=1, hi=None, min_gain: float = 0.05,
                  max_change: float = 0.5, comm_alpha: float = 0.2, model: str | None = None, floor: float = 0.25,
-                 sizer: LBBSPSizer | None = None, seed: int | None = None):
+                 guard: bool = True, sizer: LBBSPSizer | None = None, seed: int | None = None):
         if sizer is None:
             sizer = LBBSPSizer(batch_size, predictor, profiles=profiles, blocking=blocking,
                                background=background, lo=lo, hi=hi, min_gain=min_gain,
-                               max_change=max_change, comm_alpha=comm_alpha, model=model, floor=floor)
+                               max_change=max_change, comm_alpha=comm_alpha, model=model, floor=floor, guard=guard)
         elif not isinstance(sizer, LBBSPSizer):
             raise ValueError(f"LBBSP needs an LBBSPSizer, got {type(sizer).__name__}; pass "
                              "LB-BSP's options instead of a sizer")
