@@ -201,7 +201,10 @@ def run_tfsync(bed, config: str, scenario: str, args, work: str, seed: int) -> d
             "per_update_s": round(a["per_update_s"], 4), "ratio_to_ideal": round(a["per_update_s"] / a["ideal_s"], 3),
             **{f"batch_w{w}": round(v, 1) for w, v in sorted(a["batch"].items())},
             "min_batch": min(p["batch_size"] for p in read_pushes(run_dir)),
-            "moves": len(s["timeline"][0].get("stats", {}).get("moves", [])) if config == "auto" else None,
+            "moves": ";".join(f"{m['time'] - s['started_at'] - s['init_s']:.1f}:{m['to']}" for m in s["timeline"][0].get("stats", {})
+                              .get("moves", [])) if config == "auto" else None,   # (s of training: to)
+            "guard": ";".join(f"{c['round']}:{'kept' if c['kept'] else 'even'}" for c in s["timeline"][0]
+                              .get("stats", {}).get("guard_checks", [])) if config == "LB-BSP" else None,
             "curve": curve_text(curve)}
 
 
@@ -337,6 +340,17 @@ def summarise(args) -> None:
                      + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit or "fit: not reached")
                      + f" | {bsp / tf_[best]:.2f} | {len(t['BSP']['time'])} | "
                      + ", ".join(sorted({str(r['date']) for r in scenarios[s]})) + " |")
+    lines += ["", "Seconds per update (X = n x B samples; after the first 10 %) and the smallest batch LB-BSP gave, "
+              "median over seeds.", "", "| scenario | BSP | LB-BSP | LB-BSP / BSP | auto | smallest LB-BSP batch |",
+              "|---|---|---|---|---|---|"]
+    for s, t in tables.items():
+        per = {c: median([v for v in t[c]["per_update"] if v is not None]) if c in t else None
+               for c in ("BSP", "LB-BSP", "auto")}
+        small = [r["min_batch"] for r in scenarios[s] if r["config"] == "LB-BSP" and r.get("min_batch") is not None]
+        cell = (lambda v: "" if v is None else f"{v:.4f}")
+        ratio = f"{per['LB-BSP'] / per['BSP']:.2f}" if per["LB-BSP"] and per["BSP"] else ""
+        lines.append(f"| {s} | {cell(per['BSP'])} | {cell(per['LB-BSP'])} | {ratio} | {cell(per['auto'])} | "
+                     f"{min(small) if small else ''} |")
     text = "\n".join(lines) + "\n"
     base = f"{args.out}_{args.model}_{args.workers}w"
     with open(base + ".md", "w") as f:
