@@ -72,6 +72,7 @@ class AutoPolicy(Policy):
         self.state = "lbbsp"
         self.moves: list[dict] = []
         self._since: float | None = None   # when the condition for the next move began to hold
+        self._lapsed: float | None = None  # when it last stopped holding (forgiven for hold_s / 4)
         self.workers: int | None = None
 
     # -- what it watches ------------------------------------------------------------------
@@ -98,10 +99,17 @@ class AutoPolicy(Policy):
         return self.batches.get(worker, sizer.batch_size) <= max(1, math.ceil(sizer.floor * sizer.batch_size))
 
     def _held(self, condition: bool, view: ClusterView) -> bool:
-        """Whether ``condition`` has held for ``hold_s`` (it resets when it fails)."""
+        """Whether ``condition`` has held for ``hold_s``, lapses shorter than a quarter of
+        it forgiven: a step's time is noisy (a CPU quota stops it at the period's end), and
+        a lapse of one push used to start the wait again, so that a worker three times
+        slower took most of a minute to be seen."""
         if not condition:
-            self._since = None
+            if self._since is not None and self._lapsed is None:
+                self._lapsed = view.now
+            if self._lapsed is not None and view.now - self._lapsed > self.hold_s / 4:
+                self._since = self._lapsed = None
             return False
+        self._lapsed = None
         if self._since is None:
             self._since = view.now
         return view.now - self._since >= self.hold_s
@@ -109,7 +117,7 @@ class AutoPolicy(Policy):
     def _move(self, to: str, view: ClusterView, why: str) -> None:
         logger.info("auto: %s -> %s at %.1f s: %s", self.state, to, view.now, why)
         self.moves.append({"time": round(view.now, 3), "from": self.state, "to": to, "why": why})
-        self.state, self._since = to, None
+        self.state, self._since, self._lapsed = to, None, None
         if to != "drain":   # the other protocol's batches: its step times are not these
             self.steps.clear()
 
