@@ -4,6 +4,7 @@ speed sequences (a step's fixed part, noise, a worker slowed and back); no Tenso
 
 import pytest
 
+from quota import QuotaSpeeds
 from tfsync.policy import AutoPolicy, catalogue
 from tfsync.sim import Simulator, SpeedModel
 
@@ -78,3 +79,15 @@ def test_a_slow_worker_is_seen_through_noisy_steps(seed):
     sim = Simulator(3, SpeedModel(factors=[1, 3, 1], seed=seed, fixed=0.0035, per_sample=0.00004, jitter=0.5))
     sim.run(policy, time=20.0)
     assert policy.moves and policy.moves[0]["to"] == "asp" and policy.moves[0]["time"] < 6.0, policy.moves
+
+
+def test_a_slow_worker_whose_balanced_sizes_lbbsps_guard_dropped_is_left_to_asp():
+    """Under a CPU quota's cliff (a step over 32 samples stalls) LB-BSP's sizes for a worker
+    2x slower make rounds slower than the even split, and its guard drops them; the
+    worker then keeps the others waiting at the even split, which LB-BSP cannot help: ASP."""
+    policy = AutoPolicy(batch_size=32)
+    sim = Simulator(3, QuotaSpeeds(factors=[1, 2, 1], seed=1, fixed=0.0035, per_sample=0.0004, jitter=0.15, cap=32))
+    sim.run(policy, time=20.0)
+    assert policy.lbbsp.sizer.guard.checks and not policy.lbbsp.sizer.guard.checks[0]["kept"]
+    assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
+    assert "at the even split, LB-BSP's sizes having made rounds slower" in policy.moves[0]["why"]

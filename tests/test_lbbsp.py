@@ -1,12 +1,12 @@
 """LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from helpers import DATA, check_imports_no_tensorflow, round_sizes
+from quota import QuotaSpeeds
 from tfsync.batching import GpuProfile
 from tfsync.policy import BSP, ClusterView, FixedSizer, Push, PushMode
 from tfsync.policy.lbbsp import LBBSP, LBBSPSizer, resource_reading
@@ -201,18 +201,6 @@ def test_a_worker_slowed_for_a_while_is_never_starved_and_gets_its_share_back(se
     for w in range(3):
         assert abs(np.mean([r[w] for r in rounds[180:]]) / 32 - 1) < 0.15
     assert min(r[1] for r in run(floor=0.0)) == 1   # the trap the floor keeps it out of
-
-
-@dataclasses.dataclass
-class QuotaSpeeds(SpeedModel):
-    """A container's CPU quota, simply: a step over ``cap`` samples spends the period's
-    quota and waits ``stall`` s for the next (a cliff that no line through the sizes seen
-    predicts)."""
-    cap: int = 64
-    stall: float = 0.06
-
-    def step_time(self, worker, batch_size, now):
-        return super().step_time(worker, batch_size, now) + (self.stall if batch_size > self.cap else 0.0)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

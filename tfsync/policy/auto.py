@@ -5,8 +5,10 @@ It runs LB-BSP (paper 002) while LB-BSP can balance the workers: with even speed
 is BSP (the even split, within its hysteresis), and a worker a few times slower gets a
 batch it finishes with the others. LB-BSP cannot balance a worker so slow that its steps
 at the smallest batch LB-BSP gives (the sizer's ``floor`` of the even split) still take
-``asp_above`` times the median step (default 1.5): after ``hold_s`` seconds of that it
-switches to ASP, where nobody waits for it. In ASP every worker runs the same batch, so
+``asp_above`` times the median step (default 1.5), nor one whose sizes its guard dropped
+(rounds at them were slower than at the even split: ``tfsync.batching.guard``) while its
+steps take that long: after ``hold_s`` seconds of either it switches to ASP, where nobody
+waits for it. In ASP every worker runs the same batch, so
 the step times compare speeds directly; once the slowest worker's steps are back under
 ``back_below`` times the median (default 1.2) for ``hold_s``, it drains
 ASP's steps and goes back to LB-BSP. Step times are each push's ``turnaround`` (from when
@@ -93,10 +95,16 @@ class AutoPolicy(Policy):
         w = max(known, key=known.get)   # against the others' median (of two workers: the other's step)
         return w, known[w] / statistics.median(v for k, v in known.items() if k != w)
 
-    def _at_floor(self, worker: int) -> bool:
-        """Whether ``worker`` runs LB-BSP's smallest batch (it cannot be given less)."""
+    def _beyond_lbbsp(self, worker: int) -> str | None:
+        """Why LB-BSP can do no more for ``worker``: it runs LB-BSP's smallest batch (it
+        cannot be given less), or LB-BSP's guard holds the even split (its sizes were
+        tried, and rounds were slower than at the even split); None if neither."""
         sizer = self.lbbsp.sizer
-        return self.batches.get(worker, sizer.batch_size) <= max(1, math.ceil(sizer.floor * sizer.batch_size))
+        if self.batches.get(worker, sizer.batch_size) <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
+            return "at the smallest batch LB-BSP gives it"
+        if sizer.guard is not None and sizer.guard.hold > 0:
+            return "at the even split, LB-BSP's sizes having made rounds slower"
+        return None
 
     def _held(self, condition: bool, view: ClusterView) -> bool:
         """Whether ``condition`` has held for ``hold_s``, lapses shorter than a quarter of
@@ -139,9 +147,10 @@ class AutoPolicy(Policy):
         slow = self.slowest(view)
         w, ratio = slow if slow else (None, 1.0)
         if self.state == "lbbsp":
-            if self._held(ratio >= self.asp_above and self._at_floor(w), view):
-                self._move("asp", view, f"w{w}'s steps {ratio:.1f}x the median at the smallest batch LB-BSP gives "
-                                        f"it, for {self.hold_s:g} s: more than LB-BSP can balance")
+            where = self._beyond_lbbsp(w) if w is not None else None
+            if self._held(ratio >= self.asp_above and where is not None, view):
+                self._move("asp", view, f"w{w}'s steps {ratio:.1f}x the median {where}, for {self.hold_s:g} s: "
+                                        "more than LB-BSP can balance")
                 a = self.asp.start(view)
                 return Decision(a.grants, barrier=view.pending > 0, lr_scale=self.lr_scales.get("asp"))
             return d
