@@ -34,7 +34,8 @@ setup(
     extras_require={
         # grpcio-tools is pinned: tests/test_api.py regenerates tfsync/api/v1 and compares bytes.
         # pytest-timeout ends a test that runs away (one did for an hour in CI) with its stack.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1"],
+        # kubernetes-validate: the Kubernetes API's schemas, offline, for `tfsync k8s`'s manifests (issue 56).
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "kubernetes-validate==1.37.0"],
         "plots": ["matplotlib>=3.8"],  # now a base dependency; the extra kept for old instructions
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},

@@ -32,6 +32,8 @@ LAYERS = [
     ("decisions", ["policy", "predict", "batching"]),
     # job/: a job file's configuration, its metrics, the limits it must fit
     ("job", ["job"]),
+    # deploy/: a job's deployment elsewhere (Kubernetes manifests), plain dicts and text
+    ("deploy", ["deploy"]),
     # offline, no cluster: the simulator, Sync-Switch's plans, search and straggler policies,
     # RLP's training, the HTML report of a run directory
     ("offline", ["sim", "switch", "rl", "report"]),

@@ -380,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_commands(sub)
     from .commands.testbed import add_commands as add_testbed_commands
     add_testbed_commands(sub)
+    from .commands.k8s import add_commands as add_k8s_commands
+    add_k8s_commands(sub)
     return p
 
 
