@@ -56,7 +56,7 @@ sys.path.insert(0, ROOT)
 from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
 import testbed_bench  # noqa: E402
-from testbed_bench import FITS, STARTED, fit_dir, read_csv, run_fit, run_on_testbed, write_csv  # noqa: E402
+from testbed_bench import FITS, fit_dir, read_csv, run_fit, run_on_testbed, training_started, write_csv  # noqa: E402
 
 SCENARIOS = ("homogeneous", "cpu", "bandwidth", "transient", "trace")
 SLOW = "n3"   # worker 1's node
@@ -96,17 +96,6 @@ def job_text(config: str, run_dir: str, args, bed, seed: int) -> str:
 
 
 # -- scenarios: what is set for the whole run, and what changes while it trains ---------------------------
-def training_started(run_dir: str) -> bool:
-    """tfsync's first phase began (its metrics), or native fit's warm-up ended (``STARTED``)."""
-    if os.path.exists(os.path.join(run_dir, STARTED)):
-        return True
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(metrics):
-        with open(metrics) as f:
-            return any('"event": "phase"' in line for line in f)
-    return False
-
-
 def worker_nodes(args) -> list[str]:
     return [f"n{i + 2}" for i in range(args.workers)]
 

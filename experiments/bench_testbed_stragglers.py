@@ -35,7 +35,8 @@ sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import testbed_bench  # noqa: E402
-from testbed_bench import FITS, STARTED, fit_dir, run_fit, run_on_testbed, wide_mlp_job, write_csv  # noqa: E402
+from testbed_bench import (FITS, STARTED, fit_dir, run_fit, run_on_testbed, training_started, wide_mlp_job,
+                           write_csv)  # noqa: E402
 
 from tfsync.testbed.bed import Testbed  # noqa: E402
 
@@ -63,17 +64,6 @@ def job_text(run_dir: str, policy: str, args, bed: Testbed) -> str:
         straggler_k = 2
         readmit_after_s = {args.readmit_s}
         """) + bed.cluster_toml() + "workers = 4\n"
-
-
-def training_started(run_dir: str) -> bool:
-    """tfsync's first phase began (its metrics), or native fit's warm-up ended (``STARTED``)."""
-    if os.path.exists(os.path.join(run_dir, STARTED)):
-        return True
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(metrics):
-        with open(metrics) as f:
-            return any('"event": "phase"' in line for line in f)
-    return False
 
 
 def slow_link(bed: Testbed, run_dir: str, args, stop: threading.Event, seen: dict) -> None:

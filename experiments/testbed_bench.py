@@ -82,6 +82,17 @@ FIT_EPOCH = 128   # fit's steps between evaluations (an epoch: fit joins every w
 STARTED = "fit_training_started"   # what the chief writes in its directory when its timed training starts
 
 
+def training_started(run_dir: str) -> bool:
+    """tfsync's first phase began (its metrics), or native fit's warm-up ended (``STARTED``)."""
+    if os.path.exists(os.path.join(run_dir, STARTED)):
+        return True
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            return any('"event": "phase"' in line for line in f)
+    return False
+
+
 def fit_dir(work: str, name: str, tag: str = "") -> str:
     """The run directory of the native fit ``name`` (a FITS key) under ``work``."""
     return os.path.join(work, f"run-{name.replace(' ', '-').replace('/', '-')}{tag}")
