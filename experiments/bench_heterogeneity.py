@@ -186,14 +186,15 @@ def run_tfsync(bed, config: str, scenario: str, args, work: str, seed: int) -> d
     began = s["started_at"] + s["init_s"] - s["time_base"]   # training's start on the evaluations' clock
     curve = [(e["time"] - began, e["accuracy"]) for e in s.get("evals", []) if e.get("accuracy") is not None]
     a = analyse(read_pushes(run_dir), args.workers * args.batch_size, 0.1)
+    stats, began_at = s["timeline"][0].get("stats", {}), s["started_at"] + s["init_s"]
     return {"train_s": round(s["train_s"], 2), "test_accuracy": round(s["test_accuracy"], 4),
             "per_update_s": round(a["per_update_s"], 4), "ratio_to_ideal": round(a["per_update_s"] / a["ideal_s"], 3),
             **{f"batch_w{w}": round(v, 1) for w, v in sorted(a["batch"].items())},
             "min_batch": min(p["batch_size"] for p in read_pushes(run_dir)),
-            "moves": ";".join(f"{m['time'] - s['started_at'] - s['init_s']:.1f}:{m['to']}" for m in s["timeline"][0].get("stats", {})
-                              .get("moves", [])) if config == "auto" else None,   # (s of training: to)
-            "guard": ";".join(f"{c['round']}:{'kept' if c['kept'] else 'even'}" for c in s["timeline"][0]
-                              .get("stats", {}).get("guard_checks", [])) if config == "LB-BSP" else None,
+            "moves": ";".join(f"{m['time'] - began_at:.1f}:{m['to']}" for m in stats.get("moves", []))
+            if config == "auto" else None,   # (s of training: to)
+            "guard": ";".join(f"{c['round']}:{'kept' if c['kept'] else 'even'}" for c in stats.get("guard_checks", []))
+            if config == "LB-BSP" else None,
             "curve": curve_text(curve)}
 
 

@@ -36,7 +36,9 @@ def test_auto_moves_to_asp_while_a_worker_is_too_slow_for_lbbsp_and_says_why(tmp
     assert s["samples"] >= s["workload_samples"] and s["test_accuracy"] > 0.6
     moves = s["timeline"][0]["stats"]["moves"]
     first = next(m for m in moves if m["to"] == "asp")
-    assert first["from"] == "lbbsp" and first["why"].startswith("w2's steps"), moves
+    assert first["from"] == "lbbsp" and first["why"].startswith("w2") and "for 2 s" in first["why"], moves
+    trials = s["timeline"][0]["stats"]["trials"]   # ASP on trial: it trained more samples a second, so kept
+    assert trials and trials[0]["kept"] and trials[0]["asp_rate"] > trials[0]["lbbsp_rate"], trials
     began, ended = (min([s["started_at"] + e["time"] for e in s["injected"] if e["what"] == what] or [math.inf])
                     for what in ("begin", "end"))
     assert began < first["time"] < ended   # while it was slow

@@ -8,6 +8,7 @@ import pytest
 from helpers import DATA, check_imports_no_tensorflow, round_sizes
 from quota import QuotaSpeeds
 from tfsync.batching import GpuProfile
+from tfsync.batching.guard import MIN_BASELINE, WARMUP
 from tfsync.policy import BSP, ClusterView, FixedSizer, Push, PushMode
 from tfsync.policy.lbbsp import LBBSP, LBBSPSizer, resource_reading
 from tfsync.predict import NarxTrainer, Predictor
@@ -22,9 +23,10 @@ def test_fast_worker_gets_three_times_the_batch_and_rounds_get_faster():
     lb = Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32), updates=60)
     bsp = Simulator(2, SpeedModel(**speeds)).run(BSP(), updates=60)
     rounds = round_sizes(lb)
-    assert rounds[:3] == [{0: 32, 1: 32}] * 3  # BSP's equal split, measured first (the guard's baseline)
+    first = WARMUP + MIN_BASELINE   # BSP's equal split first: the guard's baseline, after a warm-up
+    assert rounds[:first] == [{0: 32, 1: 32}] * first
     assert all(sum(r.values()) == 64 for r in rounds)  # X = n * batch_size every round
-    ratios = [r[0] / r[1] for r in rounds[3:]]
+    ratios = [r[0] / r[1] for r in rounds[first:]]
     assert all(2.5 <= q <= 3.6 for q in ratios), ratios
     assert lb.samples == 64 * lb.updates == bsp.samples  # same progress per update as BSP
     assert lb.time / lb.updates < 0.6 * bsp.time / bsp.updates  # ideal: 48/96 of BSP's round
@@ -35,7 +37,7 @@ def test_the_affine_model_reaches_equal_times_where_part_of_a_step_does_not_shri
     times need x = (53, 11); the proportional rule (t = x / v) over-predicts what a smaller
     batch saves, so it creeps towards them and stops short inside its hysteresis."""
     speeds = dict(fixed=0.01, per_sample=0.001, factors=[1, 3])
-    runs = {m: Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32, model=m), updates=30)
+    runs = {m: Simulator(2, SpeedModel(**speeds)).run(LBBSP(batch_size=32, model=m), updates=40)
             for m in ("proportional", "affine")}
     affine, proportional = (round_sizes(runs[m]) for m in ("affine", "proportional"))
     assert affine[-10:] == [{0: 53, 1: 11}] * 10
@@ -228,3 +230,27 @@ def test_sizes_that_make_rounds_slower_than_the_even_split_are_dropped(seed):
     balanced = Simulator(4, SpeedModel(**uneven)).run(policy, updates=400)
     assert balanced.time < 0.6 * slow.time
     assert policy.stats()["guard_checks"] and all(c["kept"] for c in policy.stats()["guard_checks"])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sizes_kept_are_checked_again_and_dropped_once_they_no_longer_pay(seed):
+    """A worker 3x slower: the sizes pay (half BSP's time) and are kept. Then the workers are
+    alike under a CPU quota's cliff, and noise keeps LB-BSP's sizes uneven (2.7x BSP's
+    rounds without the guard). A probe of the even split, due a doubling number of rounds
+    after the sizes were last kept, finds it faster: the even split holds, within 10 % of BSP."""
+    noise = dict(fixed=0.0035, per_sample=0.0004, jitter=0.15, seed=seed)
+    times = {}
+    for name, policy in (("bsp", BSP(FixedSizer([64] * 4))), ("guarded", LBBSP(batch_size=64)),
+                         ("blind", LBBSP(batch_size=64, guard=False))):
+        sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], **noise))
+        sim.run(policy, updates=200)
+        slow = sim.now
+        sim.speeds = QuotaSpeeds(**noise)
+        sim.run(policy, updates=600)
+        times[name] = (slow, sim.now - slow)
+        if name == "guarded":
+            checks = policy.stats()["guard_checks"]
+    assert times["guarded"][0] < 0.6 * times["bsp"][0]
+    assert times["blind"][1] > 2 * times["bsp"][1] and times["guarded"][1] < 1.1 * times["bsp"][1], times
+    assert [(c["kind"], c["kept"]) for c in checks[:3]] == [("trial", True), ("probe", True), ("probe", False)]
+    assert checks[2]["round"] - checks[1]["round"] > checks[1]["round"] - checks[0]["round"]   # rechecks double

@@ -5,23 +5,28 @@ LB-BSP's sizes are only as good as its model of a step's time. Where the model i
 the sizes it balances make rounds slower than BSP's even split: a container's CPU quota
 lets a step run at full speed until the period's quota is spent and then stops it (a
 cliff, not a line), and noise between alike workers looks like speed. So the sizes are
-tried, not trusted:
+tried, not trusted, and tried again from time to time:
 
 - a *trial* starts when the sizes move away from the even split; its *baseline* is the
   median round time of the last ``baseline`` rounds at the even split before it;
 - after ``trial`` rounds at uneven sizes (or ``MIN_BASELINE`` of them already ``CLEARLY``
-  slower), their median round time is compared with the baseline: not slower, and the
-  sizes are kept; slower, and the even split holds for
-  ``backoff`` rounds (doubling at each failed trial, up to ``max_backoff``; back to
-  ``backoff`` after a trial that paid), after which the sizes may move again.
+  slower), their median round time is compared with the baseline: at least ``margin``
+  faster, and the sizes are kept; else the even split holds for ``backoff`` rounds
+  (doubling at each failed check, up to ``max_backoff``; back to ``backoff`` after one that
+  paid), after which the sizes may move again;
+- sizes kept are checked again after ``recheck`` rounds (doubling at each check that keeps
+  them, up to ``max_recheck``): a *probe* of ``baseline`` rounds at the even split, whose
+  median is compared with the last ``trial`` uneven rounds' as above. What made the sizes
+  pay (a slow worker) may have passed, and a trial may have passed by luck.
 
 A round's time is its slowest push's ``turnaround`` (all of a round's steps start when it
 opens, so the slowest one is the round: on the PS's rounds, from the release to the last
-landing). A round counts as even when every push of it ran the even batch. The sizes leave
-the even split only once ``MIN_BASELINE`` even rounds are measured (at the start, and after
-a resize). ``checks`` keeps every
-verdict (round count, the trial's and the baseline's median seconds, kept or not) for the
-policy's stats. Plain numbers; no TensorFlow.
+landing). A round counts as even when every push of it ran the even batch. The first
+``WARMUP`` rounds are not measured (a cluster's first steps are slow); the sizes leave the
+even split only once ``MIN_BASELINE`` even rounds are measured after them (at the start,
+and after a resize). ``checks`` keeps every verdict (round count, the sizes' and the even
+split's median seconds, kept or not, trial or probe) for the policy's stats. Plain
+numbers; no TensorFlow.
 """
 
 from __future__ import annotations
@@ -30,24 +35,32 @@ import statistics
 from collections import deque
 from typing import Mapping
 
+WARMUP = 5         # first rounds not measured
 MIN_BASELINE = 3   # even rounds measured before the sizes may leave the even split
 CLEARLY = 1.25     # a trial this much slower after MIN_BASELINE rounds ends there
 
 
 class EvenGuard:
-    def __init__(self, even: int, trial: int = 8, baseline: int = 6, backoff: int = 16, max_backoff: int = 256):
-        if min(trial, baseline, backoff) < 1 or max_backoff < backoff:
-            raise ValueError(f"EvenGuard: trial {trial}, baseline {baseline}, backoff {backoff} must be >= 1 and "
-                             f"max_backoff {max_backoff} >= backoff")
+    def __init__(self, even: int, trial: int = 8, baseline: int = 4, backoff: int = 16, max_backoff: int = 256,
+                 recheck: int = 64, max_recheck: int = 1024, margin: float = 0.03):
+        if min(trial, baseline, backoff, recheck) < 1 or max_backoff < backoff or max_recheck < recheck:
+            raise ValueError(f"EvenGuard: trial {trial}, baseline {baseline}, backoff {backoff} and recheck "
+                             f"{recheck} must be >= 1, max_backoff and max_recheck at least backoff and recheck")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"EvenGuard: margin {margin} must be in [0, 1)")
         self.even = int(even)
         self.trial, self.baseline, self.backoff, self.max_backoff = trial, baseline, backoff, max_backoff
-        self.next_backoff = backoff
-        self._open: dict[int, list] = {}            # round -> [pushes seen, slowest turnaround, uneven]
+        self.recheck, self.max_recheck, self.margin = recheck, max_recheck, margin
+        self.next_backoff, self.next_recheck = backoff, recheck
+        self._open: dict[int, list] = {}             # round -> [pushes seen, slowest turnaround, uneven]
         self.even_rounds: deque[float] = deque(maxlen=baseline)
-        self.tried: list[float] | None = None       # the trial's round times, while one runs
-        self.base: float | None = None              # its baseline
-        self.hold = 0                               # rounds left at the even split
-        self.rounds = 0                             # complete rounds seen
+        self.uneven_rounds: deque[float] = deque(maxlen=trial)
+        self.tried: list[float] | None = None        # a trial's round times, while one runs
+        self.base: float | None = None               # its baseline
+        self.probe = 0                               # even rounds a probe still needs
+        self.hold = 0                                # rounds left at the even split
+        self.kept_at: int | None = None              # round count when the sizes were last kept
+        self.rounds = 0                              # complete rounds seen
         self.checks: list[dict] = []
 
     def observe(self, round_: int, batch: int, turnaround: float, members: int) -> None:
@@ -66,39 +79,56 @@ class EvenGuard:
     def _complete(self, seconds: float, uneven: bool) -> None:
         self.rounds += 1
         self.hold = max(0, self.hold - 1)
+        if self.rounds <= WARMUP:
+            return
         if not uneven:
             self.even_rounds.append(seconds)
+            if self.probe:
+                self.probe -= 1
+                if not self.probe and len(self.uneven_rounds) >= MIN_BASELINE:
+                    self._verdict(statistics.median(self.uneven_rounds), statistics.median(self.even_rounds),
+                                  "probe")
             return
+        self.uneven_rounds.append(seconds)
         if self.tried is None:
             return
         self.tried.append(seconds)
         tried = statistics.median(self.tried)
         clearly_worse = len(self.tried) >= MIN_BASELINE and tried > CLEARLY * self.base
-        if len(self.tried) < self.trial and not clearly_worse:
-            return
-        kept = tried <= self.base
-        self.checks.append({"round": self.rounds, "sizes_s": round(tried, 5), "even_s": round(self.base, 5),
-                            "kept": kept})
+        if len(self.tried) >= self.trial or clearly_worse:
+            self._verdict(tried, self.base, "trial")
+
+    def _verdict(self, sizes_s: float, even_s: float, kind: str) -> None:
+        kept = sizes_s <= (1.0 - self.margin) * even_s
+        self.checks.append({"round": self.rounds, "kind": kind, "sizes_s": round(sizes_s, 5),
+                            "even_s": round(even_s, 5), "kept": kept})
         if kept:
-            self.next_backoff = self.backoff
+            self.next_backoff, self.kept_at = self.backoff, self.rounds
+            if kind == "probe":
+                self.next_recheck = min(2 * self.next_recheck, self.max_recheck)
         else:
             self.hold, self.next_backoff = self.next_backoff, min(2 * self.next_backoff, self.max_backoff)
+            self.kept_at, self.next_recheck = None, self.recheck
         self.tried = self.base = None
 
     def allow(self, current: Mapping[int, int] | None, proposed: Mapping[int, int]) -> dict[int, int]:
-        """``proposed``, or the even split while a failed trial's hold lasts; starts a trial
-        when the sizes leave the even split."""
+        """``proposed``, or the even split while a failed check's hold or a probe lasts;
+        starts a trial when the sizes leave the even split, a probe when kept sizes are due
+        for a check."""
         even = {w: self.even for w in proposed}
         proposed = dict(proposed)
-        if self.hold > 0:
+        if self.hold > 0 or self.probe > 0:
             return even
         if proposed == even:   # back to the even split: a trial in progress is moot
             self.tried = self.base = None
             return proposed
-        if len(self.even_rounds) < MIN_BASELINE:   # nothing to check a trial against yet
+        if len(self.even_rounds) < MIN_BASELINE:   # nothing to check the sizes against yet
+            return even
+        if self.kept_at is not None and self.rounds - self.kept_at >= self.next_recheck:
+            self.kept_at, self.probe = self.rounds, self.baseline   # (the probe's verdict sets them again)
             return even
         was_even = current is None or all(v == self.even for v in current.values())
-        if was_even and self.tried is None:
+        if was_even and self.tried is None and self.kept_at is None:
             self.tried, self.base = [], statistics.median(self.even_rounds)
         return proposed
 
@@ -106,24 +136,37 @@ class EvenGuard:
         """Another worker count: nothing measured applies."""
         self._open.clear()
         self.even_rounds.clear()
-        self.tried = self.base = None
-        self.hold = 0
+        self.uneven_rounds.clear()
+        self.tried = self.base = self.kept_at = None
+        self.hold = self.probe = 0
 
     def save_state(self) -> dict:
         """What it measured and decided, for a restart of the same worker count."""
-        return {"even_rounds": list(self.even_rounds), "tried": self.tried, "base": self.base, "hold": self.hold,
-                "next_backoff": self.next_backoff, "rounds": self.rounds, "checks": list(self.checks)}
+        return {"even_rounds": list(self.even_rounds), "uneven_rounds": list(self.uneven_rounds),
+                "tried": self.tried, "base": self.base, "probe": self.probe, "hold": self.hold,
+                "kept_at": self.kept_at, "next_backoff": self.next_backoff, "next_recheck": self.next_recheck,
+                "rounds": self.rounds, "checks": list(self.checks)}
 
     def load_state(self, state: dict) -> None:
+        number = (lambda v, kind=float: None if v is None else kind(v))
         self.even_rounds.clear()
         self.even_rounds.extend(float(v) for v in state.get("even_rounds", []))
+        self.uneven_rounds.clear()
+        self.uneven_rounds.extend(float(v) for v in state.get("uneven_rounds", []))
         tried = state.get("tried")
         self.tried = None if tried is None else [float(v) for v in tried]
-        self.base = None if state.get("base") is None else float(state["base"])
-        self.hold, self.next_backoff = int(state.get("hold", 0)), int(state.get("next_backoff", self.backoff))
+        self.base, self.kept_at = number(state.get("base")), number(state.get("kept_at"), int)
+        self.probe, self.hold = int(state.get("probe", 0)), int(state.get("hold", 0))
+        self.next_backoff = int(state.get("next_backoff", self.backoff))
+        self.next_recheck = int(state.get("next_recheck", self.recheck))
         self.rounds, self.checks = int(state.get("rounds", 0)), list(state.get("checks", []))
         self._open.clear()
 
+    def fresh(self) -> "EvenGuard":
+        """A guard of the same settings that has measured nothing."""
+        return EvenGuard(self.even, **self.describe())
+
     def describe(self) -> dict:
         return {"trial": self.trial, "baseline": self.baseline, "backoff": self.backoff,
-                "max_backoff": self.max_backoff}
+                "max_backoff": self.max_backoff, "recheck": self.recheck, "max_recheck": self.max_recheck,
+                "margin": self.margin}

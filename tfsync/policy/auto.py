@@ -1,17 +1,21 @@
 """``protocol = "auto"``: the protocol chosen for the user, from how long the workers' steps
 take as they go (beyond the papers; issue 54).
 
-It runs LB-BSP (paper 002) while LB-BSP can balance the workers: with even speeds LB-BSP
-is BSP (the even split, within its hysteresis), and a worker a few times slower gets a
-batch it finishes with the others. LB-BSP cannot balance a worker so slow that its steps
-at the smallest batch LB-BSP gives (the sizer's ``floor`` of the even split) still take
-``asp_above`` times the median step (default 1.5), nor one whose sizes its guard dropped
-(rounds at them were slower than at the even split: ``tfsync.batching.guard``) while its
-steps take that long: after ``hold_s`` seconds of either it switches to ASP, where nobody
-waits for it. In ASP every worker runs the same batch, so
-the step times compare speeds directly; once the slowest worker's steps are back under
-``back_below`` times the median (default 1.2) for ``hold_s``, it drains
-ASP's steps and goes back to LB-BSP. Step times are each push's ``turnaround`` (from when
+It runs LB-BSP (paper 002) while the workers are alike (LB-BSP is then BSP: the even split,
+which its guard keeps where uneven sizes do not pay). ASP is put on trial when, for
+``hold_s`` seconds (default 2), a worker is ``asp_above`` times slower per sample than the
+others' median (default 1.5), or keeps them waiting by that much at the smallest batch
+LB-BSP gives it (the sizer's ``floor``) or at the even split LB-BSP's guard holds. LB-BSP
+may balance such a worker, and ASP, waiting for no barrier, may still train more samples a
+second; which one does is measured, not guessed: after ``1.25 * hold_s`` of ASP (its first
+quarter left out, the switch's), its samples/s are compared with LB-BSP's in the
+``hold_s`` before the trial. ASP is kept at ``asp_gain`` times them or more (default 1.1:
+a margin for what staleness costs per sample); else LB-BSP comes back, saying so, and no
+ASP trial starts for 10 s (doubling at each trial that did not pay; ``trials`` keeps the
+verdicts). In ASP every worker runs the same batch, so the step times compare speeds
+directly; once the slowest worker's steps are back under ``back_below`` times the median
+(default 1.2) for ``hold_s``, it drains ASP's steps and goes back to LB-BSP.
+Step times are each push's ``turnaround`` (from when
 the step could start to its arrival), an exponential average per worker: what was
 measured, at the batch it ran, never extrapolated to another batch (a line fitted on a
 worker held at one size says nothing). Switches are hot, as Sync-Switch's greedy
@@ -20,14 +24,16 @@ applied first; steps of the closed round are dropped), back by a drain. ``lr_sca
 each protocol's rate factor (the job's configuration policy: n for LB-BSP, 1 for ASP
 under ``switch.lr = "linear"``).
 
-Every move is kept with its reason (``moves``: time, from, to, why, e.g. "w1's steps 5.8x
-the median at the smallest batch LB-BSP gives it, for 2 s"), logged, and in ``stats()``
+Every move is kept with its reason (``moves``: time, from, to, why, e.g. "w1 2.9x slower
+than the others' median for 2 s: ASP on trial against LB-BSP's 2400 samples/s"), logged,
+and in ``stats()``
 (summary.json's timeline). SSP is not among its choices: it bounds staleness at a cost BSP
 and ASP bracket, and no run here has shown it ahead of both.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import statistics
@@ -41,21 +47,24 @@ from .options import Option
 logger = logging.getLogger(__name__)
 
 MODES = ("lbbsp", "asp", "drain")
+BLOCK_S = 10.0   # seconds without an ASP trial after one that did not pay (doubling)
 
 
 class AutoPolicy(Policy):
     name = "auto"
     self_sizing = True
     aggregating = True   # it starts with LB-BSP: the configuration policy's rate for BSP
-    options = (Option("asp_above", float, lo=1, help="slowest step / median step (at LB-BSP's smallest batch) "
-                                                       "from which ASP runs"),
+    options = (Option("asp_above", float, lo=1, help="how many times slower than the others' median a worker "
+                                                       "is (per sample) before ASP is tried"),
                Option("back_below", float, lo=1, help="slowest step / median step (in ASP, batches even) under "
                                                         "which LB-BSP runs again"),
-               Option("hold_s", float, lo=0, help="seconds a condition must hold before a move"))
+               Option("hold_s", float, lo=0, help="seconds a condition must hold before a move"),
+               Option("asp_gain", float, lo=1, help="samples/s ASP must bring over LB-BSP's, as a factor, "
+                                                      "to be kept after its trial"))
 
     def __init__(self, batch_size: int = 32, asp_above: float = 1.5, back_below: float = 1.2,
-                 hold_s: float = 2.0, lr_scales: dict | None = None, lbbsp: LBBSP | None = None,
-                 asp: Policy | None = None, seed: int | None = None, alpha: float = 0.3):
+                 hold_s: float = 2.0, asp_gain: float = 1.1, lr_scales: dict | None = None,
+                 lbbsp: LBBSP | None = None, asp: Policy | None = None, seed: int | None = None, alpha: float = 0.3):
         self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
         self.asp = asp if asp is not None else ASP(BatchSizer(batch_size))
         super().__init__(self.lbbsp.sizer, seed)
@@ -76,9 +85,17 @@ class AutoPolicy(Policy):
         self._since: float | None = None   # when the condition for the next move began to hold
         self._lapsed: float | None = None  # when it last stopped holding (forgiven for hold_s / 4)
         self.workers: int | None = None
+        self.asp_gain = float(asp_gain)
+        self.arrivals: collections.deque[tuple[float, int]] = collections.deque(maxlen=8192)   # (arrival, batch)
+        self.trial: dict | None = None     # ASP on trial: since when, LB-BSP's samples/s before it
+        self.trials: list[dict] = []       # every trial's verdict
+        self.blocked_until = -math.inf     # no ASP trial before then (after one that did not pay)
+        self.next_block = BLOCK_S
 
     # -- what it watches ------------------------------------------------------------------
     def _observe(self, push: Push) -> None:
+        if push.batch_size > 0 and not push.dropped:
+            self.arrivals.append((push.arrival, push.batch_size))
         t = push.turnaround
         if t > 0 and push.batch_size > 0:
             old = self.steps.get(push.worker)
@@ -94,6 +111,23 @@ class AutoPolicy(Policy):
             return None
         w = max(known, key=known.get)   # against the others' median (of two workers: the other's step)
         return w, known[w] / statistics.median(v for k, v in known.items() if k != w)
+
+    def spread(self, view: ClusterView) -> tuple[int, float] | None:
+        """(worker, the others' median speed over its speed) of the slowest member by
+        samples per second of its steps; None until every member has been seen."""
+        members = sorted(view.members)
+        speeds = {w: self.batches[w] / self.steps[w] for w in members if w in self.steps and self.steps[w] > 0}
+        if len(speeds) < len(members) or len(members) < 2:
+            return None
+        w = min(speeds, key=speeds.get)
+        return w, statistics.median(v for k, v in speeds.items() if k != w) / speeds[w]
+
+    def rate(self, since: float) -> float | None:
+        """Samples per second of the pushes that arrived from ``since`` on (None: too few)."""
+        points = [(t, b) for t, b in self.arrivals if t >= since]
+        if len(points) < 4 or points[-1][0] <= points[0][0]:
+            return None
+        return sum(b for _, b in points[1:]) / (points[-1][0] - points[0][0])
 
     def _beyond_lbbsp(self, worker: int) -> str | None:
         """Why LB-BSP can do no more for ``worker``: it runs LB-BSP's smallest batch (it
@@ -147,23 +181,63 @@ class AutoPolicy(Policy):
         slow = self.slowest(view)
         w, ratio = slow if slow else (None, 1.0)
         if self.state == "lbbsp":
-            where = self._beyond_lbbsp(w) if w is not None else None
-            if self._held(ratio >= self.asp_above and where is not None, view):
-                self._move("asp", view, f"w{w}'s steps {ratio:.1f}x the median {where}, for {self.hold_s:g} s: "
-                                        "more than LB-BSP can balance")
-                a = self.asp.start(view)
-                return Decision(a.grants, barrier=view.pending > 0, lr_scale=self.lr_scales.get("asp"))
-            return d
+            return self._from_lbbsp(w, ratio, view) or d
         if self.state == "asp":
-            if not self._held(ratio < self.back_below, view):
+            back = self._trial_verdict(view)
+            if back is None and not self._held(ratio < self.back_below, view):
                 return self.asp.on_push(push, view)
-            self._move("drain", view, f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for "
-                                      f"{self.hold_s:g} s: back to LB-BSP once ASP's steps are in")
+            self._move("drain", view, back or f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for "
+                                              f"{self.hold_s:g} s: back to LB-BSP once ASP's steps are in")
         if view.in_flight:
             return NOTHING
         self._move("lbbsp", view, "ASP's steps drained")
         d = self.lbbsp.start(view)
         return Decision(d.grants, barrier=d.barrier, lr_scale=self.lr_scales.get("lbbsp"))
+
+    def _from_lbbsp(self, w: int | None, ratio: float, view: ClusterView) -> Decision | None:
+        """ASP on trial, when a worker keeps the others waiting at the smallest batch LB-BSP
+        gives it (or at the even split its guard holds), or is ``asp_above`` times slower
+        per sample than the others' median (LB-BSP may balance it; whether ASP trains more
+        samples a second is measured, not guessed); None: LB-BSP goes on."""
+        where = self._beyond_lbbsp(w) if w is not None else None
+        spread = self.spread(view)
+        slower_w, slower = spread if spread else (None, 1.0)
+        beyond = ratio >= self.asp_above and where is not None
+        uneven = slower >= self.asp_above and view.now >= self.blocked_until
+        if not self._held(beyond or uneven, view):
+            return None
+        lbbsp_rate = self.rate(view.now - self.hold_s)
+        if beyond:
+            why = f"w{w}'s steps {ratio:.1f}x the median {where}, for {self.hold_s:g} s: more than LB-BSP can balance"
+        else:
+            why = (f"w{slower_w} {slower:.1f}x slower than the others' median for {self.hold_s:g} s: ASP on trial "
+                   f"against LB-BSP's {lbbsp_rate or 0:.0f} samples/s")
+        self.trial = {"since": view.now, "lbbsp_rate": lbbsp_rate}
+        self._move("asp", view, why)
+        a = self.asp.start(view)
+        return Decision(a.grants, barrier=view.pending > 0, lr_scale=self.lr_scales.get("asp"))
+
+    def _trial_verdict(self, view: ClusterView) -> str | None:
+        """After ``hold_s`` of ASP on trial (its first quarter left out: the switch), its
+        samples/s against LB-BSP's before it: kept at ``asp_gain`` times or more; else why
+        LB-BSP comes back (and no trial for a doubling time)."""
+        t = self.trial
+        if t is None or view.now - t["since"] < 1.25 * self.hold_s:
+            return None
+        self.trial = None
+        asp_rate = self.rate(t["since"] + 0.25 * self.hold_s)
+        if not t["lbbsp_rate"] or not asp_rate:
+            return None
+        gain = asp_rate / t["lbbsp_rate"]
+        kept = gain >= self.asp_gain
+        self.trials.append({"time": round(view.now, 3), "asp_rate": round(asp_rate, 1),
+                            "lbbsp_rate": round(t["lbbsp_rate"], 1), "kept": kept})
+        if kept:
+            self.next_block = BLOCK_S
+            return None
+        self.blocked_until, self.next_block = view.now + self.next_block, 2 * self.next_block
+        return (f"ASP trained {gain:.2f}x LB-BSP's samples/s ({asp_rate:.0f} against {t['lbbsp_rate']:.0f}), under "
+                f"{self.asp_gain:g}x: back to LB-BSP once ASP's steps are in")
 
     def steady_round(self, view: ClusterView) -> Decision | None:
         """LB-BSP's steady rounds (the PS may run them) while no move is in the making."""
@@ -178,11 +252,12 @@ class AutoPolicy(Policy):
         return max(self.lbbsp.max_batch(workers), self.asp.max_batch(workers))
 
     def stats(self) -> dict:
-        return {"moves": list(self.moves), "lbbsp": self.lbbsp.stats()}
+        return {"moves": list(self.moves), "trials": list(self.trials), "lbbsp": self.lbbsp.stats()}
 
     def describe(self) -> dict:
         return {"name": self.name, "asp_above": self.asp_above, "back_below": self.back_below,
-                "hold_s": self.hold_s, "lbbsp": self.lbbsp.describe(), "asp": self.asp.describe()}
+                "hold_s": self.hold_s, "asp_gain": self.asp_gain, "lbbsp": self.lbbsp.describe(),
+                "asp": self.asp.describe()}
 
     # -- elastic workers and state ---------------------------------------------------------
     def _prepare_resize(self, workers: int) -> plainstate.Apply:
@@ -197,8 +272,9 @@ class AutoPolicy(Policy):
         return apply
 
     def _save_state(self) -> dict:
-        return {"workers": self.workers, "mode": self.state, "moves": self.moves,
-                "lbbsp": self.lbbsp.save_state(), "asp": self.asp.save_state()}
+        return {"workers": self.workers, "mode": self.state, "moves": self.moves, "trials": self.trials,
+                "blocked_until": self.blocked_until if math.isfinite(self.blocked_until) else None,
+                "next_block": self.next_block, "lbbsp": self.lbbsp.save_state(), "asp": self.asp.save_state()}
 
     def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
         what = "protocol 'auto'"
@@ -216,5 +292,10 @@ class AutoPolicy(Policy):
             # a drain is not resumed: the restored run starts its protocol afresh
             self.state, self.moves, self._since = ("lbbsp" if mode == "drain" else mode), list(moves), None
             self.workers = state.get("workers")
+            self.trials = list(state.get("trials", []))   # (none saved before 2026-11-29)
+            blocked = state.get("blocked_until")
+            self.blocked_until = -math.inf if blocked is None else float(blocked)
+            self.next_block = float(state.get("next_block", BLOCK_S))
+            self.trial = None   # a trial in progress is not resumed: the restored run measures afresh
         return apply
 

@@ -28,8 +28,8 @@ equalises the lines. Until a worker's batches have differed (the first round's e
 split) its share is 0: the proportional rule.
 
 ``guard`` (beyond the paper, default on): sizes that leave the even split are a trial,
-kept only while the rounds they bring are measured no slower than the even split's
-(``tfsync.batching.guard``); where a model of a step's time is wrong (a CPU quota's cliff,
+kept only while the rounds they bring are measured faster than the even split's, and
+checked again from time to time (``tfsync.batching.guard``); where a model of a step's time is wrong (a CPU quota's cliff,
 noise between alike workers), LB-BSP then runs BSP's even split instead of slower rounds.
 Its measurements start again after a restart or a resize.
 
@@ -387,8 +387,7 @@ class LBBSPSizer(BatchSizer):
             counters = int(state.get("moves", 0)), int(state.get("holds", 0))
             guard = None
             if self.guard is not None and isinstance(state.get("guard"), dict):   # (none saved before 2026-11-29)
-                guard = EvenGuard(self.batch_size, self.guard.trial, self.guard.baseline, self.guard.backoff,
-                                  self.guard.max_backoff)
+                guard = self.guard.fresh()
                 guard.load_state(state["guard"])
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
