@@ -60,7 +60,7 @@ in a ConfigMap mounted where the chief reads the job file; code named as a modul
 (``"mypkg.models:build"``) must be installed in the image. Only the chief runs the user's
 code: PS and workers run the graph functions it sends them.
 
-Standard library only (base layer), as ``tfsync.base.tfconfig``.
+Standard library only, as ``tfsync.base.tfconfig`` (which it uses); the deploy layer imports base alone.
 """
 
 from __future__ import annotations
