@@ -316,19 +316,21 @@ def summarise(args) -> None:
             cells.append("not reached" if m is None else f"{m:.1f}{spread}" +
                          (f" ({len(times) - len(done)}/{len(times)} not)" if len(done) < len(times) else ""))
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "Speed-up of tfsync's best configuration: over tuned native fit (32 steps/exec) and over "
-              "tfsync BSP, by median time to target.", "",
-              "| scenario | best | x tuned fit | x BSP | seeds | date |", "|---|---|---|---|---|---|"]
+    lines += ["", "Speed-up of tfsync's best configuration over native fit (the faster of 1 and 32 steps per "
+              "execution), over tfsync BSP, and auto's time over the best's, by median time to target.", "",
+              "| scenario | best | x native fit | x BSP | auto / best | seeds | date |", "|---|---|---|---|---|---|---|"]
     for s, t in tables.items():
         tf_ = {c: median(v["time"]) for c, v in t.items() if c in PROTOCOLS and median(v["time"]) is not None}
         if not tf_:
             continue
         best = min(tf_, key=tf_.get)
-        fit = median(t["fit 32/exec"]["time"]) if "fit 32/exec" in t else "not run"
+        fits = [median(t[c]["time"]) for c in FITS if c in t]
+        fit = min((v for v in fits if v is not None), default="not reached" if fits else "not run")
         bsp = median(t["BSP"]["time"])
+        auto = f"{tf_['auto'] / tf_[best]:.2f}" if "auto" in tf_ else "not reached" if "auto" in t else ""
         lines.append(f"| {s} | {best} {tf_[best]:.1f} s | "
-                     + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit or "fit: not reached")
-                     + f" | {bsp / tf_[best]:.2f} | {len(t['BSP']['time'])} | "
+                     + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit)
+                     + f" | {bsp / tf_[best]:.2f} | {auto} | {len(t['BSP']['time'])} | "
                      + ", ".join(sorted({str(r['date']) for r in scenarios[s]})) + " |")
     lines += ["", "Seconds per update (X = n x B samples; after the first 10 %) and the smallest batch LB-BSP gave, "
               "median over seeds.", "", "| scenario | BSP | LB-BSP | LB-BSP / BSP | auto | smallest LB-BSP batch |",
