@@ -373,9 +373,9 @@ def plot(tables: dict, configs: list[str], path: str, args) -> None:
                     xerr=[[m - min(done)], [max(done) - m]] if len(done) > 1 else None, capsize=2)
             ax.text(m, y, f" {m:.0f}", va="center", fontsize=7)
         ax.set_yticks(list(ys), [("native " if c in FITS else "") + c for c in configs], fontsize=8)
-        ax.invert_yaxis()
         ax.set_title(scenario, fontsize=9)
         ax.set_xlabel("s to target accuracy", fontsize=8)
+    axes[0].invert_yaxis()   # (once: the panels share it)
     fig.suptitle(f"Time to BSP's accuracy less 0.5 point: {args.model}, {args.workers} workers, {args.latency:g} ms "
                  f"one way, {args.cpu:g} CPU per worker (median over seeds, bars: min-max)", fontsize=9)
     fig.tight_layout()
