@@ -135,24 +135,28 @@ def changing_shares(scenario: str, args):
         traces = [t for t in load_cpu_traces(args.trace, gaps="hold", wrap=True) if t.mean(0, t.end) > 10][
             :args.workers]   # machines busy enough to vary (one of the eight is nearly idle)
 
-        def shares(t):
-            return {node: round(args.cpu * max(0.1, 1 - tr.at(args.trace_start + t * args.trace_speed) / 100), 3)
+        def shares(t):   # (at least the 0.1 CPU a testbed node can be given)
+            return {node: round(max(0.1, args.cpu * (1 - tr.at(args.trace_start + t * args.trace_speed) / 100)), 3)
                     for node, tr in zip(worker_nodes(args), traces)}
         return shares
     return None
 
 
-def drive(bed, run_dir: str, shares, stop: threading.Event, every: float = 0.5) -> None:
-    """Apply ``shares(t)`` every ``every`` s of training until ``stop``."""
-    while not stop.is_set() and not training_started(run_dir):
-        time.sleep(0.1)
-    t0, last = time.monotonic(), {}
-    while not stop.is_set():
-        for node, cpu in shares(time.monotonic() - t0).items():
-            if last.get(node) != cpu:
-                bed.set(node, cpu=cpu)
-                last[node] = cpu
-        stop.wait(every)
+def drive(bed, run_dir: str, shares, stop: threading.Event, failed: list, every: float = 0.5) -> None:
+    """Apply ``shares(t)`` every ``every`` s of training until ``stop``; an error goes to
+    ``failed`` (the run then counts as failed, not as one under the scenario)."""
+    try:
+        while not stop.is_set() and not training_started(run_dir):
+            time.sleep(0.1)
+        t0, last = time.monotonic(), {}
+        while not stop.is_set():
+            for node, cpu in shares(time.monotonic() - t0).items():
+                if last.get(node) != cpu:
+                    bed.set(node, cpu=cpu)
+                    last[node] = cpu
+            stop.wait(every)
+    except Exception as e:   # noqa: BLE001 (reported by the run)
+        failed.append(e)
 
 
 def under(bed, scenario: str, run_dir: str, args, run):
@@ -160,16 +164,19 @@ def under(bed, scenario: str, run_dir: str, args, run):
     shares = changing_shares(scenario, args)
     if shares is None:
         return run()
-    stop = threading.Event()
-    t = threading.Thread(target=drive, args=(bed, run_dir, shares, stop), daemon=True)
+    stop, failed = threading.Event(), []
+    t = threading.Thread(target=drive, args=(bed, run_dir, shares, stop, failed), daemon=True)
     t.start()
     try:
-        return run()
+        result = run()
     finally:
         stop.set()
         t.join()
         for node in worker_nodes(args):
             bed.set(node, cpu=args.cpu)
+    if failed:
+        raise RuntimeError(f"the scenario's CPU shares could not be set: {failed[0]}")
+    return result
 
 
 # -- one run -------------------------------------------------------------------------------------------------
