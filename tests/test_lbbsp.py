@@ -237,7 +237,8 @@ def test_sizes_kept_are_checked_again_and_dropped_once_they_no_longer_pay(seed):
     """A worker 3x slower: the sizes pay (half BSP's time) and are kept. Then the workers are
     alike under a CPU quota's cliff, and noise keeps LB-BSP's sizes uneven (2.7x BSP's
     rounds without the guard). A probe of the even split, due a doubling number of rounds
-    after the sizes were last kept, finds it faster: the even split holds, within 10 % of BSP."""
+    after the sizes were last kept, finds it faster: the even split holds, within 20 % of BSP
+    (each check spans a second of rounds at least)."""
     noise = dict(fixed=0.0035, per_sample=0.0004, jitter=0.15, seed=seed)
     times = {}
     for name, policy in (("bsp", BSP(FixedSizer([64] * 4))), ("guarded", LBBSP(batch_size=64)),
@@ -251,6 +252,6 @@ def test_sizes_kept_are_checked_again_and_dropped_once_they_no_longer_pay(seed):
         if name == "guarded":
             checks = policy.stats()["guard_checks"]
     assert times["guarded"][0] < 0.6 * times["bsp"][0]
-    assert times["blind"][1] > 2 * times["bsp"][1] and times["guarded"][1] < 1.1 * times["bsp"][1], times
+    assert times["blind"][1] > 2 * times["bsp"][1] and times["guarded"][1] < 1.2 * times["bsp"][1], times
     assert [(c["kind"], c["kept"]) for c in checks[:3]] == [("trial", True), ("probe", True), ("probe", False)]
     assert checks[2]["round"] - checks[1]["round"] > checks[1]["round"] - checks[0]["round"]   # rechecks double

@@ -8,15 +8,17 @@ cliff, not a line), and noise between alike workers looks like speed. So the siz
 tried, not trusted, and tried again from time to time:
 
 - a *trial* starts when the sizes move away from the even split; its *baseline* is the
-  median round time of the last ``baseline`` rounds at the even split before it;
-- after ``trial`` rounds at uneven sizes (or ``MIN_BASELINE`` of them already ``CLEARLY``
-  slower), their median round time is compared with the baseline: at least ``margin``
+  mean round time of the last ``baseline`` rounds at the even split before it, or of as
+  many more as span ``WINDOW_S``;
+- after ``trial`` rounds at uneven sizes spanning ``WINDOW_S`` (or ``MIN_BASELINE`` of
+  them already ``CLEARLY`` slower), their mean round time (the mean: a round's stall is
+  what it costs) is compared with the baseline: at least ``margin``
   faster, and the sizes are kept; else the even split holds for ``backoff`` rounds
   (doubling at each failed check, up to ``max_backoff``; back to ``backoff`` after one that
   paid), after which the sizes may move again;
 - sizes kept are checked again after ``recheck`` rounds (doubling at each check that keeps
-  them, up to ``max_recheck``): a *probe* of ``baseline`` rounds at the even split, whose
-  median is compared with the last ``trial`` uneven rounds' as above. What made the sizes
+  them, up to ``max_recheck``): a *probe* of ``baseline`` rounds at the even split (and
+  ``WINDOW_S``), whose mean is compared with the last uneven rounds' as above. What made the sizes
   pay (a slow worker) may have passed, and a trial may have passed by luck.
 
 A round's time is its slowest push's ``turnaround`` (all of a round's steps start when it
@@ -36,12 +38,14 @@ from collections import deque
 from typing import Mapping
 
 WARMUP = 5         # first rounds not measured
+WINDOW_S = 1.0     # a baseline, a trial or a probe spans at least this long (a slowdown by pauses or a CPU
+                   # quota comes and goes within it: a few rounds may all fall between two pauses)
 MIN_BASELINE = 3   # even rounds measured before the sizes may leave the even split
 CLEARLY = 1.25     # a trial this much slower after MIN_BASELINE rounds ends there
 
 
 class EvenGuard:
-    def __init__(self, even: int, trial: int = 8, baseline: int = 4, backoff: int = 16, max_backoff: int = 256,
+    def __init__(self, even: int, trial: int = 8, baseline: int = 6, backoff: int = 16, max_backoff: int = 256,
                  recheck: int = 64, max_recheck: int = 1024, margin: float = 0.03):
         if min(trial, baseline, backoff, recheck) < 1 or max_backoff < backoff or max_recheck < recheck:
             raise ValueError(f"EvenGuard: trial {trial}, baseline {baseline}, backoff {backoff} and recheck "
@@ -53,11 +57,11 @@ class EvenGuard:
         self.recheck, self.max_recheck, self.margin = recheck, max_recheck, margin
         self.next_backoff, self.next_recheck = backoff, recheck
         self._open: dict[int, list] = {}             # round -> [pushes seen, slowest turnaround, uneven]
-        self.even_rounds: deque[float] = deque(maxlen=baseline)
-        self.uneven_rounds: deque[float] = deque(maxlen=trial)
+        self.even_rounds: deque[float] = deque(maxlen=256)
+        self.uneven_rounds: deque[float] = deque(maxlen=256)
         self.tried: list[float] | None = None        # a trial's round times, while one runs
         self.base: float | None = None               # its baseline
-        self.probe = 0                               # even rounds a probe still needs
+        self.probe: list[float] | None = None        # a probe's even rounds, while one runs
         self.hold = 0                                # rounds left at the even split
         self.kept_at: int | None = None              # round count when the sizes were last kept
         self.rounds = 0                              # complete rounds seen
@@ -83,19 +87,20 @@ class EvenGuard:
             return
         if not uneven:
             self.even_rounds.append(seconds)
-            if self.probe:
-                self.probe -= 1
-                if not self.probe and len(self.uneven_rounds) >= MIN_BASELINE:
-                    self._verdict(statistics.median(self.uneven_rounds), statistics.median(self.even_rounds),
-                                  "probe")
+            if self.probe is not None:
+                self.probe.append(seconds)
+                if len(self.probe) >= self.baseline and sum(self.probe) >= WINDOW_S:
+                    even, self.probe = statistics.fmean(self.probe), None
+                    if len(self.uneven_rounds) >= MIN_BASELINE:
+                        self._verdict(statistics.fmean(recent(self.uneven_rounds, self.trial)), even, "probe")
             return
         self.uneven_rounds.append(seconds)
         if self.tried is None:
             return
         self.tried.append(seconds)
-        tried = statistics.median(self.tried)
+        tried = statistics.fmean(self.tried)
         clearly_worse = len(self.tried) >= MIN_BASELINE and tried > CLEARLY * self.base
-        if len(self.tried) >= self.trial or clearly_worse:
+        if (len(self.tried) >= self.trial and sum(self.tried) >= WINDOW_S) or clearly_worse:
             self._verdict(tried, self.base, "trial")
 
     def _verdict(self, sizes_s: float, even_s: float, kind: str) -> None:
@@ -117,7 +122,7 @@ class EvenGuard:
         for a check."""
         even = {w: self.even for w in proposed}
         proposed = dict(proposed)
-        if self.hold > 0 or self.probe > 0:
+        if self.hold > 0 or self.probe is not None:
             return even
         if proposed == even:   # back to the even split: a trial in progress is moot
             self.tried = self.base = None
@@ -125,11 +130,11 @@ class EvenGuard:
         if len(self.even_rounds) < MIN_BASELINE:   # nothing to check the sizes against yet
             return even
         if self.kept_at is not None and self.rounds - self.kept_at >= self.next_recheck:
-            self.kept_at, self.probe = self.rounds, self.baseline   # (the probe's verdict sets them again)
+            self.kept_at, self.probe = self.rounds, []   # (the probe's verdict sets them again)
             return even
         was_even = current is None or all(v == self.even for v in current.values())
         if was_even and self.tried is None and self.kept_at is None:
-            self.tried, self.base = [], statistics.median(self.even_rounds)
+            self.tried, self.base = [], statistics.fmean(recent(self.even_rounds, self.baseline))
         return proposed
 
     def reset(self) -> None:
@@ -138,7 +143,7 @@ class EvenGuard:
         self.even_rounds.clear()
         self.uneven_rounds.clear()
         self.tried = self.base = self.kept_at = None
-        self.hold = self.probe = 0
+        self.hold, self.probe = 0, None
 
     def save_state(self) -> dict:
         """What it measured and decided, for a restart of the same worker count."""
@@ -156,7 +161,9 @@ class EvenGuard:
         tried = state.get("tried")
         self.tried = None if tried is None else [float(v) for v in tried]
         self.base, self.kept_at = number(state.get("base")), number(state.get("kept_at"), int)
-        self.probe, self.hold = int(state.get("probe", 0)), int(state.get("hold", 0))
+        probe = state.get("probe")
+        self.probe = [float(v) for v in probe] if isinstance(probe, list) else None
+        self.hold = int(state.get("hold", 0))
         self.next_backoff = int(state.get("next_backoff", self.backoff))
         self.next_recheck = int(state.get("next_recheck", self.recheck))
         self.rounds, self.checks = int(state.get("rounds", 0)), list(state.get("checks", []))
@@ -170,3 +177,14 @@ class EvenGuard:
         return {"trial": self.trial, "baseline": self.baseline, "backoff": self.backoff,
                 "max_backoff": self.max_backoff, "recheck": self.recheck, "max_recheck": self.max_recheck,
                 "margin": self.margin}
+
+
+def recent(rounds, count: int) -> list[float]:
+    """The last rounds of ``rounds``: at least ``count`` of them spanning at least
+    ``WINDOW_S`` seconds (all of them where they span less)."""
+    out: list[float] = []
+    for seconds in reversed(rounds):
+        out.append(seconds)
+        if len(out) >= count and sum(out) >= WINDOW_S:
+            break
+    return out

@@ -210,8 +210,8 @@ class AutoPolicy(Policy):
         if beyond:
             why = f"w{w}'s steps {ratio:.1f}x the median {where}, for {self.hold_s:g} s: more than LB-BSP can balance"
         else:
-            why = (f"w{slower_w} {slower:.1f}x slower than the others' median for {self.hold_s:g} s: ASP on trial "
-                   f"against LB-BSP's {lbbsp_rate or 0:.0f} samples/s")
+            why = f"w{slower_w} {slower:.1f}x slower than the others' median for {self.hold_s:g} s"
+        why += f": ASP on trial against LB-BSP's {lbbsp_rate or 0:.0f} samples/s"
         self.trial = {"since": view.now, "lbbsp_rate": lbbsp_rate}
         self._move("asp", view, why)
         a = self.asp.start(view)
