@@ -140,6 +140,7 @@ epochs = 10
 [[protocol]]
 name = "lbbsp"
 predictor = "ema"
+guard = false   # the paper's sizing: a paused worker's stalls do not shrink with its batch
 [[inject]]
 worker = 1
 slowdown = 4.0
