@@ -19,7 +19,6 @@ import time
 import pytest
 
 from helpers import kill_if_running, records
-from tfsync.api import auth
 from tfsync.hooks import firewall
 from tfsync.testbed import bed as testbed
 from tfsync.testbed import cpushare
@@ -344,41 +343,6 @@ def test_a_lost_node_shrinks_a_job_with_elastic_bounds_and_it_trains_on(bed, tmp
     after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
     assert after and {r["worker"] for r in after} == {0}
     assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
-
-
-@pytest.mark.slow
-def test_a_node_whose_hook_joins_mid_run_gets_a_worker_and_trains(bed, tmp_path):
-    """The job runs on n1 and n2 (cluster.max_workers = 3) with its manager on c's address;
-    n3's hook is restarted with `--join` to it: the job checks the hook, scales 2 -> 3 with
-    a worker on n3, and trains there until `tfsync stop`."""
-    c = bed.node("c")
-    manager, token = f"{c.address}:7000", tmp_path / "manager.token"
-    auth.write_token(token)
-    run_dir, coordinator = _job(tmp_path, bed, "join", 2, 0, cluster="max_workers = 3\n", hooks=bed.hooks[:2],
-                                args=("--manager-listen", manager, "--allow-remote", "--manager-token-file", str(token)))
-    log = os.path.join(bed.dir, "hook-n3.log")
-    try:
-        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
-        bed.start_hook("n3", ("--join", manager, "--manager-token-file", str(token),
-                              "--advertise", bed.hooks[2]))
-        _wait_for(lambda: "joined;" in open(log).read(), "the join's answer", coordinator, timeout=200)
-        _wait_for(lambda: sum(r.get("worker") == 2 for r in records(run_dir)) >= 10, "worker 2's pushes", coordinator)
-        stop = _tfsync_on_c(bed, "stop", run_dir)
-        assert stop.returncode == 0, stop.stderr
-        out, _ = coordinator.communicate(timeout=300)
-    finally:
-        kill_if_running(coordinator)
-        bed.start_hook("n3")   # the testbed's own hook again, for the tests after this one
-    assert coordinator.returncode == 0, out[-3000:]
-    assert f"hook {bed.hooks[2]} joined; scaled 2 -> 3 workers in" in open(log).read()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (scaled,) = summary["scales"]
-    assert (scaled["from"], scaled["to"], scaled["by"], scaled["node"]) == (2, 3, "join", bed.hooks[2])
-    assert summary["workers"] == 3 and "n3" in {r["node"] for r in summary["resources"].values()}
-    rs = records(run_dir)
-    scaled_at = next(e["time"] for e in rs if e.get("event") == "scaled")
-    after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
-    assert {r["worker"] for r in after} == {0, 1, 2} and summary["stopped"]
 
 
 @pytest.mark.slow

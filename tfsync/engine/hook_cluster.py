@@ -409,11 +409,19 @@ class HookCluster:
                     for task in mine:
                         self._dead.setdefault(task, -1)
                     continue
+                listed = set()
                 for t in health.tasks:
                     key = (t.task.job, t.task.index)
-                    if t.job_id == self.job_id and t.state in ENDED and key not in self._dead:
-                        self.launcher.status[key] = t
-                        self._dead[key] = t.exit_code
+                    if t.job_id == self.job_id:
+                        listed.add(key)
+                        if t.state in ENDED and key not in self._dead:
+                            self.launcher.status[key] = t
+                            self._dead[key] = t.exit_code
+                for job, index in mine:   # a new hook at the address (a pod replaced): ours went with the old one
+                    if (job, index) not in listed and (job, index) not in self._dead:
+                        logger.warning("hook %s no longer knows %s:%d (a new hook process there?): it is lost",
+                                       self.launcher.addresses[h], job, index)
+                        self._dead[(job, index)] = -1
         return [(job, i, code) for (job, i), code in self._dead.items()]
 
     def task_pid(self, job: str, index: int) -> int | None:

@@ -209,8 +209,9 @@ class Testbed:
     @classmethod
     def up(cls, name: str = "tfsync", nodes: int = 3, latency_ms: float = 0.0, rate: str | None = None,
            private: tuple[str, ...] = ("/tmp",), log=None, jitter_ms: float = 0.0,
-           loss_pct: float = 0.0, cpu: float | None = None) -> "Testbed":
-        """Make a testbed of ``nodes`` nodes (each running a hook) plus the coordinator's node."""
+           loss_pct: float = 0.0, cpu: float | None = None, hooks: bool = True) -> "Testbed":
+        """Make a testbed of ``nodes`` nodes (each running a hook, unless not ``hooks``:
+        then the nodes run what the caller starts there) plus the coordinator's node."""
         if not _NAME.fullmatch(name):
             raise TestbedInputError(f"testbed name {name!r}: use 1-16 lower-case letters, digits and '-'")
         if not 1 <= nodes <= 200:
@@ -236,7 +237,7 @@ class Testbed:
         safefile.make_dir(state_root(), 0o700)
         safefile.make_dir(bed.dir, 0o700)
         try:
-            bed._make(base, adv, log)
+            bed._make(base, adv, log, hooks)
         except BaseException:
             bed.down()
             raise
@@ -250,7 +251,7 @@ class Testbed:
             raise TestbedError(f"all {SLOTS} testbed slots are taken (tfsync testbed status)")
         return free[0]
 
-    def _make(self, base, adv, log) -> None:
+    def _make(self, base, adv, log, hooks: bool = True) -> None:
         say = log or (lambda msg: None)
         from tfsync.api import auth
         auth.write_token(self.token_file)
@@ -282,7 +283,7 @@ class Testbed:
                                      "relay.log", "tfsync relay:")
         say(f"latency relay running (pid {self.relay_pid})")
         for node in self.nodes.values():
-            if node.name != COORDINATOR:
+            if hooks and node.name != COORDINATOR:
                 self.start_hook(node.name)
                 say(f"node {node.name}: hook at {node.advertised}:{HOOK_PORT} (pid {node.pid})")
         self.save()
