@@ -12,9 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# TensorFlow and tf-keras pinned to the versions setup.py allows (>=2.21,<2.22); the
-# generated gRPC code checks grpcio and protobuf at import (setup.py's lower bounds).
-RUN pip install "tensorflow==2.21.0" "tf-keras==2.21.0" "grpcio==1.85.3" "protobuf==7.36.2"
+# Every package at the version the test suite passed with (image-constraints.txt);
+# TensorFlow first, in a layer of its own that a change to tfsync does not rebuild.
+COPY image-constraints.txt /etc/tfsync-constraints.txt
+RUN pip install --constraint /etc/tfsync-constraints.txt tensorflow tf-keras
 
 # The uid is the manifests' runAsUser and fsGroup (tfsync.deploy.k8s.UID); runs/ holds the
 # chief's run directories when no volume is mounted there (0700: tfsync refuses a run
@@ -25,7 +26,7 @@ RUN groupadd --gid 10001 tfsync \
 
 COPY setup.py README.md /src/
 COPY tfsync /src/tfsync
-RUN pip install /src && rm -rf /src
+RUN pip install --constraint /etc/tfsync-constraints.txt /src && rm -rf /src
 
 USER 10001:10001
 ENV HOME=/home/tfsync

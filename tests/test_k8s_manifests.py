@@ -6,6 +6,7 @@ tokens are only files of a mounted Secret, every pod has probes and GRPC_FAIL_FA
 Jobs' failure policy holds tfsync's exit codes, TF_CONFIG pods get what `tfsync tfconfig`
 writes, and what the pods could not honour is refused in one line. No cluster, no TF."""
 
+import importlib.metadata
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import stat
 import subprocess
 
 import pytest
+from packaging.requirements import Requirement
 
 from tfsync.base import exits
 from tfsync.deploy import k8s
@@ -414,11 +416,18 @@ def test_the_dockerfile_builds_the_image_the_manifests_name_pinned_and_as_their_
     base = re.search(r"^ARG BASE=(\S+)$", text, re.M).group(1)
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), base   # a patch release
     assert re.search(r"^FROM \$\{BASE\}$", text, re.M)
-    setup = open(os.path.join(ROOT, "setup.py")).read()
-    for package in ("tensorflow", "tf-keras"):
-        pinned = re.search(rf'"{package}==(2\.(\d+)\.\d+)"', text)
-        low, high = re.search(rf'"{package}>=2\.(\d+),<2\.(\d+)"', setup).groups()
-        assert pinned and int(low) <= int(pinned.group(2)) < int(high), package
+    # every requirement of setup.py pinned (==) within its bounds, and the pins used at each install
+    assert text.count("pip install --constraint /etc/tfsync-constraints.txt") == 2
+    assert "COPY image-constraints.txt /etc/tfsync-constraints.txt" in text
+    lines = [ln for ln in open(os.path.join(ROOT, "image-constraints.txt")).read().splitlines()
+             if ln and not ln.startswith("#")]
+    pins = dict(ln.split("==") for ln in lines)
+    assert len(pins) == len(lines) and all(re.fullmatch(r"[a-z0-9-]+", n) for n in pins), lines
+    requires = [Requirement(r) for r in importlib.metadata.distribution("tfsync").requires if "extra ==" not in r]
+    assert len(requires) >= 10
+    for r in requires:
+        name = re.sub(r"[-_.]+", "-", r.name).lower()
+        assert name in pins and r.specifier.contains(pins[name]), (str(r), pins.get(name))
     assert re.search(rf"^USER {k8s.UID}:{k8s.UID}$", text, re.M) and f"--uid {k8s.UID}" in text
     assert k8s.RUNS in text and DEFAULT_IMAGE == f"tfsync:{tfsync.__version__}"
     assert f"docker build -t {DEFAULT_IMAGE} ." in text
