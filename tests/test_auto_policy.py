@@ -4,7 +4,7 @@ speed sequences (a step's fixed part, noise, a worker slowed and back); no Tenso
 
 import pytest
 
-from quota import QuotaSpeeds
+from quota import PeriodQuota, QuotaSpeeds
 from tfsync.policy import AutoPolicy, catalogue
 from tfsync.sim import Simulator, SpeedModel
 
@@ -107,3 +107,19 @@ def test_a_slow_worker_whose_balanced_sizes_lbbsps_guard_dropped_is_left_to_asp(
     assert policy.lbbsp.sizer.guard.checks and not policy.lbbsp.sizer.guard.checks[0]["kept"]
     assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
     assert "at the even split, LB-BSP's sizes having made rounds slower" in policy.moves[0]["why"]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_slow_worker_under_a_cpu_quota_is_seen_at_once_and_asp_stays(seed):
+    """Four workers under CPU quotas as on the testbed (0.4 CPU each, w1 a third of that):
+    each step runs at full speed until the period's quota is spent, the next waits for the
+    period's end, so step times are bimodal. Measured over a second, w1 is seen at once,
+    ASP is kept, and stays: an average of the last steps used to swing by 10x, saw w1 as
+    "1.2x the median" in ASP and went back to LB-BSP within 2 s."""
+    policy = AutoPolicy(batch_size=64)
+    shares = (0.4, 0.4 / 3, 0.4, 0.4)
+    Simulator(4, PeriodQuota(shares=shares, seed=seed, fixed=0.002, per_sample=0.00005, jitter=0.1)).run(
+        policy, time=15.0)
+    assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
+    assert policy.moves[0]["time"] < 3.0 and policy.moves[0]["why"].startswith("w1 ")
+    assert [t["kept"] for t in policy.trials] == [True]

@@ -16,9 +16,15 @@ verdicts). In ASP every worker runs the same batch, so the step times compare sp
 directly; once the slowest worker's steps are back under ``back_below`` times the median
 (default 1.2) for ``hold_s``, it drains ASP's steps and goes back to LB-BSP.
 Step times are each push's ``turnaround`` (from when
-the step could start to its arrival), an exponential average per worker: what was
-measured, at the batch it ran, never extrapolated to another batch (a line fitted on a
-worker held at one size says nothing). Switches are hot, as Sync-Switch's greedy
+the step could start to its arrival), summed per worker over the last ``WINDOW_S``
+(at least its last ``MIN_STEPS`` steps): what was measured, at the batch it ran, never
+extrapolated to another batch (a line fitted on a worker held at one size says nothing).
+A window, not an average of the last few steps: under a CPU quota a worker's steps run
+at full speed until the period's quota is spent and the next waits for the period's
+end, so step times are bimodal, and an exponential average of them swung by 10x (it
+took a worker slowed 6x for 6 s to be seen on the testbed, and in ASP saw a worker 3x
+slower as "1.2x" and went back to LB-BSP); over a second, ten of the kernel's 100 ms
+periods, the sums hold the worker's speed. Switches are hot, as Sync-Switch's greedy
 straggler policy's (``tfsync.switch.online``): to ASP at once (what the round aggregated is
 applied first; steps of the closed round are dropped), back by a drain. ``lr_scales``:
 each protocol's rate factor (the job's configuration policy: n for LB-BSP, 1 for ASP
@@ -48,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 MODES = ("lbbsp", "asp", "drain")
 BLOCK_S = 10.0   # seconds without an ASP trial after one that did not pay (doubling)
+WINDOW_S = 1.0   # the steps a worker's speed is measured over: those that arrived in the last second ...
+MIN_STEPS = 2    # ... and at least its last two (a worker slower than that)
 
 
 class AutoPolicy(Policy):
@@ -64,20 +72,16 @@ class AutoPolicy(Policy):
 
     def __init__(self, batch_size: int = 32, asp_above: float = 1.5, back_below: float = 1.2,
                  hold_s: float = 2.0, asp_gain: float = 1.1, lr_scales: dict | None = None,
-                 lbbsp: LBBSP | None = None, asp: Policy | None = None, seed: int | None = None, alpha: float = 0.3):
+                 lbbsp: LBBSP | None = None, asp: Policy | None = None, seed: int | None = None):
         self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
         self.asp = asp if asp is not None else ASP(BatchSizer(batch_size))
         super().__init__(self.lbbsp.sizer, seed)
         self.asp_above = float(asp_above)
         self.back_below = float(back_below)
-        self.alpha = float(alpha)
-        self.steps: dict[int, float] = {}    # each worker's step time, an exponential average
-        self.batches: dict[int, int] = {}    # the batch of its last step
+        self.steps: dict[int, collections.deque] = {}   # each worker's recent (arrival, batch, turnaround)
         if not 1.0 <= self.back_below <= self.asp_above:
             raise ValueError(f"auto: back_below = {back_below} must be in [1, asp_above = {self.asp_above:g}] "
                              "(else it would switch back and forth)")
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"auto: alpha = {alpha} must be in (0, 1]")
         self.hold_s = float(hold_s)
         self.lr_scales = dict(lr_scales or {})
         self.state = "lbbsp"
@@ -98,29 +102,41 @@ class AutoPolicy(Policy):
             self.arrivals.append((push.arrival, push.batch_size))
         t = push.turnaround
         if t > 0 and push.batch_size > 0:
-            old = self.steps.get(push.worker)
-            self.steps[push.worker] = t if old is None else old + self.alpha * (t - old)
-            self.batches[push.worker] = push.batch_size
+            steps = self.steps.setdefault(push.worker, collections.deque())
+            steps.append((push.arrival, push.batch_size, t))
+            while len(steps) > MIN_STEPS and steps[0][0] < push.arrival - WINDOW_S:
+                steps.popleft()
+
+    def _measured(self, view: ClusterView) -> dict[int, tuple[float, float]] | None:
+        """Each member's (mean step time, samples per second of its steps) over the window;
+        None until every member has been seen (or with fewer than two)."""
+        members = sorted(view.members)
+        if len(members) < 2 or any(w not in self.steps for w in members):
+            return None
+        out = {}
+        for w in members:
+            steps = self.steps[w]
+            busy = sum(t for _, _, t in steps)
+            out[w] = (busy / len(steps), sum(b for _, b, _ in steps) / busy)
+        return out
 
     def slowest(self, view: ClusterView) -> tuple[int, float] | None:
         """(worker, its step time over the median of the others') of the slowest member;
         None until every member has been seen."""
-        members = sorted(view.members)
-        known = {w: self.steps[w] for w in members if w in self.steps}
-        if len(known) < len(members) or len(members) < 2:
+        measured = self._measured(view)
+        if measured is None:
             return None
-        w = max(known, key=known.get)   # against the others' median (of two workers: the other's step)
-        return w, known[w] / statistics.median(v for k, v in known.items() if k != w)
+        w = max(measured, key=lambda k: measured[k][0])   # against the others' median (of two: the other's)
+        return w, measured[w][0] / statistics.median(v[0] for k, v in measured.items() if k != w)
 
     def spread(self, view: ClusterView) -> tuple[int, float] | None:
         """(worker, the others' median speed over its speed) of the slowest member by
         samples per second of its steps; None until every member has been seen."""
-        members = sorted(view.members)
-        speeds = {w: self.batches[w] / self.steps[w] for w in members if w in self.steps and self.steps[w] > 0}
-        if len(speeds) < len(members) or len(members) < 2:
+        measured = self._measured(view)
+        if measured is None:
             return None
-        w = min(speeds, key=speeds.get)
-        return w, statistics.median(v for k, v in speeds.items() if k != w) / speeds[w]
+        w = min(measured, key=lambda k: measured[k][1])
+        return w, statistics.median(v[1] for k, v in measured.items() if k != w) / measured[w][1]
 
     def rate(self, since: float) -> float | None:
         """Samples per second of the pushes that arrived from ``since`` on (None: too few)."""
@@ -134,7 +150,8 @@ class AutoPolicy(Policy):
         cannot be given less), or LB-BSP's guard holds the even split (its sizes were
         tried, and rounds were slower than at the even split); None if neither."""
         sizer = self.lbbsp.sizer
-        if self.batches.get(worker, sizer.batch_size) <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
+        last = self.steps[worker][-1][1] if self.steps.get(worker) else sizer.batch_size
+        if last <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
             return "at the smallest batch LB-BSP gives it"
         if sizer.guard is not None and sizer.guard.hold > 0:
             return "at the even split, LB-BSP's sizes having made rounds slower"
