@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import threading
 import time
@@ -160,7 +161,11 @@ def drive(bed, run_dir: str, shares, stop: threading.Event, failed: list, every:
 
 
 def under(bed, scenario: str, run_dir: str, args, run):
-    """``run()`` with the scenario's changing part applied while it trains."""
+    """``run()`` with the scenario's changing part applied while it trains. The run's
+    directory is emptied first: one left by the same configuration under an earlier
+    scenario (one invocation, several scenarios) holds its metrics, whose first phase
+    would start the changing part at the job's launch, 15-20 s before it trains."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     shares = changing_shares(scenario, args)
     if shares is None:
         return run()
