@@ -367,7 +367,7 @@ def summarise(args) -> None:
 def plot(tables: dict, configs: list[str], path: str, args) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(3.2 * len(tables) + 1.5, 4.4))
+    fig = Figure(figsize=(max(3.2 * len(tables) + 1.5, 10.0), 4.4))
     axes = fig.subplots(1, len(tables), sharey=True, squeeze=False)[0]
     for ax, (scenario, t) in zip(axes, tables.items()):
         ys = range(len(configs))
