@@ -124,19 +124,21 @@ class Pod:
 
 class Kubelet:
     """Pods of ``objects`` (the manifests) on ``bed``'s nodes; ``hosts``: DNS name to
-    testbed node; ``folder``: the pods' files and the claims' folders (``claims``)."""
+    testbed node; ``folder``: the pods' files and the claims' folders (``claims``);
+    ``relay``: whether connections between nodes cross the testbed's latency relay."""
 
-    def __init__(self, bed, objects: list[dict], hosts: dict[str, str], folder: str):
-        self.bed, self.objects, self.folder = bed, objects, folder
+    def __init__(self, bed, objects: list[dict], hosts: dict[str, str], folder: str, relay: bool = True):
+        self.bed, self.objects, self.folder, self.relay = bed, objects, folder, relay
         self.namespace = objects[0]["metadata"]["namespace"]
         self.hosts = "".join(f"{self._address(node)} {name}\n" for name, node in hosts.items())
         self.pods: list[Pod] = []
 
     def _address(self, node: str) -> str:
-        """A node as the others reach it: through the latency relay (its advertised address),
-        but the coordinator's node, whose manager port the relay does not pass."""
+        """A node as the others reach it: through the latency relay (its advertised address;
+        the relay passes the hook port and the task ports), but the coordinator's node,
+        whose manager port the relay does not pass, and every node without ``relay``."""
         n = self.bed.node(node)
-        return n.address if node == "c" else n.advertised
+        return n.address if node == "c" or not self.relay else n.advertised
 
     def object(self, kind: str, name: str) -> dict:
         (found,) = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]

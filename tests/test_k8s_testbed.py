@@ -4,10 +4,12 @@ files exactly as the manifests give them, the Services' DNS names resolved to th
 that run their pods): the user's own model trains on two node pods to the accuracy of a
 local run, a node pod killed mid-run is replaced and every push is counted once, two
 pods of <name>-join join (2 -> 4 workers) and are deleted again (4 -> 2), and `tfsync
-stop` through "kubectl exec" ends the chief's Job with exit code 0. Needs root, iproute2,
+stop` through "kubectl exec" ends the chief's Job with exit code 0; with --mode tfconfig,
+a pod per task with its TF_CONFIG trains the same model. Needs root, iproute2,
 unshare, nsenter and overlayfs: skipped, saying why, without them. No Kubernetes cluster:
 what that leaves untested is in kubelet.py's docstring and the README."""
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -114,28 +116,40 @@ def _event(run_dir, name):
     return [r for r in records(run_dir) if r.get("event") == name]
 
 
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """The job's manifests (2 node pods, a volume for the run directory) and a kubelet on a
-    testbed of four nodes: n1, n2 for <name>-node-0, -1; n3, n4 for <name>-join-0, -1."""
+def _job(tmp_path, monkeypatch, *options):
+    """The user's job in a folder of its own and its K8sJob (``tfsync k8s`` with ``options``)."""
     monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))
     project = tmp_path / "project"
     project.mkdir()
     (project / "digits.py").write_text(CODE)
     (project / "job.toml").write_text(JOB)
-    job = k8s_job(build_parser().parse_args(["k8s", str(project / "job.toml"), "--namespace", "ml", "--nodes", "2",
-                                             "--storage", "1Gi"]))
+    job = k8s_job(build_parser().parse_args(["k8s", str(project / "job.toml"), "--namespace", "ml", "--storage",
+                                             "1Gi", *options]))
+    return job, project
+
+
+@contextlib.contextmanager
+def _kubelet(tmp_path, job, hosts, nodes, relay=True):
+    bed = testbed.Testbed.up("k8s", nodes=nodes, hooks=False)
+    kubelet = Kubelet(bed, manifests(job), hosts, str(tmp_path / "kubelet"), relay=relay)
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop_all()
+        bed.down()
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """The job's manifests (2 node pods, a volume for the run directory) and a kubelet on a
+    testbed of four nodes: n1, n2 for <name>-node-0, -1; n3, n4 for <name>-join-0, -1."""
+    job, project = _job(tmp_path, monkeypatch, "--nodes", "2")
     hosts = {k8s.manager_address(job).rsplit(":", 1)[0]: "c"}
     for i in range(2):
         hosts[k8s.hook_address(job, i).rsplit(":", 1)[0]] = f"n{1 + i}"
         hosts[k8s.hook_address(job, i, joining=True).rsplit(":", 1)[0]] = f"n{3 + i}"
-    bed = testbed.Testbed.up("k8s", nodes=4, hooks=False)
-    kubelet = Kubelet(bed, manifests(job), hosts, str(tmp_path / "kubelet"))
-    try:
+    with _kubelet(tmp_path, job, hosts, 4) as kubelet:
         yield job, kubelet, project
-    finally:
-        kubelet.stop_all()
-        bed.down()
 
 
 def test_the_pods_train_survive_a_killed_node_pod_and_scale_2_4_2_through_joining_pods(cluster, tmp_path):
@@ -191,3 +205,27 @@ def test_the_pods_train_survive_a_killed_node_pod_and_scale_2_4_2_through_joinin
     assert local.returncode == 0, local.stderr[-3000:]
     assert abs(summary["test_accuracy"] - json.loads(local.stdout)["test_accuracy"]) <= 0.02
     assert summary["test_accuracy"] > 0.85
+
+
+def test_tf_config_pods_train_the_users_model_each_task_a_pod_of_its_own(tmp_path, monkeypatch):
+    """--mode tfconfig: a Job per task, each pod with its TF_CONFIG (no hooks); the workers
+    start in the chief's run directory on the shared volume once the chief made it; the
+    chief's `tfsync run` gets the user's --set; the Job's pod ends with exit code 0."""
+    job, _ = _job(tmp_path, monkeypatch, "--mode", "tfconfig", "--set", "train.epochs=1")
+    spec = k8s.task_spec(job)
+    places = {"chief": "c", "ps": "n1", "worker": ["n2", "n3"]}
+    hosts = {spec["chief"][0].rsplit(":", 1)[0]: "c", spec["ps"][0].rsplit(":", 1)[0]: "n1",
+             **{a.rsplit(":", 1)[0]: places["worker"][i] for i, a in enumerate(spec["worker"])}}
+    # (TF's port 2222 is not one the testbed's relay passes: the pods reach each other directly)
+    with _kubelet(tmp_path, job, hosts, 3, relay=False) as kubelet:
+        tasks = [kubelet.start("n1", "Job", f"{job.name}-ps-0")]
+        tasks += [kubelet.start(node, "Job", f"{job.name}-worker-{i}") for i, node in enumerate(places["worker"])]
+        chief = kubelet.start("c", "Job", f"{job.name}-chief")   # (its init container waits for the PS)
+        assert chief.main.wait(timeout=600) == 0, chief.log()[-3000:]
+        assert all(t.main.poll() is None for t in tasks)   # TF's servers serve until deleted (kubectl delete -f)
+    run_dir = Path(tmp_path / "kubelet" / "claims" / f"{job.name}-runs" / job.name)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["samples"] >= TRAIN_SIZE and summary["workers"] == 2 and summary["test_accuracy"] > 0.85
+    assert summary["task_ports"].startswith("started by the platform from TF_CONFIG")   # no hooks: no tfsync tasks
+    pushes = _pushes(run_dir)
+    assert [r["pushes"] for r in pushes] == list(range(1, summary["pushes"] + 1))

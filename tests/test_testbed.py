@@ -321,31 +321,6 @@ def test_a_job_trains_with_each_task_on_its_own_node_and_no_shared_run_directory
 
 
 @pytest.mark.slow
-def test_a_lost_node_shrinks_a_job_with_elastic_bounds_and_it_trains_on(bed, tmp_path):
-    """cluster.min_workers = 1: n3's link goes down mid-BSP; its worker is not restarted
-    elsewhere, the job goes on with one worker (a 'scaled' event by "loss", no rejoin),
-    from the checkpoint taken at the loss, to the end of its workload."""
-    run_dir, coordinator = _job(tmp_path, bed, "shrink", 0.3, 0, cluster="min_workers = 1\n")
-    try:
-        _wait_for(lambda: sum("pushes" in r for r in records(run_dir)) >= 20, "20 pushes", coordinator)
-        bed.set("n3", up=False)
-        out, _ = coordinator.communicate(timeout=300)
-    finally:
-        bed.set("n3", up=True)
-        kill_if_running(coordinator)
-    assert coordinator.returncode == 0, out[-3000:]
-    rs = records(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (scaled,) = summary["scales"]
-    assert (scaled["from"], scaled["to"], scaled["by"], scaled["lost"]) == (2, 1, "loss", [1])
-    assert summary["workers"] == 1 and not [r for r in rs if r.get("event") == "worker_rejoined"]
-    scaled_at = next(e["time"] for e in rs if e.get("event") == "scaled")
-    after = [r for r in rs if "pushes" in r and "event" not in r and r["time"] > scaled_at]
-    assert after and {r["worker"] for r in after} == {0}
-    assert summary["samples"] >= summary["workload_samples"] and summary["test_accuracy"] > 0.8
-
-
-@pytest.mark.slow
 def test_a_job_that_loses_every_node_pauses_with_a_clear_status_and_goes_on_when_one_is_back(bed, tmp_path):
     """The job's one node (n1: its PS and both workers) loses its link: no hook answers, so
     the job pauses (a 'paused' event, `tfsync status` says why and how long it waits) with
