@@ -215,6 +215,8 @@ def container(setup: dict) -> None:
     """Set up this (new) mount namespace as the container sees it, then become it."""
     from tfsync.testbed.node import hide, needed
 
+    os.makedirs(setup["overlay"])
+    _mount("-t", "tmpfs", "tfsync-pod-etc", setup["overlay"])   # (an overlay's upper layer cannot be an overlay)
     upper, work = (os.path.join(setup["overlay"], d) for d in ("upper", "work"))
     os.makedirs(upper)
     os.makedirs(work)
