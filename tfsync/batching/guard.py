@@ -183,8 +183,10 @@ def recent(rounds, count: int) -> list[float]:
     """The last rounds of ``rounds``: at least ``count`` of them spanning at least
     ``WINDOW_S`` seconds (all of them where they span less)."""
     out: list[float] = []
+    total = 0.0
     for seconds in reversed(rounds):
         out.append(seconds)
-        if len(out) >= count and sum(out) >= WINDOW_S:
+        total += seconds
+        if len(out) >= count and total >= WINDOW_S:
             break
     return out

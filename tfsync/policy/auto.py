@@ -58,6 +58,38 @@ WINDOW_S = 1.0   # the steps a worker's speed is measured over: those that arriv
 MIN_STEPS = 2    # ... and at least its last two (a worker slower than that)
 
 
+class _Window:
+    """One worker's steps of the last ``WINDOW_S`` (at least its last ``MIN_STEPS``), with
+    their sums kept as steps come and go: every push reads them, so none is summed again."""
+
+    __slots__ = ("steps", "busy", "samples")
+
+    def __init__(self):
+        self.steps: collections.deque = collections.deque()   # (arrival, batch, turnaround)
+        self.busy, self.samples = 0.0, 0
+
+    def add(self, arrival: float, batch: int, turnaround: float) -> None:
+        self.steps.append((arrival, batch, turnaround))
+        self.busy += turnaround
+        self.samples += batch
+        while len(self.steps) > MIN_STEPS and self.steps[0][0] < arrival - WINDOW_S:
+            _, old_batch, old_turnaround = self.steps.popleft()
+            self.busy -= old_turnaround
+            self.samples -= old_batch
+
+    @property
+    def step_s(self) -> float:
+        return self.busy / len(self.steps)
+
+    @property
+    def speed(self) -> float:
+        return self.samples / self.busy
+
+    @property
+    def last_batch(self) -> int:
+        return self.steps[-1][1]
+
+
 class AutoPolicy(Policy):
     name = "auto"
     self_sizing = True
@@ -78,7 +110,7 @@ class AutoPolicy(Policy):
         super().__init__(self.lbbsp.sizer, seed)
         self.asp_above = float(asp_above)
         self.back_below = float(back_below)
-        self.steps: dict[int, collections.deque] = {}   # each worker's recent (arrival, batch, turnaround)
+        self.steps: dict[int, _Window] = {}   # each worker's recent steps
         if not 1.0 <= self.back_below <= self.asp_above:
             raise ValueError(f"auto: back_below = {back_below} must be in [1, asp_above = {self.asp_above:g}] "
                              "(else it would switch back and forth)")
@@ -102,10 +134,7 @@ class AutoPolicy(Policy):
             self.arrivals.append((push.arrival, push.batch_size))
         t = push.turnaround
         if t > 0 and push.batch_size > 0:
-            steps = self.steps.setdefault(push.worker, collections.deque())
-            steps.append((push.arrival, push.batch_size, t))
-            while len(steps) > MIN_STEPS and steps[0][0] < push.arrival - WINDOW_S:
-                steps.popleft()
+            self.steps.setdefault(push.worker, _Window()).add(push.arrival, push.batch_size, t)
 
     def _measured(self, view: ClusterView) -> dict[int, tuple[float, float]] | None:
         """Each member's (mean step time, samples per second of its steps) over the window;
@@ -113,12 +142,7 @@ class AutoPolicy(Policy):
         members = sorted(view.members)
         if len(members) < 2 or any(w not in self.steps for w in members):
             return None
-        out = {}
-        for w in members:
-            steps = self.steps[w]
-            busy = sum(t for _, _, t in steps)
-            out[w] = (busy / len(steps), sum(b for _, b, _ in steps) / busy)
-        return out
+        return {w: (self.steps[w].step_s, self.steps[w].speed) for w in members}
 
     def slowest(self, view: ClusterView) -> tuple[int, float] | None:
         """(worker, its step time over the median of the others') of the slowest member;
@@ -150,7 +174,7 @@ class AutoPolicy(Policy):
         cannot be given less), or LB-BSP's guard holds the even split (its sizes were
         tried, and rounds were slower than at the even split); None if neither."""
         sizer = self.lbbsp.sizer
-        last = self.steps[worker][-1][1] if self.steps.get(worker) else sizer.batch_size
+        last = self.steps[worker].last_batch if worker in self.steps else sizer.batch_size
         if last <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
             return "at the smallest batch LB-BSP gives it"
         if sizer.guard is not None and sizer.guard.hold > 0:
