@@ -69,14 +69,15 @@ def manager_token(args) -> str | None:
 def cmd_run(args) -> int:
     from .job.config import load_job
 
+    from .commands.jobrun import tasks_here
+
     cfg = load_job(args.job, overrides=args.set)
     args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
-    if args.manager_listen and not cfg.cluster.hooks:
+    if args.manager_listen and tasks_here(cfg):
         print("tfsync: warning: this job's tasks run on this machine (no cluster.hooks): no hook can join it; "
               "--manager-listen serves its status and commands", file=sys.stderr)
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
-    from .commands.jobrun import tasks_here
     isolate(args, tasks_here(cfg) and not args.manager_listen and (not args.attach or args.attach.startswith("unix:")))
     from .commands.switch import stored_switch_point
     cfg, found = stored_switch_point(cfg)
