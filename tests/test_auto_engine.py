@@ -39,6 +39,11 @@ def test_auto_moves_to_asp_while_a_worker_is_too_slow_for_lbbsp_and_says_why(tmp
     assert first["from"] == "lbbsp" and first["why"].startswith("w2") and "for 2 s" in first["why"], moves
     trials = s["timeline"][0]["stats"]["trials"]   # ASP on trial: it trained more samples a second, so kept
     assert trials and trials[0]["kept"] and trials[0]["asp_rate"] > trials[0]["lbbsp_rate"], trials
+    # the gain asked grew with the staleness the real pushes carried (most from the two fast workers: ~1)
+    assert 0.5 < trials[0]["staleness"] < 4 and trials[0]["needed"] == pytest.approx(
+        1 + 0.035 * trials[0]["staleness"], abs=0.001), trials
+    # the real training loss, noisy as it is, did not send ASP back: the worker's recovery did
+    assert not any(m["why"].startswith("the training loss") for m in moves), moves
     began, ended = (min([s["started_at"] + e["time"] for e in s["injected"] if e["what"] == what] or [math.inf])
                     for what in ("begin", "end"))
     assert began < first["time"] < ended   # while it was slow

@@ -33,12 +33,13 @@ def test_even_workers_run_lbbsp_at_the_even_split_and_never_move():
     assert {p.mode.value for p in log} == {"aggregate"}
 
 
-@pytest.mark.parametrize("gain, kept", [(1.1, True), (1.6, False)])
+@pytest.mark.parametrize("gain, kept", [(1.0, True), (1.6, False)])
 def test_a_worker_three_times_slower_puts_asp_on_trial_and_the_faster_is_kept(gain, kept):
     """LB-BSP balances a worker 3x slower (steps mostly samples), yet ASP, waiting for no
-    barrier, trains 1.1-1.6x its samples a second here: kept under the default asp_gain
-    (1.1); under 1.6 LB-BSP comes back, says why, balances the worker, and no ASP trial
-    follows for the next 10 s."""
+    barrier, trains 1.1-1.6x its samples a second here at a staleness of 2 updates: kept
+    under the default asp_gain (1.0, and 1.07 with the staleness); under 1.6 (1.67 with
+    it) LB-BSP comes back, says why, balances the worker, and no ASP trial follows for the
+    next 10 s."""
     policy = AutoPolicy(batch_size=32, asp_gain=gain)
     log = Simulator(3, SpeedModel(factors=[1, 3, 1], seed=1, **NOISE)).run(policy, time=12.0).log
     first = policy.moves[0]
@@ -50,9 +51,74 @@ def test_a_worker_three_times_slower_puts_asp_on_trial_and_the_faster_is_kept(ga
         return
     assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
     back = policy.moves[1]["why"]
-    assert back.startswith("ASP trained 1.") and "under 1.6x: back to LB-BSP" in back
+    assert back.startswith("ASP trained 1.") and "under the 1.67x its staleness of 2.0 updates asks" in back
     late = [p.batch_size for p in log[-60:] if p.worker == 1]
     assert late and 8 < min(late) and max(late) < 20   # its share of the 96 samples a round: about 14
+
+
+@pytest.mark.parametrize("workers, kept", [(3, True), (8, False)])
+def test_the_gain_asp_must_bring_grows_with_its_staleness(workers, kept):
+    """A worker 1.7x slower: ASP trains 1.19x LB-BSP's samples/s at 3 workers (staleness
+    2) and 1.28x at 8 (staleness 7). At 0.05 a staleness update, that is kept at 3 workers
+    (1.1x asked) and not at 8 (1.35x asked)."""
+    policy = AutoPolicy(batch_size=32, staleness_cost=0.05)
+    Simulator(workers, SpeedModel(factors=[1, 1.7] + [1] * (workers - 2), seed=1, **NOISE)).run(policy, time=8.0)
+    (trial,) = policy.trials
+    assert trial["staleness"] == pytest.approx(workers - 1, abs=0.2)
+    assert trial["needed"] == pytest.approx(1 + 0.05 * trial["staleness"])
+    assert trial["kept"] is kept and 1.1 < trial["asp_rate"] / trial["lbbsp_rate"] < 1.35
+
+
+class ScriptedLoss:
+    """A test double for the model the simulator trains: no weights, each step's loss
+    from ``loss(now, policy state)`` (a model whose training loss rises under ASP's
+    staleness, or holds, with noise)."""
+
+    def __init__(self, sim, policy, loss):
+        self.sim, self.policy, self.loss = sim, policy, loss
+
+    def gradient(self, worker, batch_size):
+        return None, self.loss(self.sim.now, self.policy.state)
+
+    def apply(self, grads, lr):
+        pass
+
+    def weighted_mean(self, pending):
+        return None
+
+    def accuracy(self):
+        return float("nan")
+
+
+@pytest.mark.parametrize("rises", [True, False])
+def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
+    """ASP kept after its trial (a worker 3x slower), then its training loss climbs, 10 %
+    a second from where it began (staleness undoing its speed): once 1.2x the lowest for
+    2 s, LB-BSP comes back, saying so, and no ASP trial follows for 10 s. A loss that holds
+    (with noise of 10 % a push) keeps ASP."""
+    import random
+
+    policy, rng, began = AutoPolicy(batch_size=32), random.Random(1), []
+
+    def loss(now, state):
+        if state == "asp" and not began:
+            began.append(now)
+        climb = 0.1 * (now - began[0] - 3.0) if rises and began and now > began[0] + 3.0 else 0.0
+        return 0.5 * (1 + climb) * rng.uniform(0.9, 1.1)
+
+    sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, loss)
+    sim.run(policy, time=20.0)
+    assert [t["kept"] for t in policy.trials] == [True]
+    if not rises:
+        assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
+        return
+    assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
+    back = policy.moves[1]
+    assert back["why"].startswith("the training loss in ASP ") and "staleness undoes" in back["why"]
+    # 1.2x at about 5 s in ASP, the second's mean half a second later, then held for 2 s
+    assert began[0] + 6.5 < back["time"] < began[0] + 8.5
+    assert policy.blocked_until == pytest.approx(back["time"] + 10.0, abs=0.01)
 
 
 def test_a_worker_lbbsp_cannot_balance_even_at_its_floor_is_left_to_asp():
