@@ -129,6 +129,20 @@ def test_a_worker_lbbsp_cannot_balance_even_at_its_floor_is_left_to_asp():
     assert [m["to"] for m in policy.moves] == ["asp"] and policy.moves[0]["why"].startswith("w1")
 
 
+def test_after_a_trial_that_did_not_pay_no_reason_starts_another_for_10_s():
+    """A worker LB-BSP cannot balance even at its floor, and ASP asked for 5x the samples/s
+    (it brings about 2x): back to LB-BSP, where the worker still keeps the others waiting
+    at its floor; the next trial waits out the 10 s all the same (it used to start at
+    once, the floor's reason passing the block by)."""
+    policy = AutoPolicy(batch_size=32, asp_gain=5.0)
+    Simulator(3, SpeedModel(factors=[1, 3, 1], seed=1, fixed=0.0035, per_sample=0.00004, jitter=0.1)).run(
+        policy, time=20.0)
+    to = [m["to"] for m in policy.moves]
+    assert to[:4] == ["asp", "drain", "lbbsp", "asp"], policy.moves
+    assert [t["kept"] for t in policy.trials][:2] == [False, False]
+    assert policy.moves[3]["time"] >= policy.trials[0]["time"] + 10.0
+
+
 def test_a_worker_too_slow_for_lbbsp_sends_the_job_to_asp_and_back_when_it_recovers():
     policy, log = run([([1, 1, 1], 100), ([1, 8, 1], 3000), ([1, 1, 1], 3000)])
     assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
@@ -139,6 +153,23 @@ def test_a_worker_too_slow_for_lbbsp_sends_the_job_to_asp_and_back_when_it_recov
     assert "back to LB-BSP" in drain["why"] and policy.state == "lbbsp"
     assert {p.mode.value for p in log} == {"aggregate", "apply"}
     assert log[-1].mode.value == "aggregate"
+
+
+def test_asp_runs_the_jobs_momentum_less_asynchronys_own_and_lbbsp_the_jobs():
+    """Three workers, the job's momentum 0.9: ASP runs 0.9 - (1 - 1/3) (asynchrony brings
+    the rest), LB-BSP 0.9 again once back; a momentum asked for (asp_momentum) is ASP's."""
+    for asked, in_asp in ((None, 0.9 - 2 / 3), (0.5, 0.5)):
+        policy = AutoPolicy(batch_size=32, momentum=0.9, asp_momentum=asked)
+        sim = Simulator(3, SpeedModel(factors=[1, 8, 1], seed=1, **NOISE))
+        sim.run(policy, updates=3000)
+        assert policy.state == "asp" and sim.ledger.momentum == pytest.approx(in_asp)
+        sim.speeds = SpeedModel(factors=[1, 1, 1], seed=1, **NOISE)
+        sim.run(policy, updates=3000)
+        assert policy.state == "lbbsp" and sim.ledger.momentum == 0.9
+    policy = AutoPolicy(batch_size=32)   # no momentum given (an optimizer without one): none set
+    sim = Simulator(3, SpeedModel(factors=[1, 8, 1], seed=1, **NOISE))
+    sim.run(policy, updates=3000)
+    assert policy.state == "asp" and sim.ledger.momentum is None
 
 
 def test_it_is_a_protocol_a_job_file_names_with_checked_options():

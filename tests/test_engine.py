@@ -1,5 +1,6 @@
 """The engine on real TF task processes (2 workers + 1 PS, separate OS processes)."""
 
+import dataclasses
 import json
 import os
 
@@ -98,6 +99,30 @@ def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny
     recs = _records(tmp_path)
     assert sorted({r["batch_size"] for r in recs}) == [5, 11]
     assert all(r["mode"] == "aggregate" and r["protocol"] == "bsp" for r in recs)
+
+
+class _MomentumBSP(BSP):
+    """BSP whose start sets the optimizer's momentum (as auto does at its moves)."""
+
+    def start(self, view):
+        return dataclasses.replace(super().start(view), momentum=0.5)
+
+
+def test_a_policys_momentum_is_the_optimizers_from_its_decision_on_and_a_restarts_new_tasks_keep_it(
+        tiny_problem, tmp_path):
+    """A policy's decision sets momentum 0.5 (the job's is 0.9); a restart switch then
+    starts new tasks under a phase that sets none: every one of the 6 updates equals
+    single-process SGD at momentum 0.5 (the new tasks keep the momentum in force, not the
+    optimizer's)."""
+    x, y, model_fn, _, loss_fn = tiny_problem
+    ref = _reference((x, y, model_fn, lambda: keras.optimizers.SGD(0.1, momentum=0.5), loss_fn),
+                     [0, 1, 2, 0, 1, 2], (5, 11))
+    engine = _engine(tiny_problem, tmp_path)
+    phases = [Phase(_MomentumBSP(FixedSizer([5, 11])), until=0.5), Phase(BSP(FixedSizer([5, 11])), switch="restart")]
+    summary = engine.run(phases, total_samples=6 * 16)
+    assert summary["updates"] == 6 and len(engine.lifecycle.clusters) == 2
+    for got, want in zip(engine.final_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("ps_rounds", [True, False])

@@ -76,12 +76,14 @@ def test_grants_ahead_stop_where_the_phase_has_no_more_work_taken_in_turns_over_
 @pytest.mark.unit
 def test_the_books_survive_a_json_round_trip_with_nothing_granted():
     ledger = Ledger(2)
-    ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0)
+    assert ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0).hyper_changed
     _push(ledger, 0), _push(ledger, 1)
-    ledger.apply(Decision((Grant(0, 8, AGG),), barrier=True), now=1.0)
+    assert ledger.apply(Decision((Grant(0, 8, AGG),), barrier=True, momentum=0.25), now=1.0).hyper_changed
+    assert not ledger.apply(Decision(momentum=0.25, lr_scale=2.0), now=1.0).hyper_changed
     again = Ledger(2)
     again.restore_state(json.loads(json.dumps(ledger.save_state())))
     assert (again.clocks, again.round, again.updates, again.samples, again.lr_scale) == ([1, 1], 1, 1, 16, 2.0)
+    assert again.momentum == 0.25
     assert again.granted == [1, 1] and again.in_flight() == 0
     with pytest.raises(ValueError, match="has 2 workers, this run 3"):
         Ledger(3).restore_state(ledger.save_state())
@@ -150,3 +152,5 @@ def test_a_rate_factor_that_is_not_a_finite_positive_number_is_refused(scale):
     with pytest.raises(PolicyError, match="lr_scale"):
         ledger.apply(Decision(lr_scale=scale), now=0.0)
     assert ledger.lr_scale == 1.0
+    with pytest.raises(PolicyError, match="momentum"):
+        ledger.apply(Decision(momentum=1.0), now=0.0)

@@ -48,6 +48,12 @@ def build_phases(cfg: JobConfig, num_train: int):
         if isinstance(policy, AutoPolicy):   # its ASP at the configuration policy's rate and batch
             asp = conf.hyper("asp", n, B, cfg.train.base_momentum, after_switch=True)
             policy.lr_scales = {"lbbsp": hyper.lr_scale, "asp": asp.lr_scale}
+            if cfg.train.optimizer == "sgd":   # the momentum the engine can set
+                policy.momentum = cfg.train.base_momentum
+            elif policy.asp_momentum is not None:
+                from ..job.config import ConfigError
+                raise ConfigError(f"protocol.asp_momentum: the optimizer {cfg.train.optimizer!r} has no momentum "
+                                  "tfsync sets (only sgd's)", "protocol.asp_momentum")
             policy.asp = catalogue.make("asp", BatchSizer(asp.batch_size))
         phases.append(Phase(policy, until=p.until,
                             switch=cfg.switch.method, lr_scale=hyper.lr_scale, momentum=momentum))

@@ -85,11 +85,11 @@ class Loop:
             decision = s.within(decision, self.phase_end)
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
-        if applied.lr_changed:
-            scale = s.lr_scale
-            rescale = lambda: gen.set_hyper(lr_scale=scale)  # noqa: E731
+        if applied.hyper_changed:
+            scale, momentum = s.lr_scale, s.momentum
+            rescale = lambda: gen.set_hyper(lr_scale=scale, momentum=momentum)  # noqa: E731
         rows, rounds = self.pilot.rows(decision, applied.seqs)
-        if applied.closed and applied.lr_changed:
+        if applied.closed and applied.hyper_changed:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
             channel.barrier(pending, rows[:0])
@@ -99,7 +99,7 @@ class Loop:
         elif applied.closed:  # the channel is FIFO: earlier releases go out before the barrier
             channel.barrier(pending, rows)
         else:
-            if applied.lr_changed:
+            if applied.hyper_changed:
                 channel.call(rescale)  # before the grants: their steps use the new rate
             if decision.grants:
                 channel.release(rows)  # merged there with every release still waiting
@@ -132,6 +132,7 @@ class Loop:
                 if e != epoch:
                     epoch = e
                     m, gen = phase.momentum(e), self.lifecycle.current
+                    self.ledger.momentum = m
                     self.lifecycle.channel.call(lambda: gen.set_hyper(momentum=m))
             try:
                 result = next_result(self)

@@ -54,6 +54,8 @@ def set_config(ledger, gen, phase) -> None:
     and on generation ``gen``."""
     ledger.lr_scale = phase.lr_scale
     momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum
+    if momentum is not None:
+        ledger.momentum = momentum
     gen.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 
 
@@ -101,7 +103,7 @@ def resume_policy(log, gen, saved: dict, policy) -> None:
     ledger = log.ledger
     if hand_over(log, saved["policy"], policy, "resume"):
         ledger.lr_scale = float(saved["ledger"]["lr_scale"])
-        gen.set_hyper(lr_scale=ledger.lr_scale)
+        gen.set_hyper(lr_scale=ledger.lr_scale, momentum=ledger.momentum)
     else:
         ledger.apply(Decision(restore=frozenset(range(ledger.num_workers)) - ledger.active), time.time())
 

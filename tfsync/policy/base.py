@@ -74,6 +74,8 @@ class Decision:
     elastic policy, paper 003 §IV-B2); a removed worker gets no grants.
     ``lr_scale``: multiplier on the base learning rate for every update from now on,
     sticky (None: unchanged); n for BSP and 1 for ASP (paper 003 §IV-C), 1/N in FluentPS.
+    ``momentum``: the optimizer's momentum for every update from now on, sticky (None:
+    unchanged); an optimizer whose momentum is fixed at build keeps its own.
     ``wake_at``: call ``Policy.on_timer`` at this coordinator time even if nothing is
     pushed (wall-clock rules such as straggler windows).
     """
@@ -83,6 +85,7 @@ class Decision:
     remove: frozenset[int] = frozenset()
     restore: frozenset[int] = frozenset()
     lr_scale: float | None = None
+    momentum: float | None = None
     wake_at: float | None = None
 
     def __post_init__(self):  # accept any iterables; store immutable ones
@@ -439,5 +442,7 @@ def validate_decision(decision: Decision, members: frozenset[int]) -> None:
             )
         if int(g.batch_size) < 1:
             raise PolicyError(f"policy granted batch size {g.batch_size} to worker {g.worker}; must be >= 1")
+    if decision.momentum is not None and not 0.0 <= decision.momentum < 1.0:
+        raise PolicyError(f"policy set momentum={decision.momentum}; must be in [0, 1)")
     if decision.lr_scale is not None and not (decision.lr_scale > 0 and math.isfinite(decision.lr_scale)):
         raise PolicyError(f"policy set lr_scale={decision.lr_scale}; must be a finite number > 0")

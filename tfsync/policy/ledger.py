@@ -37,11 +37,11 @@ class _MinClock:
 class Applied:
     """What a Decision changed: ``closed`` aggregated pushes were applied as one update
     (0: no barrier); ``seqs``: each grant's step number (its worker's grant count);
-    ``lr_changed``: the learning-rate scale changed."""
+    ``hyper_changed``: the learning-rate scale or the momentum changed."""
 
     closed: int = 0
     seqs: tuple[int, ...] = ()
-    lr_changed: bool = False
+    hyper_changed: bool = False
 
 
 class Ledger:
@@ -58,6 +58,7 @@ class Ledger:
         self.pending_samples = 0
         self.active = frozenset(range(num_workers))
         self.lr_scale = 1.0
+        self.momentum: float | None = None   # in force, where set (None: the optimizer's own)
         self.history: collections.deque[Push] = collections.deque(maxlen=history)
         # each worker's outstanding grants, oldest first (steps run in order): when made, on how many samples
         self._grants = [collections.deque() for _ in range(num_workers)]
@@ -127,9 +128,12 @@ class Ledger:
             self._member_in_flight = sum(self.granted[w] - self.clocks[w] for w in self.active)
             self._min = _MinClock(self.clocks, self.active)
         validate_decision(d, self.active)
-        lr_changed = d.lr_scale is not None and d.lr_scale != self.lr_scale
+        changed = (d.lr_scale is not None and d.lr_scale != self.lr_scale) or (
+            d.momentum is not None and d.momentum != self.momentum)
         if d.lr_scale is not None:
             self.lr_scale = d.lr_scale
+        if d.momentum is not None:
+            self.momentum = d.momentum
         closed = 0
         if d.barrier and self.pending_workers:
             closed = len(self.pending_workers)
@@ -145,7 +149,7 @@ class Ledger:
             self.in_flight_samples += int(g.batch_size)
             if g.worker in self.active:
                 self._member_in_flight += 1
-        return Applied(closed, tuple(seqs), lr_changed)
+        return Applied(closed, tuple(seqs), changed)
 
     def within(self, decision: Decision, end_samples: int) -> Decision:
         """``decision`` less the APPLY grants a workload ending at ``end_samples`` has no
@@ -211,7 +215,7 @@ class Ledger:
     def save_state(self) -> dict:
         return {"clocks": list(self.clocks), "round": self.round, "pushes": self.pushes,
                 "updates": self.updates, "samples": self.samples, "dropped": self.dropped,
-                "active": sorted(self.active), "lr_scale": self.lr_scale}
+                "active": sorted(self.active), "lr_scale": self.lr_scale, "momentum": self.momentum}
 
     def restore_state(self, state: dict) -> None:
         """The counters of a saved ledger (same number of workers), with nothing granted."""
@@ -222,6 +226,8 @@ class Ledger:
             setattr(self, key, int(state[key]))
         self.active = frozenset(int(w) for w in state["active"])
         self.lr_scale = float(state["lr_scale"])
+        momentum = state.get("momentum")   # (none saved before 2026-11-29)
+        self.momentum = None if momentum is None else float(momentum)
         self.pending_workers, self.pending_samples = [], 0
         self._min = _MinClock(self.clocks, self.active)
         self.forget_grants()
