@@ -24,9 +24,7 @@ the verdicts). Kept, ASP is still watched for progress: should the training loss
 mean over every push of the last second) stay ``loss_rise`` above the lowest it reached
 (default 1.0: twice) for ``hold_s``, staleness is undoing what ASP's speed brings, and
 LB-BSP comes back, with no ASP trial for four times as long as after a trial that did not
-pay (a divergence says more than a speed measured at one moment). And after ``PROGRESS_S``
-(10 s) of ASP its loss must have fallen at a quarter of LB-BSP's rate before the trial at
-least (``progress_checks``), else the same. At eight workers ASP
+pay (a divergence says more than a speed measured at one moment). At eight workers ASP
 at a momentum of 0.9 diverged 3.8-16x within seconds, on the testbed and locally; at four,
 a switch's transient reached 1.6x and passed (1.2x, the first default, sent back an ASP
 that was training well). In ASP every worker runs the same batch, so the step times compare speeds
@@ -81,10 +79,6 @@ BLOCK_S = 10.0   # seconds without an ASP trial after one that did not pay (doub
 WINDOW_S = 1.0   # the steps a worker's speed is measured over: those that arrived in the last second ...
 MIN_STEPS = 2    # ... and at least its last two (a worker slower than that)
 MIN_LOSSES = 8   # pushes the training loss's mean needs
-HISTORY_S = 0.25  # how often the loss's mean is kept, to read its trend
-PROGRESS_S = 10.0  # seconds of ASP after which its loss must have fallen (see _progress)
-PROGRESS_SHARE = 0.25  # ... at this share of LB-BSP's rate before the trial, at least,
-MIN_FALL = 0.02  # where that fell by this share of the loss in hold_s at least (else it is noise)
 
 
 class _Window:
@@ -124,27 +118,17 @@ class _Loss:
     as pushes come and go (a push without a loss, as the simulator's without a model, is
     left out)."""
 
-    __slots__ = ("points", "total", "history")
+    __slots__ = ("points", "total")
 
     def __init__(self):
         self.points: collections.deque = collections.deque()   # (arrival, loss)
         self.total = 0.0
-        self.history: collections.deque = collections.deque(maxlen=256)   # (time, mean), every HISTORY_S
 
     def add(self, arrival: float, loss: float) -> None:
         self.points.append((arrival, loss))
         self.total += loss
         while self.points[0][0] < arrival - WINDOW_S:
             self.total -= self.points.popleft()[1]
-        mean = self.mean
-        if mean is not None and (not self.history or arrival - self.history[-1][0] >= HISTORY_S):
-            self.history.append((arrival, mean))
-
-    def since(self, t: float) -> tuple[float, float] | None:
-        """(time, mean) as kept at ``t``: the last kept at or before it, else the oldest
-        (None: none kept)."""
-        before = [p for p in self.history if p[0] <= t]
-        return before[-1] if before else (self.history[0] if self.history else None)
 
     @property
     def mean(self) -> float | None:
@@ -200,8 +184,6 @@ class AutoPolicy(Policy):
         # (arrival, batch, staleness)
         self.arrivals: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=8192)
         self.trial: dict | None = None     # ASP on trial: since when, LB-BSP's samples/s before it
-        self.progress: dict | None = None  # ASP's loss to be checked: since when, from what, LB-BSP's fall
-        self.progress_checks: list[dict] = []   # every such check's verdict
         self.trials: list[dict] = []       # every trial's verdict
         self.blocked_until = -math.inf     # no ASP trial before then (after one that did not pay)
         self.next_block = BLOCK_S
@@ -312,7 +294,7 @@ class AutoPolicy(Policy):
         if self.state == "lbbsp":
             return self._from_lbbsp(w, ratio, view) or d
         if self.state == "asp":
-            back = self._trial_verdict(view) or self._progress(view)
+            back = self._trial_verdict(view)
             recovered, rising = ratio < self.back_below, self._loss_rising()
             if back is None and not self._held(recovered or rising is not None, view):
                 return self.asp.on_push(push, view)
@@ -348,10 +330,6 @@ class AutoPolicy(Policy):
         why += f": ASP on trial against LB-BSP's {lbbsp_rate or 0:.0f} samples/s"
         self.trial = {"since": view.now, "lbbsp_rate": lbbsp_rate}
         self.lowest_loss = self.loss.mean
-        before = self.loss.since(view.now - self.hold_s)
-        self.progress = None if before is None or self.lowest_loss is None or view.now - before[0] < self.hold_s / 2 \
-            else {"since": view.now, "loss": self.lowest_loss,
-                  "lbbsp_drop": (before[1] - self.lowest_loss) / (view.now - before[0])}
         self._move("asp", view, why)
         a = self.asp.start(view)
         return Decision(a.grants, barrier=view.pending > 0, **self.hyper("asp"))
@@ -380,29 +358,6 @@ class AutoPolicy(Policy):
         return (f"ASP trained {gain:.2f}x LB-BSP's samples/s ({asp_rate:.0f} against {t['lbbsp_rate']:.0f}), under "
                 f"the {needed:.2f}x its staleness of {staleness:.1f} updates asks: back to LB-BSP once ASP's steps "
                 "are in")
-
-    def _progress(self, view: ClusterView) -> str | None:
-        """After ``PROGRESS_S`` of ASP: why LB-BSP comes back, if the training loss fell
-        less than ``PROGRESS_SHARE`` of LB-BSP's rate of fall before the trial (a mean
-        over a second; LB-BSP's over ``hold_s`` before it); None if it fell faster, or
-        LB-BSP's was not falling by ``MIN_FALL`` of the loss in ``hold_s`` at least
-        (a plateau's noise: nothing to compare with). A small CNN whose ASP at
-        momentum 0.9 went back to chance (2.0 -> 2.3) while LB-BSP's fell 0.05 a second
-        did not rise twice its lowest (the loss watch): this is what sees it."""
-        p = self.progress
-        if p is None or view.now - p["since"] < PROGRESS_S or self.loss.mean is None:
-            return None
-        self.progress = None
-        drop = (p["loss"] - self.loss.mean) / (view.now - p["since"])
-        kept = p["lbbsp_drop"] * self.hold_s < MIN_FALL * p["loss"] or drop >= PROGRESS_SHARE * p["lbbsp_drop"]
-        self.progress_checks.append({"time": round(view.now, 3), "asp_drop": round(drop, 5),
-                                     "lbbsp_drop": round(p["lbbsp_drop"], 5), "kept": kept})
-        if kept:
-            return None
-        self._block(view.now, 4)
-        return (f"the training loss fell {drop:.3g}/s in {view.now - p['since']:.0f} s of ASP against LB-BSP's "
-                f"{p['lbbsp_drop']:.3g}/s before it: ASP is not training (staleness); back to LB-BSP once ASP's "
-                "steps are in")
 
     def _block(self, now: float, times: float = 1) -> None:
         """No ASP trial for the next ``times x next_block`` seconds; ``next_block`` then doubles."""
@@ -434,8 +389,7 @@ class AutoPolicy(Policy):
         return max(self.lbbsp.max_batch(workers), self.asp.max_batch(workers))
 
     def stats(self) -> dict:
-        return {"moves": list(self.moves), "trials": list(self.trials), "progress_checks": list(self.progress_checks),
-                "lbbsp": self.lbbsp.stats()}
+        return {"moves": list(self.moves), "trials": list(self.trials), "lbbsp": self.lbbsp.stats()}
 
     def describe(self) -> dict:
         return {"name": self.name, "asp_above": self.asp_above, "back_below": self.back_below,
@@ -481,6 +435,6 @@ class AutoPolicy(Policy):
             blocked = state.get("blocked_until")
             self.blocked_until = -math.inf if blocked is None else float(blocked)
             self.next_block = float(state.get("next_block", BLOCK_S))
-            self.trial = self.progress = None   # (not resumed: the restored run measures afresh)
+            self.trial = None   # a trial in progress is not resumed: the restored run measures afresh
         return apply
 
