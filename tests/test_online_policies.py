@@ -151,7 +151,7 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     scale, calls = [3.0], []
 
     class Gen:
-        def set_hyper(self, lr_scale=None):
+        def set_hyper(self, lr_scale=None, momentum=None):
             scale[0] = lr_scale
 
     class Channel:

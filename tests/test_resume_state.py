@@ -24,7 +24,7 @@ def _log(workers=3):
 
 
 def _gen(rates):
-    return SimpleNamespace(set_hyper=lambda lr_scale: rates.append(lr_scale))
+    return SimpleNamespace(set_hyper=lambda lr_scale, momentum=None: rates.append(lr_scale))
 
 
 def _saved(workers=3, policy=None):
