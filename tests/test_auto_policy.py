@@ -121,6 +121,26 @@ def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
+def test_a_worker_slow_only_under_lbbsp_sends_asp_back_before_its_verdict_and_blocks_the_next_trial():
+    """Worker 1 is 3x slower while LB-BSP runs and alike in ASP (as alike workers on a
+    saturated machine looked under LB-BSP's sizes): ASP goes back within its trial,
+    saying why, and the next trial waits 10 s (it used to start again at once, and the
+    job went back and forth every few seconds)."""
+
+    class SlowUnderLBBSP(SpeedModel):
+        def step_time(self, worker, batch_size, now):
+            t = super().step_time(worker, batch_size, now)
+            return 3 * t if worker == 1 and policy.state == "lbbsp" else t
+
+    policy = AutoPolicy(batch_size=32)
+    Simulator(3, SlowUnderLBBSP(factors=[1, 1, 1], seed=1, **NOISE)).run(policy, time=20.0)
+    to = [m["to"] for m in policy.moves]
+    assert to[:3] == ["asp", "drain", "lbbsp"] and "within its trial" in policy.moves[1]["why"], policy.moves
+    assert policy.trials == [] or policy.trials[0]["time"] > policy.moves[1]["time"] + 10.0
+    if len(to) > 3:
+        assert policy.moves[3]["time"] >= policy.moves[1]["time"] + 10.0
+
+
 def test_a_worker_lbbsp_cannot_balance_even_at_its_floor_is_left_to_asp():
     """Steps mostly fixed (3.5 ms, the pull and push): a worker 3x slower takes longer at
     the floor (8 samples) than the others at 44, so the barrier waits for it whatever

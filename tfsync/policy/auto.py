@@ -29,7 +29,10 @@ at a momentum of 0.9 diverged 3.8-16x within seconds, on the testbed and locally
 a switch's transient reached 1.6x and passed (1.2x, the first default, sent back an ASP
 that was training well). In ASP every worker runs the same batch, so the step times compare speeds
 directly; once the slowest worker's steps are back under ``back_below`` times the median
-(default 1.2) for ``hold_s``, it drains ASP's steps and goes back to LB-BSP.
+(default 1.2) for ``hold_s``, it drains ASP's steps and goes back to LB-BSP; if that
+happens before the trial's verdict, no trial starts for the block's time either (at eight
+alike workers on two cores, speeds looked uneven under LB-BSP's sizes and even in ASP, and
+auto went back and forth every few seconds).
 Step times are each push's ``turnaround`` (from when
 the step could start to its arrival), summed per worker over the last ``WINDOW_S``
 (at least its last ``MIN_STEPS`` steps): what was measured, at the batch it ran, never
@@ -301,6 +304,12 @@ class AutoPolicy(Policy):
             if back is None and not recovered:
                 back = rising + ": back to LB-BSP once ASP's steps are in"
                 self._block(view.now, 4)
+            elif back is None and self.trial is not None:   # before the trial's verdict: a flap
+                self.trial = None
+                self._block(view.now)
+                back = (f"the slowest worker's steps (w{w}) {ratio:.1f}x the median at ASP's even batches within "
+                        "its trial: what looked slow under LB-BSP was its sizes or noise, not a worker; back to "
+                        f"LB-BSP once ASP's steps are in, no trial for {self.blocked_until - view.now:.0f} s")
             self._move("drain", view, back or f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for "
                                               f"{self.hold_s:g} s: back to LB-BSP once ASP's steps are in")
         if view.in_flight:
