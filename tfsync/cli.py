@@ -73,12 +73,13 @@ def cmd_run(args) -> int:
 
     cfg = load_job(args.job, overrides=args.set)
     args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
-    if args.manager_listen and tasks_here(cfg):
+    here = tasks_here(cfg)
+    if args.manager_listen and here:
         print("tfsync: warning: this job's tasks run on this machine (no cluster.hooks): no hook can join it; "
               "--manager-listen serves its status and commands", file=sys.stderr)
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
-    isolate(args, tasks_here(cfg) and not args.manager_listen and (not args.attach or args.attach.startswith("unix:")))
+    isolate(args, here and not args.manager_listen and (not args.attach or args.attach.startswith("unix:")))
     from .commands.switch import stored_switch_point
     cfg, found = stored_switch_point(cfg)
     with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:

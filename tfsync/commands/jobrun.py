@@ -7,7 +7,7 @@ import functools
 import logging
 import os
 
-from ..job.config import JobConfig
+from ..job.config import ConfigError, JobConfig
 from ..job.limits import check_job, example_bytes
 from ..policy import catalogue
 from ..policy.auto import AutoPolicy
@@ -51,7 +51,6 @@ def build_phases(cfg: JobConfig, num_train: int):
             if cfg.train.optimizer == "sgd":   # the momentum the engine can set
                 policy.momentum = cfg.train.base_momentum
             elif policy.asp_momentum is not None:
-                from ..job.config import ConfigError
                 raise ConfigError(f"protocol.asp_momentum: the optimizer {cfg.train.optimizer!r} has no momentum "
                                   "tfsync sets (only sgd's)", "protocol.asp_momentum")
             policy.asp = catalogue.make("asp", BatchSizer(asp.batch_size))
@@ -126,7 +125,6 @@ def hook_nodes(cfg: JobConfig):
     """The cluster factory for the job file's ``cluster.hooks`` (None when it lists none)."""
     if not cfg.cluster.hooks:
         return None
-    from ..job.config import ConfigError
     from ..api import auth, transport
     from ..engine.hook_cluster import HookNodes
     token = auth.read_token(os.path.expanduser(cfg.cluster.token_file))
@@ -147,7 +145,6 @@ def platform_cluster(cfg: JobConfig):
     """The cluster factory for tasks a platform started from TF_CONFIG, this process being
     their chief (None when TF_CONFIG is not set)."""
     from ..base import tfconfig
-    from ..job.config import ConfigError
     from ..engine.cluster import PlatformCluster
     try:
         tc = tfconfig.read()
@@ -197,7 +194,6 @@ def check_batch_fits(cfg: JobConfig, examples: int, workers: int) -> None:
     """A worker's batch larger than the training set is refused (ConfigError naming the
     field and the numbers); a round of all the workers' batches larger than it is said in
     a warning (BSP's one update then covers the set more than once)."""
-    from ..job.config import ConfigError
     sizes = [("train.batch_size", cfg.train.batch_size)] + [
         (f"protocol.{i}.batch_sizes", max(p.batch_sizes)) for i, p in enumerate(cfg.protocol) if p.batch_sizes]
     field, biggest = max(sizes, key=lambda fs: fs[1])
