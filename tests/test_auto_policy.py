@@ -240,3 +240,21 @@ def test_a_slow_worker_under_a_cpu_quota_is_seen_at_once_and_asp_stays(seed):
     assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
     assert policy.moves[0]["time"] < 3.0 and policy.moves[0]["why"].startswith("w1 ")
     assert [t["kept"] for t in policy.trials] == [True]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_job_gives_auto_sgds_momentum_and_refuses_asp_momentum_where_tfsync_sets_none(tmp_path, optimizer):
+    """SGD's momentum is auto's (the engine sets it at each move); Adam has none tfsync sets,
+    so an asp_momentum for it is refused with one line naming the field."""
+    from tfsync.commands.jobrun import build_phases
+    from tfsync.job.config import ConfigError, load_job
+
+    job = tmp_path / "job.toml"
+    job.write_text(f'[cluster]\nworkers = 3\n[train]\noptimizer = "{optimizer}"\n'
+                   '[[protocol]]\nname = "auto"\nasp_momentum = 0.5\n')
+    if optimizer == "adam":
+        with pytest.raises(ConfigError, match="^protocol.asp_momentum: the optimizer 'adam' has no momentum"):
+            build_phases(load_job(job), num_train=1000)
+        return
+    (phase,) = build_phases(load_job(job), num_train=1000)
+    assert phase.policy.momentum == 0.9 and phase.policy.hyper("asp")["momentum"] == 0.5
