@@ -68,6 +68,9 @@ def fit(data, workers: int, steps: int, per_execution: int) -> float:
                       decode=lambda x, y: (tf.cast(x, tf.float32) / 255, y))
 
 
+PROTOCOLS = {"asp": {}, "asp8": {"queue_s": 0.0}, "bsp": {}}   # asp8: ASP's depth 8 alone (before queue_s)
+
+
 def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float]:
     """(pushes/s of the steady part, coordinator CPU seconds per push and coordinator
     cores busy over that same part) of a run of ``steps`` pushes."""
@@ -91,7 +94,8 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     sampler.start()
     engine = Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False)
     try:
-        summary = engine.run([Phase(P.get(protocol, sizer=P.BatchSizer(BATCH)))], total_samples=steps * BATCH)
+        policy = P.get(protocol.rstrip("8"), sizer=P.BatchSizer(BATCH), **PROTOCOLS[protocol])
+        summary = engine.run([Phase(policy)], total_samples=steps * BATCH)
     finally:
         done.set()
         sampler.join()
@@ -126,7 +130,7 @@ def main(argv=None) -> int:
     print(f"{MODEL} model, batch {BATCH}, {args.steps} steps per configuration, {os.cpu_count()} cores here")
     for w in counts:
         row = {"workers": w, "fit": fit(data, w, args.steps, 1), "fit_32": fit(data, w, args.steps, 32)}
-        for protocol in ("asp", "bsp"):
+        for protocol in PROTOCOLS:
             rate, per_push, cores = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
             row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,
                         f"{protocol}_coordinator_cores": cores,
@@ -135,7 +139,8 @@ def main(argv=None) -> int:
         print(f"  {w:>2} workers: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}, "
               f"tfsync ASP {row['asp']:6.1f} ({row['asp_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
               f"{row['asp_coordinator_cores']:.2f} cores), BSP {row['bsp']:6.1f} "
-              f"({row['bsp_coordinator_ms_per_push']:.2f} ms, {row['bsp_coordinator_cores']:.2f} cores) steps/s")
+              f"({row['bsp_coordinator_ms_per_push']:.2f} ms, {row['bsp_coordinator_cores']:.2f} cores) steps/s; "
+              f"ASP at depth 8 {row['asp8']:6.1f} ({row['asp8_coordinator_ms_per_push']:.2f} ms)")
     shutil.rmtree(runs, ignore_errors=True)
     csv_path = os.path.join(args.out, "bench_coordinator_scale.csv")
     with open(csv_path, "w", newline="") as f:
@@ -158,7 +163,8 @@ def _plot(rows, path: str) -> None:
     ws = [r["workers"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),
-                              ("asp", "tfsync ASP", "o-"), ("bsp", "tfsync BSP", "s-")):
+                              ("asp", "tfsync ASP", "o-"), ("asp8", "tfsync ASP, depth 8 (before)", "o:"),
+                              ("bsp", "tfsync BSP", "s-")):
         a1.plot(ws, [r[key] for r in rows], style, label=label)
     a1.set_xscale("log", base=2)
     a1.set_xticks(ws, [str(w) for w in ws])
@@ -166,8 +172,9 @@ def _plot(rows, path: str) -> None:
     a1.set_ylabel("steps (pushes) / s, whole cluster")
     a1.set_title(f"tiny model on loopback, {os.cpu_count()} cores")
     a1.legend(fontsize=8)
-    for protocol, style in (("asp", "o-"), ("bsp", "s-")):
-        a2.plot(ws, [r[f"{protocol}_coordinator_ms_per_push"] for r in rows], style, label=f"tfsync {protocol.upper()}")
+    for protocol, style, label in (("asp", "o-", "tfsync ASP"), ("asp8", "o:", "tfsync ASP, depth 8 (before)"),
+                                   ("bsp", "s-", "tfsync BSP")):
+        a2.plot(ws, [r[f"{protocol}_coordinator_ms_per_push"] for r in rows], style, label=label)
     a2.set_xscale("log", base=2)
     a2.set_xticks(ws, [str(w) for w in ws])
     a2.set_xlabel("workers")

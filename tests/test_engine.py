@@ -639,6 +639,27 @@ def test_records_a_policy_can_wait_for_are_drained_in_batches_and_none_is_lost(t
     assert summary["rows_per_drain"] >= 3, summary["rows_per_drain"]
 
 
+def test_while_the_ps_runs_the_rounds_their_records_are_drained_in_batches_and_equal_single_process_sgd(
+        tiny_problem, tmp_path, monkeypatch):
+    """While the PS closes the BSP rounds itself, no round waits for the coordinator, so
+    the records wait (``PILOT_LINGER_S``, here 0.3 s) and a drain takes several rounds'
+    rows: nothing is lost, every round is PS-run, and the weights are single-process
+    SGD's. The summary says the coordinator's CPU while it trained."""
+    from tfsync.engine import loop
+
+    monkeypatch.setattr(loop, "PILOT_LINGER_S", 0.3)
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(BSP(FixedSizer([5, 11])))], total_samples=24 * 16)
+    recs = _records(tmp_path)
+    assert summary["pushes"] == len(recs) == 48 and summary["updates"] == summary["ps_rounds"] == 24
+    assert summary["rows_per_drain"] > 3, summary["rows_per_drain"]   # a round: 2 rows and its marker
+    for got, want in zip(engine.final_weights(), _reference(tiny_problem, range(24), (5, 11))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    load = summary["coordinator"]
+    assert load["cpu_s"] > 0 and load["ms_per_push"] == pytest.approx(1000 * load["cpu_s"] / 48, rel=0.01)
+    assert load["cores"] == pytest.approx(load["cpu_s"] / summary["train_s"], rel=0.05)
+
+
 def test_the_links_loops_start_one_at_a_time_each_after_the_last_made_its_first_call(
         tiny_problem, tmp_path, monkeypatch):
     """A loop's first call instantiates the PS's function on the coordinator, which TF

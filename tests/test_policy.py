@@ -93,22 +93,39 @@ def test_configuration_policy_follows_sync_switch():
         ConfigPolicy(momentum="nope")
 
 
-def test_asp_lets_its_records_wait_a_quarter_of_its_queue_and_other_policies_none():
-    """ASP's records may wait (the engine drains them in batches) for a quarter of the time
-    a worker's queue of ``depth`` steps lasts, at most MAX_PATIENCE_S; a policy that
-    decides at each push waits for none."""
-    from tfsync.policy.asp import MAX_PATIENCE_S
+def test_asp_grants_the_steps_a_worker_runs_in_queue_s_and_lets_its_records_wait_a_quarter_of_that():
+    """ASP grants each worker the steps it runs in ``queue_s`` (its steps' mean time apart),
+    at least ``depth`` and at most MAX_DEPTH, and its records may wait (the engine drains
+    them in batches) a quarter of the time the shortest queue lasts, at most
+    MAX_PATIENCE_S; a policy that decides at each push waits for none."""
+    from tfsync.policy.asp import MAX_DEPTH, MAX_PATIENCE_S
     from tfsync.policy.base import Push
 
-    def view(starts):   # two workers, steps starting at these times
-        history = [Push(w, 0, 8, start=t, end=t + 0.001, arrival=t + 0.002, loss=0.0)
-                   for w, t in starts]
-        return ClusterView(2, (0, 0), (0, 0), history=history)
+    def run(asp, gaps):   # two workers: worker w's steps start gaps[w] apart; the grants after the last
+        view = ClusterView(2, (0, 0), (0, 0))
+        asp.start(view)
+        decision = None
+        for i in range(20):
+            for w in (0, 1):
+                t = 1.0 + gaps[w] * i
+                decision = asp.on_push(Push(w, i + 1, 8, start=t, end=t + 0.001, arrival=t + 0.002, loss=0.0), view)
+        return decision, view
 
-    asp = P.get("asp", depth=8)
-    assert asp.patience(view([])) == 0.0 and asp.patience(view([(0, 1.0), (1, 1.0)])) == 0.0
-    steps = [(w, 1.0 + 0.004 * i) for i in range(10) for w in (0, 1)]   # 4 ms a step
-    assert asp.patience(view(steps)) == pytest.approx(8 * 0.004 / 4)
-    slow = [(w, 1.0 + 0.5 * i) for i in range(10) for w in (0, 1)]
-    assert asp.patience(view(slow)) == MAX_PATIENCE_S
-    assert P.get("bsp").patience(view(steps)) == 0.0 and P.get("ssp", staleness=2).patience(view(steps)) == 0.0
+    asp = P.get("asp", depth=8)   # queue_s 0.25
+    assert asp.ahead(0) == 8 and asp.patience(ClusterView(2, (0, 0), (0, 0))) == 0.0   # no step seen
+    decision, view = run(asp, {0: 0.004, 1: 0.1})
+    assert (asp.ahead(0), asp.ahead(1)) == (63, 8)   # 0.25 s of 4 ms steps; 100 ms steps: the floor
+    assert [g.worker for g in decision.grants] == [1] * 8   # its queue (nothing outstanding in this view)
+    assert asp.patience(view) == pytest.approx(63 * 0.004 / 4)   # the shorter queue's quarter
+    fast = P.get("asp", depth=8)
+    _, view = run(fast, {0: 0.001, 1: 0.001})
+    assert fast.ahead(0) == MAX_DEPTH and fast.patience(view) == pytest.approx(MAX_DEPTH * 0.001 / 4)
+    fixed = P.get("asp", depth=8, queue_s=0)   # the depth, whatever the steps
+    _, view = run(fixed, {0: 0.004, 1: 0.004})
+    assert fixed.ahead(0) == 8 and fixed.patience(view) == pytest.approx(8 * 0.004 / 4)
+    slow = P.get("asp", depth=8)
+    _, view = run(slow, {0: 0.5, 1: 0.5})
+    assert slow.ahead(0) == 8 and slow.patience(view) == MAX_PATIENCE_S
+    assert P.get("bsp").patience(view) == 0.0 and P.get("ssp", staleness=2).patience(view) == 0.0
+    with pytest.raises(ValueError, match="queue_s"):
+        P.get("asp", queue_s=-1.0)

@@ -318,3 +318,24 @@ def test_the_report_says_each_move_of_the_choosing_policy_and_why(tmp_path):
     assert "<h2>Protocol moves (auto)</h2>" in page
     assert "<td>6.5</td><td>lbbsp -&gt; asp</td><td>w1&#x27;s steps 5.5x the median at the smallest batch</td>" in page
     assert "Protocol moves" not in open(write_report([str(write_run(tmp_path / "plain"))])).read()
+
+
+def test_the_coordinators_load_is_said_and_a_busy_one_is_warned_of(caplog):
+    """summary.json's ``coordinator``: its CPU while it trained, the share of a core, per
+    push; at 0.8 of a core or more it may be what limits training, said in ``busy``, in
+    a warning and in the report's table, never slow in silence."""
+    from tfsync.engine.summary import coordinator_load
+    from tfsync.report.page import SUMMARY_ROWS
+
+    calm = coordinator_load(3.0, 10.0, 2000)
+    assert calm == {"cpu_s": 3.0, "cores": 0.3, "ms_per_push": 1.5, "busy": False} and not caplog.records
+    busy = coordinator_load(9.0, 10.0, 3000)
+    assert busy["busy"] and busy["cores"] == 0.9
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "0.90 of a core" in warning and "3.00 ms a push" in warning and "limits training" in warning
+    assert coordinator_load(0.0, 0.0, 0) == {"cpu_s": 0.0, "cores": 0.0, "ms_per_push": None, "busy": False}
+    row = dict(SUMMARY_ROWS)["coordinator CPU"]
+    show = lambda load: row(types.SimpleNamespace(summary={"coordinator": load}))  # noqa: E731
+    assert show(calm) == "0.30 of a core, 1.50 ms a step"
+    assert show(busy) == "0.90 of a core, 3.00 ms a step: it may be what limits training"
+    assert row(types.SimpleNamespace(summary={})) == "-"   # a run from before it was measured

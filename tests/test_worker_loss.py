@@ -10,7 +10,7 @@ import pytest
 
 from helpers import kill_worker, linear_job, records, tfsync_run, wait_for
 from tfsync.manager.store import Store
-from tfsync.policy import ASP
+from tfsync.policy.asp import MAX_DEPTH
 
 pytestmark = pytest.mark.cluster
 
@@ -36,8 +36,8 @@ def test_killed_workers_rejoin_and_no_completed_step_is_lost(tmp_path):
     assert s["samples"] >= s["workload_samples"] == WORKLOAD and s["test_accuracy"] > 0.8
     workers = [r for r in s["recoveries"] if r["task"].startswith("worker")]
     assert [r["task"] for r in workers] == ["worker:1", "worker:0"]
-    # lost: the steps granted to the dead worker and not pushed, at most ASP's steps ahead
-    depth = ASP().depth
+    # lost: the steps granted to the dead worker and not pushed, at most the steps ASP grants ahead
+    depth = MAX_DEPTH
     assert all(0 <= r["steps_lost"] <= depth and r["in_flight_lost"] <= 2 * depth for r in workers)
     # every update the engine counted was applied on the PS: nothing completed was lost (a
     # dead worker's ASP step may have reached the PS before the worker died: applied, not counted)

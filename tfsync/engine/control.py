@@ -178,8 +178,8 @@ class PSControl:
         self.drain = function(self._drain, input_signature=[tf.TensorSpec([], tf.bool)])
         self.send = function(self._send, input_signature=[tf.TensorSpec([], tf.int32), spec])
         self.close_finished = function(self._close_finished, input_signature=[])
-        # (blocks on the PS: called as a function of two parts, its own call, so that it
-        # holds up no other call sent while it waits)
+        # (blocks on the PS: called through a RemoteCall of its own, tfsync.engine.links,
+        # so that it holds up no other call sent while it waits)
         self.rounds = function(self._rounds, input_signature=[
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), spec, tf.TensorSpec([], tf.int64)])
 
@@ -274,7 +274,7 @@ class PSControl:
         push), apply the weighted mean, release ``tokens`` (the next round's, one row per
         member as for ``release``; round and step numbers advance by one per round, batch
         sizes are ``set_sizes``'s once it set a version above ``version``) unless this is
-        the k-th round or ``halt(epoch)`` came, then pass the rows on to the coordinator's
+        the k-th round or ``halt(epoch)`` came (k = 0: none), then pass the rows on to the coordinator's
         queue followed by a marker row ``[-1, members, ROUND, round, released, start, end,
         sizes' version, updates, rate, 0]`` (``start``: the round's rows taken; ``end``: the
         update read back, just before the next round's release; on the PS clock). Returns
@@ -317,7 +317,7 @@ class PSControl:
                 with tf.control_dependencies([passed]):
                     return i + 1, tf.identity(more)
 
-            closed, _ = tf.while_loop(lambda i, more: more, body, (tf.constant(0), tf.constant(True)))
+            closed, _ = tf.while_loop(lambda i, more: more, body, (tf.constant(0), k > 0))
             return closed
 
     def halt(self, epoch: int) -> None:

@@ -53,7 +53,7 @@ class Lifecycle:
         self.clusters: list = []
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
-        self.results: queue.Queue = queue.Queue()   # (generation, value, error)
+        self.results: queue.Queue = queue.Queue()   # (generation, rows as the links drained them, error)
         self.drained = [0, 0]   # the links' batches of finished steps handed on, and their rows
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
@@ -201,8 +201,7 @@ class Lifecycle:
     def _arrived(self, gen, rows) -> None:
         self.drained[0] += 1
         self.drained[1] += len(rows)
-        for row in rows:
-            self.results.put((gen, row, None))
+        self.results.put((gen, rows, None))   # (one wake of the loop a batch, not a row)
 
     def _links_ended(self, gen, error: BaseException) -> None:
         if gen is self.current:

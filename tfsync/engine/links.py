@@ -24,7 +24,8 @@ round trip after the PS queued it (12 ms), a release is answered in one (23 ms).
 The loops start one at a time (``start``): a ``RemoteCall``'s first run instantiates the
 PS's function, which TensorFlow 2.21 does unsafely beside another ``RemoteCall`` of the
 same process. Code that adds a ``RemoteCall`` on the coordinator must make its first
-call while no loop runs, too.
+call while no loop runs, too: ``rounds`` (the PS-run BSP rounds, tfsync.engine.pilot)
+makes its first, of no round, before the loops start.
 
 When a receive loop fails (the PS died, the generation closed), the rows handed on
 before stand, the batches held for an earlier one are handed on, and ``on_end`` is told
@@ -42,7 +43,7 @@ the loop's turn, the handing on): on a model of a few milliseconds a step on two
 cores, that CPU is the workers'. Where the running policy can wait for its records
 (``Policy.patience``: ASP, whose steps are granted ahead), the links *linger*: one drain
 at a time, each started ``linger`` seconds after the last (a permit on a queue here that
-a pacing thread puts there), taking every row queued meanwhile. Each receive loop takes a
+a pacing thread puts there once the last drain is in), taking every row queued meanwhile. Each receive loop takes a
 permit before its drain; while the links do not linger, a loop puts its permit back
 after the drain, so every loop waits on the PS at once.
 """
@@ -118,12 +119,21 @@ class Links:
         # a permit per drain (see above): the receive loops put theirs back while not lingering
         self._permits = tf.queue.FIFOQueue(64, [tf.int32], shapes=[[]], name="drain_permits")
         self._stopped = threading.Event()
+        self._drained = threading.Event()   # a drain handed its rows on (the pacer waits for it)
         self._ready = threading.Event()   # the loop started last has made its first call
         self._priming = False   # the outgoing loop's next answer is to its first packet (start)
         self._threads: list[threading.Thread] = []
         with tf.device(control.device):
             drain = control.drain.get_concrete_function()
             send = control.send.get_concrete_function()
+            rounds = control.rounds.get_concrete_function()
+        # the PS's own rounds (tfsync.engine.pilot), one call; a function of two parts instead
+        # would run its loop on the coordinator too, hearing the PS's condition at each round:
+        # that cost the coordinator about 0.5 ms of CPU a push (BSP, 4 workers on loopback)
+        self._rounds = tf.function(lambda k, epoch, tokens, version: remote_call(
+            control.device, rounds, [k, epoch, tokens, version])[0], autograph=False).get_concrete_function(
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int64), tf.TensorSpec([None, TOKEN_LEN + 1], tf.int64),
+            tf.TensorSpec([], tf.int64))
 
         def forever(body):
             return tf.while_loop(lambda i: True, body, [tf.constant(0)])
@@ -165,6 +175,7 @@ class Links:
         concurrent call reads without its lock: a call made while the vector grew sent the
         PS a corrupt request or crashed the coordinator (seen in whole test runs)."""
         self._on_rows, self._on_end = on_rows, on_end
+        self.rounds(0, 0, np.zeros([0, TOKEN_LEN + 1], np.int64), 0)   # its first call, while no loop runs
         self._priming = True
         self.outbox.enqueue((tf.constant(0, tf.int32), tf.zeros([0, TOKEN_LEN + 1], tf.int64)))
         for loop, outgoing in reversed(self._loops):   # (the outgoing loop is the last)
@@ -178,6 +189,12 @@ class Links:
         self._threads.append(threading.Thread(target=self._pace, daemon=True, name="tfsync-link-pacer"))
         self._threads[-1].start()
 
+    def rounds(self, k: int, epoch: int, tokens: np.ndarray, version: int) -> int:
+        """Have the PS close up to ``k`` rounds itself (``PSControl.rounds``); returns how
+        many it closed, once it has (blocks: call it from a thread of its own)."""
+        return int(self._rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens, tf.int64),
+                                tf.constant(version, tf.int64)))
+
     def set_linger(self, seconds: float) -> None:
         """Drain every ``seconds`` (> 0), one drain at a time, or (0) with every receive
         loop at once, as soon as a row is queued."""
@@ -186,11 +203,19 @@ class Links:
             self._permits.enqueue_many(tf.zeros([max(RECEIVERS - int(self._permits.size()), 0)], tf.int32))
 
     def _pace(self) -> None:
-        """While the links linger: a permit every ``linger`` seconds, unless one waits."""
+        """While the links linger: a permit, then, once its drain has handed its rows on,
+        ``linger`` seconds before the next (no look at the permits' queue, an eager call
+        that cost as much CPU as a drain)."""
         try:
-            while not self._stopped.wait(self.linger or 0.05):
-                if self.linger > 0 and int(self._permits.size()) == 0:
-                    self._permits.enqueue(0)
+            while not self._stopped.is_set():
+                if self.linger <= 0:
+                    self._stopped.wait(0.05)
+                    continue
+                self._drained.clear()
+                self._permits.enqueue(0)
+                while not (self._drained.wait(0.5) or self._stopped.is_set()):
+                    pass
+                self._stopped.wait(self.linger)
         except Exception as e:  # noqa: BLE001 - the links are closing
             logger.debug("the links' pacer ended: %s", e)
 
@@ -203,6 +228,7 @@ class Links:
                 self._order.add(int(number), np.array(rows))   # (its own copy: it is kept)
                 for batch in self._order.ready():
                     self._on_rows(batch)
+        self._drained.set()
         return np.array(self.linger == 0)
 
     def _answered(self, done) -> np.ndarray:

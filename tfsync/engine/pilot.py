@@ -120,8 +120,7 @@ class Pilot:
 
     def _run(self, gen, k, epoch, tokens, version) -> None:
         try:
-            gen.control.rounds(tf.constant(k, tf.int32), tf.constant(epoch, tf.int64), tf.constant(tokens),
-                               tf.constant(version, tf.int64))
+            gen.links.rounds(k, epoch, tokens, version)
         except Exception as e:   # the PS died, or the generation closed
             if gen is self.loop.lifecycle.current:
                 self.loop.lifecycle.results.put((gen, None, e))

@@ -5,6 +5,7 @@ ends the run; a step past ``timeout_s``; the policy's timers); the run log count
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import re
@@ -26,9 +27,22 @@ logger = logging.getLogger(__name__)
 def next_result(loop: Loop):
     """The next finished step of the current generation; None when a timer is due, or
     when a lost worker's recovery left nothing in flight (while draining, nothing more is
-    granted); ROUND_CLOSED after a round the PS closed itself (tfsync.engine.pilot)."""
+    granted); ROUND_CLOSED after a round the PS closed itself (tfsync.engine.pilot).
+    The rows come in the batches the links drained: the rest of a batch waits in
+    ``loop.held``, and goes with its generation."""
     waited = 0.0
     while True:
+        held = loop.held
+        if held is not None and held[0] is not loop.lifecycle.current:
+            held = loop.held = None   # rows of a replaced generation
+        if held is not None:
+            value = held[1].popleft()
+            if not held[1]:
+                loop.held = None
+            if is_marker(value):   # the PS closed a round itself
+                loop.pilot.observe(value)
+                return ROUND_CLOSED
+            return value
         if time.monotonic() - loop.lifecycle.dead_checked > 0.5:  # results may keep coming from others
             loop.lifecycle.dead_checked = time.monotonic()
             if raise_if_dead(loop) and loop.in_flight() == 0:
@@ -62,10 +76,7 @@ def next_result(loop: Loop):
                 continue
             err = root_error(loop, gen, err)
             raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
-        if is_marker(value):   # the PS closed a round itself
-            loop.pilot.observe(value)
-            return ROUND_CLOSED
-        return value
+        loop.held = (gen, collections.deque(value))
 
 
 def root_error(loop: Loop, gen, err: BaseException, wait_s: float = 1.0) -> BaseException:

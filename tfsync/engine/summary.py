@@ -5,12 +5,15 @@ and what protects the task ports."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
 from ..base import arrays, netns
 from ..base.curves import converged_accuracy
 from .evaluator import Evaluation, scores
+
+logger = logging.getLogger(__name__)
 
 
 def test_scores(engine) -> dict:
@@ -49,6 +52,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
         # finished steps' rows (a PS round's marker too) per drain of the PS's queue (tfsync.engine.links)
         "rows_per_drain": round(engine.lifecycle.drained[1] / max(engine.lifecycle.drained[0], 1), 3),
+        "coordinator": coordinator_load(log.train_cpu[1], train, s.pushes - log.train_counts[0]),
         "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
         # time the loop spent with the manager's link: its records and events, and taking commands
@@ -67,6 +71,25 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         **({"resumed_from": resume} if resume else {}),
         **({"stop_checkpoint": stopped.checkpoint_path} if stopped is not None else {}),
     })
+
+
+COORDINATOR_BUSY = 0.8   # of a core: above it, the coordinator may be what limits training
+
+
+def coordinator_load(cpu_s: float, train_s: float, pushes: int) -> dict:
+    """The coordinator's CPU while it trained (this process: the engine's loop and links,
+    TensorFlow's client, a background evaluation): seconds, the share of a core it kept
+    busy, and per push. Its work is one Python thread for the most part, so near a whole
+    core it is what limits training: said in ``busy`` and in a warning, never slow in
+    silence."""
+    cores = cpu_s / train_s if train_s > 0 else 0.0
+    load = {"cpu_s": round(cpu_s, 3), "cores": round(cores, 3),
+            "ms_per_push": round(1000 * cpu_s / pushes, 4) if pushes else None, "busy": cores >= COORDINATOR_BUSY}
+    if load["busy"]:
+        logger.warning("the coordinator kept %.2f of a core busy while it trained (%.2f ms a push): it may be what "
+                       "limits training; larger batches or ASP's queue_s make fewer, larger calls", cores,
+                       load["ms_per_push"] or 0.0)
+    return load
 
 
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:

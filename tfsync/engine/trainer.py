@@ -172,6 +172,7 @@ class Engine:
                 if stopped:
                     break
             wall = time.time() - self.log.started_at
+            self.log.training_ended()
             if stopped is None:
                 self.loop.checkpoint("final")
             self._final_weights = self.generation.weights()

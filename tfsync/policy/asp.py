@@ -1,8 +1,8 @@
 """ASP: every push is applied on arrival and its worker runs on at once (paper 004 §3.1:
 A = {W_s}).
 
-``depth`` steps are granted ahead per worker (default 8: one running, seven queued on
-the PS), so a worker never waits for the coordinator's answer between its steps: the
+Steps are granted ahead per worker, at least ``depth`` (default 8: one running, seven
+queued on the PS), so a worker never waits for the coordinator's answer between its steps: the
 coordinator sees a push and its grant reaches the PS two round trips or more after the
 push lands (more while the coordinator shares its CPU), while an ASP step is one round
 trip (one remote call: tfsync.engine.step). On the testbed at 10 ms a node, 4 workers,
@@ -11,22 +11,33 @@ ASP ran 52.3 worker steps/s at depth 4 (2.4 round trips a step) and 59.0 at 8 (1
 phase has no work for (``Ledger.within``), so a deeper queue does not make a phase
 overshoot its workload.
 
-Its records can wait (``patience``): a worker's queue lasts ``depth`` steps, so the engine
+On a fast model a worker granted ``depth`` steps needs a grant every few milliseconds,
+and every drain of records and every release of tokens is a remote call that costs the
+coordinator about a millisecond of CPU (TensorFlow's runtime; tfsync.engine.links). So a
+worker is granted as many steps as it runs in ``queue_s`` seconds (its recent steps'
+mean time apart; at most ``MAX_DEPTH``), the way ``steps_per_execution`` packs steps into
+one call: 4 workers of the tabular model at a few ms a step, ``queue_s`` 0.25 against
+depth 8, took the coordinator's CPU per push from 0.79 to 0.40 ms
+(``experiments/bench_coordinator_scale.py``). A drain (a switch, a checkpoint, the end)
+then waits for at most ``queue_s`` of each worker's steps.
+
+Its records can wait (``patience``): a worker's queue lasts its steps ahead, so the engine
 may take the pushes in batches every quarter of that time (at most ``MAX_PATIENCE_S``),
-which on a model of a few milliseconds a step saves the coordinator the CPU of a drain
-per push (tfsync.engine.links).
+which saves the coordinator the CPU of a drain per push (tfsync.engine.links).
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 
 from .actions import SUBMITTER
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
 from .options import Option
 
 
-MAX_PATIENCE_S = 0.02
+MAX_PATIENCE_S = 0.08
+MAX_DEPTH = 64   # steps granted ahead of a worker, at most
+GAP_EMA = 0.2    # the weight of a worker's latest time between steps in its mean
 
 
 def asp_teacher(push: Push, view: ClusterView) -> int:
@@ -36,39 +47,54 @@ def asp_teacher(push: Push, view: ClusterView) -> int:
 
 class ASP(Policy):
     name = "asp"
-    options = (Option("depth", int, lo=1, help="steps granted ahead per worker"),)
+    options = (Option("depth", int, lo=1, help="steps granted ahead per worker, at least"),
+               Option("queue_s", float, lo=0.0, help="grant each worker the steps it runs in this many seconds "
+                                                     f"(at most {MAX_DEPTH}, or depth if more); 0: depth"))
 
-    def __init__(self, sizer: BatchSizer | None = None, depth: int = 8, seed: int | None = None):
+    def __init__(self, sizer: BatchSizer | None = None, depth: int = 8, queue_s: float = 0.25,
+                 seed: int | None = None):
         super().__init__(sizer, seed)
         if int(depth) < 1:
             raise ValueError(f"ASP depth must be >= 1, got {depth!r}")
-        self.depth = int(depth)
+        if not float(queue_s) >= 0:
+            raise ValueError(f"ASP queue_s must be >= 0, got {queue_s!r}")
+        self.depth, self.queue_s = int(depth), float(queue_s)
+        self._last: dict[int, float] = {}   # each worker's last step's start
+        self._gap: dict[int, float] = {}    # each worker's mean time between the starts of its steps
+
+    def ahead(self, worker: int) -> int:
+        """The steps granted ahead of ``worker``: those it runs in ``queue_s``, within
+        [``depth``, ``MAX_DEPTH``] (``depth`` until it has run two steps)."""
+        gap = self._gap.get(worker)
+        if not gap or not self.queue_s:
+            return self.depth
+        return max(self.depth, min(MAX_DEPTH, math.ceil(self.queue_s / gap)))
 
     def start(self, view: ClusterView) -> Decision:
         grants = []
         for w in sorted(view.members):
-            grants += self.grants_for([w] * (self.depth - view.outstanding(w)), view)
+            grants += self.grants_for([w] * (self.ahead(w) - view.outstanding(w)), view)
         return Decision(tuple(grants))
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
-        if push.worker not in view.members:
+        w = push.worker
+        last, self._last[w] = self._last.get(w), push.start
+        if last is not None and push.start > last:
+            gap = self._gap.get(w)
+            self._gap[w] = push.start - last if gap is None else (1 - GAP_EMA) * gap + GAP_EMA * (push.start - last)
+        if w not in view.members:
             return Decision()
-        return Decision(self.grants_for([push.worker] * (self.depth - view.outstanding(push.worker)), view))
+        return Decision(self.grants_for([w] * (self.ahead(w) - view.outstanding(w)), view))
 
     def patience(self, view: ClusterView) -> float:
-        """A quarter of the time a worker's queue lasts: ``depth`` of its recent steps
-        (the median time between the starts of its successive steps), at most
-        ``MAX_PATIENCE_S``; 0 until a worker has run two steps."""
-        last: dict[int, float] = {}
-        gaps = []
-        for p in list(view.history)[-64:]:
-            if p.worker in last and p.start > last[p.worker]:
-                gaps.append(p.start - last[p.worker])
-            last[p.worker] = p.start
-        return min(MAX_PATIENCE_S, self.depth * statistics.median(gaps) / 4) if gaps else 0.0
+        """A quarter of the time the shortest queue of a member lasts (its steps ahead
+        times its steps' time apart), at most ``MAX_PATIENCE_S``; 0 until a member has
+        run two steps."""
+        lasts = [self.ahead(w) * self._gap[w] for w in view.members if self._gap.get(w)]
+        return min(MAX_PATIENCE_S, min(lasts) / 4) if lasts else 0.0
 
     def describe(self) -> dict:
-        return {**super().describe(), "depth": self.depth}
+        return {**super().describe(), "depth": self.depth, "queue_s": self.queue_s}
 
     @staticmethod
     def three_action():

@@ -43,6 +43,7 @@ SUMMARY_ROWS = [
     ("training time (s)", lambda r: _per_run(r.summary, "train_s")),
     ("samples/s (training time)", lambda r: _num(r.summary.get("job_samples_per_s", r.summary.get("samples_per_s")),
                                                  ",.0f")),
+    ("coordinator CPU", lambda r: _coordinator(r.summary.get("coordinator"))),
     ("test accuracy", lambda r: _num(r.summary.get("test_accuracy"), ".2%")),
     ("test loss", lambda r: _num(r.summary.get("test_loss"), ".4g")),
     ("switches", lambda r: ", ".join(f"{s['method']}{' (command)' if s.get('by') == 'command' else ''} "
@@ -60,6 +61,16 @@ def _workers(r) -> str:
     if not scales:
         return str(r.summary.get("workers", len(r.workers)))
     return " -> ".join(str(n) for n in [scales[0]["from"], *(s["to"] for s in scales)])
+
+
+def _coordinator(load: dict | None) -> str:
+    """The coordinator's share of a core while it trained, per push, and whether it may
+    be what limits training (tfsync.engine.summary.coordinator_load)."""
+    if not load:
+        return "-"
+    text = f"{load['cores']:.2f} of a core" + (f", {load['ms_per_push']:.2f} ms a step" if load.get("ms_per_push")
+                                                else "")
+    return text + (": it may be what limits training" if load.get("busy") else "")
 
 
 def _num(v, fmt: str) -> str:
