@@ -153,11 +153,10 @@ def stand_in_lifecycle(workers: int, block: int) -> SimpleNamespace:
                           cluster=SimpleNamespace(dead_tasks=lambda: []), set_hyper=lambda **kw: None)
     channel = SimpleNamespace(release=ps.release, barrier=ps.barrier, call=lambda fn: fn(), check=lambda: None,
                               sync=lambda: None)
-    life = SimpleNamespace(current=gen, channel=channel, results=Results(ps, gen, blocks=False), dead_checked=time.monotonic(),
-                           recovering=None, monitor=SimpleNamespace(latest=lambda: {}), returned=lambda: [],
-                           on_close=[], workers=workers, next_cluster=None, ps=ps)
-    life.sync = lambda: None
-    return life
+    return SimpleNamespace(current=gen, channel=channel, results=Results(ps, gen, blocks=False),
+                           dead_checked=time.monotonic(), recovering=None, monitor=SimpleNamespace(latest=lambda: {}),
+                           returned=lambda: [], on_close=[], workers=workers, next_cluster=None, ps=ps,
+                           sync=lambda: None)
 
 
 def run_once(protocol: str, ps_rounds: bool, workers: int, pushes: int, block: int, batch: int = 32) -> float:

@@ -14,10 +14,12 @@ measured rate is far below it, something else (the PS, the tasks' CPUs) is the l
 
 On a machine with fewer cores than tasks every process shares them: the rates then fall
 with the worker count for every configuration alike, and the coordinator's CPU per push
-is the number that carries to a bigger machine. Writes results/bench_coordinator_scale.csv
-and .png.
+is the number that carries to a bigger machine. Each tfsync run also gives the tasks'
+mean memory (proportional set size: the fork server's shared pages split among the
+tasks). ``asp8`` is ASP at depth 8 alone (``queue_s = 0``), as it granted before
+2026-11-29. Writes results/bench_coordinator_scale.csv and .png.
 
-    python experiments/bench_coordinator_scale.py --workers 2,4,8,16 --steps 400
+    python experiments/bench_coordinator_scale.py --workers 2,4,8,16 --steps 1500
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def fit(data, workers: int, steps: int, per_execution: int) -> float:
 PROTOCOLS = {"asp": {}, "asp8": {"queue_s": 0.0}, "bsp": {}}   # asp8: ASP's depth 8 alone (before queue_s)
 
 
-def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float]:
+def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float, float]:
     """(pushes/s of the steady part, coordinator CPU seconds per push and coordinator
-    cores busy over that same part) of a run of ``steps`` pushes."""
+    cores busy over that same part, the tasks' largest mean memory in MB) of a run of
+    ``steps`` pushes."""
     import threading
 
     from tfsync import policy as P
@@ -84,11 +87,13 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
                        max_batch_size=BATCH)
     shutil.rmtree(out_dir, ignore_errors=True)
-    me, samples, done = psutil.Process(), [], threading.Event()
+    me, samples, memory, done = psutil.Process(), [], [], threading.Event()
 
-    def sample():   # (Unix time, this process's CPU seconds), every 50 ms
+    def sample():   # (Unix time, this process's CPU seconds), every 50 ms; the tasks' memory every 2 s
         while not done.wait(0.05):
             samples.append((time.time(), sum(me.cpu_times()[:2])))
+            if len(samples) % 40 == 0:
+                memory.append(task_pss_mb(me))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -103,7 +108,19 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     t, c = np.array(samples).T
     base = summary["started_at"]
     used = np.interp(base + last, t, c) - np.interp(base + first, t, c)
-    return pushes / (last - first), used / pushes, used / (last - first)
+    return pushes / (last - first), used / pushes, used / (last - first), max(memory, default=float("nan"))
+
+
+def task_pss_mb(me) -> float:
+    """The tasks' mean proportional set size (MB): each shared page counted once, split
+    among the processes that share it (the fork server's pages: tfsync.engine.launcher)."""
+    sizes = []
+    for child in me.children(recursive=True):
+        try:
+            sizes.append(child.memory_full_info().pss / 2 ** 20)
+        except psutil.Error:
+            pass
+    return float(np.mean(sizes)) if sizes else float("nan")
 
 
 def main(argv=None) -> int:
@@ -131,16 +148,17 @@ def main(argv=None) -> int:
     for w in counts:
         row = {"workers": w, "fit": fit(data, w, args.steps, 1), "fit_32": fit(data, w, args.steps, 32)}
         for protocol in PROTOCOLS:
-            rate, per_push, cores = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
+            rate, per_push, cores, mb = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
             row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,
                         f"{protocol}_coordinator_cores": cores,
-                        f"{protocol}_coordinator_limit_pushes_per_s": 1.0 / per_push})
+                        f"{protocol}_coordinator_limit_pushes_per_s": 1.0 / per_push, f"{protocol}_task_pss_mb": mb})
         rows.append(row)
         print(f"  {w:>2} workers: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}, "
               f"tfsync ASP {row['asp']:6.1f} ({row['asp_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
               f"{row['asp_coordinator_cores']:.2f} cores), BSP {row['bsp']:6.1f} "
               f"({row['bsp_coordinator_ms_per_push']:.2f} ms, {row['bsp_coordinator_cores']:.2f} cores) steps/s; "
-              f"ASP at depth 8 {row['asp8']:6.1f} ({row['asp8_coordinator_ms_per_push']:.2f} ms)")
+              f"ASP at depth 8 {row['asp8']:6.1f} ({row['asp8_coordinator_ms_per_push']:.2f} ms); "
+              f"{row['asp_task_pss_mb']:.0f} MB a task")
     shutil.rmtree(runs, ignore_errors=True)
     csv_path = os.path.join(args.out, "bench_coordinator_scale.csv")
     with open(csv_path, "w", newline="") as f:

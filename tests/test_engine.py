@@ -333,6 +333,17 @@ def test_a_ps_that_dies_during_a_periodic_checkpoint_is_recovered(tiny_problem, 
     assert summary["samples"] >= 320
 
 
+def test_asp_takes_each_periodic_checkpoint_at_its_update_whatever_it_grants_ahead(tiny_problem, tmp_path):
+    """ASP grants steps ahead (up to 64 a worker on a fast model), but none past the update
+    the next periodic checkpoint is due at: each is taken after exactly
+    ``checkpoint_every`` more updates, with nothing in flight to wait for."""
+    engine = _engine(tiny_problem, tmp_path, checkpoint_every=6)
+    summary = engine.run([Phase(ASP(FixedSizer([8, 8])))], total_samples=30 * 16)
+    periodic = [c["updates"] for c in summary["checkpoints"] if c["why"] == "periodic"]
+    assert periodic == list(range(6, summary["updates"], 6)), periodic
+    assert summary["updates"] == summary["pushes"] and 480 <= summary["samples"] < 480 + 16
+
+
 def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path, monkeypatch):
     traces, close = [], Generation.close
     monkeypatch.setattr(Generation, "close", lambda gen: (traces.append(gen.step_fn.experimental_get_tracing_count()),

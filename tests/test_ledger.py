@@ -74,6 +74,23 @@ def test_grants_ahead_stop_where_the_phase_has_no_more_work_taken_in_turns_over_
 
 
 @pytest.mark.unit
+def test_grants_ahead_stop_at_the_next_checkpoints_update_taken_in_turns_over_the_workers():
+    """``within_updates``: no APPLY step granted past the update a checkpoint is due at
+    (each is one update; those in flight count first); a round's grants are all kept."""
+    ledger = Ledger(3)
+    ahead = Decision(tuple(Grant(w, 8, APPLY) for w in range(3) for _ in range(8)))  # ASP at depth 8
+    assert ledger.within_updates(ahead, 24) is ahead
+    kept = ledger.within_updates(ahead, 5)   # the first five in turns
+    assert [g.worker for g in kept.grants] == [0, 0, 1, 1, 2]
+    ledger.apply(kept, now=0.0)
+    assert ledger.within_updates(ahead, 5).grants == () and len(ledger.within_updates(ahead, 7).grants) == 2
+    _push(ledger, 0, APPLY)   # one of them pushed: one update closer, one fewer in flight
+    assert ledger.within_updates(ahead, 4).grants == () and len(ledger.within_updates(ahead, 5).grants) == 1
+    rounds = Decision(tuple(Grant(w, 8, AGG) for w in range(3)))
+    assert ledger.within_updates(rounds, 0) is rounds
+
+
+@pytest.mark.unit
 def test_the_books_survive_a_json_round_trip_with_nothing_granted():
     ledger = Ledger(2)
     assert ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG)), lr_scale=2.0), now=0.0).hyper_changed

@@ -211,3 +211,26 @@ def test_mlp_gradients_match_finite_differences(hidden):
         down = m.gradient(0, 8)[1]
         p[idx] = old
         assert g[idx] == pytest.approx((up - down) / 2e-5, rel=1e-3, abs=1e-6), f"param {k}"
+
+
+def test_a_coordinator_that_spends_time_on_each_push_caps_the_push_rate_at_its_own():
+    """``coordinator_s``: the coordinator decides one push at a time, so 8 ASP workers of
+    10 ms steps (800 pushes/s of demand) push at its rate, 1 / coordinator_s, where that
+    is lower, and at their own where it is not; coordinator-closed BSP rounds wait for it
+    too. Simulated
+    time: nothing here depends on this machine."""
+    def rate(protocol, coordinator_s, workers=8):
+        speeds = SpeedModel(fixed=0.01, per_sample=0.0)
+        r = Simulator(workers, speeds, coordinator_s=coordinator_s).run(P.get(protocol), pushes=4000)
+        return r.pushes / r.time
+
+    free = rate("asp", 0.0)
+    assert free == pytest.approx(800, rel=0.02)
+    assert rate("asp", 1 / 200) == pytest.approx(200, rel=0.05)   # the coordinator's rate
+    assert rate("asp", 1 / 4000) == pytest.approx(free, rel=0.03)   # it keeps up
+    # BSP on the coordinator: a round's barrier waits for its decisions on every push of the
+    # round, and the next round's steps for the barrier: 8 pushes per 8 x 5 ms + 10 ms
+    assert rate("bsp", 1 / 200) == pytest.approx(8 / (8 / 200 + 0.01), rel=0.02)
+    assert rate("bsp", 0.0) == pytest.approx(800, rel=0.02)
+    with pytest.raises(ValueError, match="coordinator_s"):
+        Simulator(2, coordinator_s=-1.0)

@@ -43,8 +43,8 @@ the loop's turn, the handing on): on a model of a few milliseconds a step on two
 cores, that CPU is the workers'. Where the running policy can wait for its records
 (``Policy.patience``: ASP, whose steps are granted ahead), the links *linger*: one drain
 at a time, each started ``linger`` seconds after the last (a permit on a queue here that
-a pacing thread puts there once the last drain is in), taking every row queued meanwhile. Each receive loop takes a
-permit before its drain; while the links do not linger, a loop puts its permit back
+a pacing thread puts there once the last drain is in), taking every row queued
+meanwhile. Each receive loop takes a permit before its drain; while the links do not linger, a loop puts its permit back
 after the drain, so every loop waits on the PS at once.
 """
 
@@ -99,7 +99,7 @@ class InOrder:
 
 # the loops' functions of every closed generation, never freed: freeing a function removes
 # it from TensorFlow's context, which asks every task, an unreachable one too (a recovery
-# from a partitioned node waited minutes on it); five small functions a generation
+# from a partitioned node waited minutes on it); six small functions a generation
 _CLOSED: list = []
 _ENDED = object()   # on the answers' queue: the outgoing loop ended
 
@@ -292,5 +292,5 @@ class Links:
             t.join(max(deadline - time.monotonic(), 0.0))
         with self._lock:
             self._on_rows = self._on_end = None
-        _CLOSED.append(self._loops)
+        _CLOSED.append((self._loops, self._rounds))
         self._loops = []

@@ -87,6 +87,9 @@ class Loop:
         s, gen, channel = self.ledger, self.lifecycle.current, self.lifecycle.channel
         if self.phase_end is not None:  # no step granted ahead that the phase has no work for
             decision = s.within(decision, self.phase_end)
+        left = self.log.updates_to_checkpoint(self.checkpoint_every)
+        if left is not None:   # nor past the next periodic checkpoint, which would wait for it
+            decision = s.within_updates(decision, left)
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
         if applied.hyper_changed:
@@ -224,7 +227,7 @@ class Loop:
                                                 else linger)
 
     def _check_live(self, policy: Policy) -> None:
-        if self.in_flight() == 0 and self.wake_at is None:
+        if self.in_flight() == 0 and self.wake_at is None and not self.log.checkpoint_due(self.checkpoint_every):
             raise PolicyError(f"policy {policy.name!r} granted no step while every worker is idle: training would hang")
 
     def drain(self, policy: Policy) -> None:

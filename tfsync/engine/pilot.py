@@ -92,7 +92,8 @@ class Pilot:
         """How many rounds the PS should run from this decision on (0: it should not):
         the decision grants a steady round, every member one step, nothing else pending."""
         e, s = self.loop, self.loop.ledger
-        if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants:
+        if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants \
+                or {g.worker for g in decision.grants} != s.active:   # (ASP's push: no view built)
             return 0
         steady = e.policy.steady_round(e.view())
         if steady is None or _same(steady.grants) != _same(decision.grants) \

@@ -158,10 +158,21 @@ class Ledger:
         second), so a phase ends less than one batch past its end whatever ``depth`` a
         policy grants ahead. AGGREGATE grants (a round's) are all kept, and counted first:
         a round without some of its workers would not be the round the protocol defines."""
-        room = end_samples - self.samples - self.in_flight_samples
-        room -= sum(g.batch_size for g in decision.grants if g.mode is not PushMode.APPLY)
+        return self._cut(decision, end_samples - self.samples - self.in_flight_samples, lambda g: g.batch_size)
+
+    def within_updates(self, decision: Decision, updates: int) -> Decision:
+        """``decision`` less the APPLY grants past the next ``updates`` updates (each APPLY
+        step is one; the steps in flight count first), as :meth:`within` cuts them: a
+        checkpoint due then (the engine's ``checkpoint_every``) waits for no step granted
+        past it."""
+        return self._cut(decision, updates - self.in_flight(), lambda g: 1)
+
+    def _cut(self, decision: Decision, room: float, cost) -> Decision:
+        """The APPLY grants of ``decision`` that fit in ``room``, each costing ``cost(g)``,
+        in turns over the workers, after every AGGREGATE grant."""
+        room -= sum(cost(g) for g in decision.grants if g.mode is not PushMode.APPLY)
         apply = [i for i, g in enumerate(decision.grants) if g.mode is PushMode.APPLY]
-        if not apply or sum(decision.grants[i].batch_size for i in apply) <= room:
+        if not apply or sum(cost(decision.grants[i]) for i in apply) <= room:
             return decision   # (apply validates it)
         validate_decision(decision, (self.active - decision.remove) | decision.restore)   # before any is cut
         turn, seen = {}, collections.Counter()
@@ -173,7 +184,7 @@ class Ledger:
             if room <= 0:
                 break
             keep.add(i)
-            room -= decision.grants[i].batch_size
+            room -= cost(decision.grants[i])
         grants = [g for i, g in enumerate(decision.grants) if g.mode is not PushMode.APPLY or i in keep]
         return dataclasses.replace(decision, grants=tuple(grants))
 

@@ -13,6 +13,15 @@ With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step comput
 gradient at the weights current when it started, so the staleness the schedule implies
 is the staleness the model sees (paper 004 §4 trains an MLP on MNIST this way).
 
+With ``coordinator_s`` the server's decisions cost time: the coordinator is one serial
+server that spends ``coordinator_s`` on each push (its CPU per push, as
+``experiments/bench_coordinator_scale.py`` measures it), so a push is counted, applied to
+a ``model`` and shown to the policy, and its grants go out, when the coordinator is done
+with it and every push before it. Where pushes come faster than
+``1 / coordinator_s`` a second, the decisions fall behind and workers wait for their
+grants: the capacity of a coordinator, projected to worker counts this machine cannot
+run.
+
 Views carry ``resources``: every worker's CPU contention as the engine's monitor reports
 it, from the speed model (tfsync.sim.monitor). Learned speed predictors (LB-BSP's NARX)
 train inline on the simulator's own trainer, not on the process-wide background one, so
@@ -36,6 +45,9 @@ from ..predict.trainer import NarxTrainer, training_with
 from ..policy.pushlog import push_record, write_jsonl
 from .monitor import SimMonitor
 from .speeds import SpeedModel
+
+
+_DECIDE = -2   # an event: the coordinator's decision on a push (``coordinator_s``); -1: a policy timer
 
 
 @dataclass
@@ -107,12 +119,14 @@ class Simulator:
     ``record``: keep every Push (turn off for scheduling-only speed runs).
     ``monitor_interval``: seconds between resource samples (tfsync.sim.monitor; 0: read
     at the view's time). ``trainer``: trains learned predictors that have no trainer of
-    their own, inline (``threads=0``); default a fresh one.
+    their own, inline (``threads=0``); default a fresh one. ``coordinator_s``: the
+    coordinator's time per push (0: none; see above).
     """
 
     def __init__(self, num_workers: int, speeds: SpeedModel | None = None, *, comm: float = 0.0,
                  model=None, lr: float = 0.05, eval_every: int = 200, record: bool = True,
-                 history: int = 256, monitor_interval: float = 1.0, trainer: NarxTrainer | None = None):
+                 history: int = 256, monitor_interval: float = 1.0, trainer: NarxTrainer | None = None,
+                 coordinator_s: float = 0.0):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.trainer = NarxTrainer(threads=0) if trainer is None else trainer
@@ -123,6 +137,11 @@ class Simulator:
         self.speeds = speeds or SpeedModel()
         self.monitor = SimMonitor(self.speeds, num_workers, monitor_interval)
         self.comm = float(comm)
+        if not coordinator_s >= 0:
+            raise ValueError(f"coordinator_s must be >= 0, got {coordinator_s!r}")
+        self.coordinator_s = float(coordinator_s)
+        self._coordinator_free = 0.0   # when the coordinator is done with every push so far
+        self._decide: dict[int, tuple] = {}   # pushes the coordinator takes at their event's time
         self.model, self.lr, self.eval_every = model, float(lr), int(eval_every)
         self.record = record
         self.now = 0.0
@@ -193,7 +212,8 @@ class Simulator:
 
     def _drain(self, policy: Policy) -> None:
         """The steps granted run (queued ones too: the ledger's drain rule), nothing more is granted."""
-        self._events = [e for e in self._events if e[2] >= 0]  # timers belong to the policy
+        self._events = [e for e in self._events if e[2] != -1]  # timers belong to the policy
+        # (pushes the coordinator has still to take are counted, and nothing granted for them)
         heapq.heapify(self._events)
         while self._events:
             self._event(None, None)
@@ -202,20 +222,32 @@ class Simulator:
     def _event(self, policy: Policy | None, done) -> None:
         """The next event; a push is shown to ``policy`` unless it completed the run
         (``done()``): then nothing more is granted, as in the engine."""
-        t, _, w = heapq.heappop(self._events)
+        t, seq, w = heapq.heappop(self._events)
         self.now = t
+        if w == _DECIDE:   # the coordinator takes a push: counts it and decides
+            worker, step, arrival = self._decide.pop(seq)
+            push = self._finish_step(worker, step, arrival)
+            if policy is not None and not done():
+                self._apply(policy.on_push(push, self.view()))
+            return
         if w < 0:  # a policy timer
             self._apply(policy.on_timer(self.view()))
             return
-        push = self._finish_step(w)
-        if policy is not None and not done():
-            self._apply(policy.on_push(push, self.view()))
+        step, self._running[w] = self._running[w], None
+        if self.coordinator_s:   # its push waits for the coordinator to be done with every one before it
+            self._coordinator_free = max(self.now, self._coordinator_free) + self.coordinator_s
+            self._decide[self._schedule(self._coordinator_free, _DECIDE)] = (w, step, self.now)
+        else:
+            push = self._finish_step(w, step, self.now)
+            if policy is not None and not done():
+                self._apply(policy.on_push(push, self.view()))
         if self._running[w] is None and self._queues[w]:
             self._start_step(w)
 
-    def _schedule(self, t: float, w: int) -> None:
+    def _schedule(self, t: float, w: int) -> int:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, w))
+        return self._seq
 
     def _start_step(self, w: int) -> None:
         step = self._queues[w].popleft()
@@ -225,11 +257,11 @@ class Simulator:
         self._running[w] = step
         self._schedule(self.now + self.speeds.step_time(w, step.grant.batch_size, self.now) + self.comm, w)
 
-    def _finish_step(self, w: int) -> Push:
-        step, self._running[w] = self._running[w], None
+    def _finish_step(self, w: int, step: _Step, arrival: float) -> Push:
+        """Count ``w``'s finished ``step``, which reached the server at ``arrival``."""
         g = step.grant
         push = self.ledger.push(w, g.batch_size, g.mode, step.round, step.version, start=step.start,
-                               end=self.now, arrival=self.now, loss=step.loss)
+                               end=arrival, arrival=arrival, loss=step.loss)
         if self.model is not None and not push.dropped:
             if g.mode is PushMode.AGGREGATE:
                 self._pending_grads.append((g.batch_size, step.grads))
