@@ -87,9 +87,8 @@ class Loop:
         s, gen, channel = self.ledger, self.lifecycle.current, self.lifecycle.channel
         if self.phase_end is not None:  # no step granted ahead that the phase has no work for
             decision = s.within(decision, self.phase_end)
-        left = self.log.updates_to_checkpoint(self.checkpoint_every)
-        if left is not None:   # nor past the next periodic checkpoint, which would wait for it
-            decision = s.within_updates(decision, left)
+        if self.checkpoint_every:   # nor past the next periodic checkpoint, which would wait for it
+            decision = s.within_updates(decision, self.log.updates_to_checkpoint(self.checkpoint_every))
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
         if applied.hyper_changed:
@@ -134,6 +133,9 @@ class Loop:
             self._check_live(policy)
         start_samples, epoch, t_push = self.ledger.samples, 0, None
         while self.ledger.samples < end_samples:
+            if self.in_flight() == 0 and not self.pilot.active and self.log.checkpoint_due(self.checkpoint_every):
+                self._checkpoint_if_due(phase, policy, end_samples)   # (nothing was granted past it: due now)
+                continue
             if callable(phase.momentum):
                 e = int((self.ledger.samples - start_samples) / self.epoch_samples)
                 if e != epoch:
