@@ -669,6 +669,7 @@ def test_while_the_ps_runs_the_rounds_their_records_are_drained_in_batches_and_e
     load = summary["coordinator"]
     assert load["cpu_s"] > 0 and load["ms_per_push"] == pytest.approx(1000 * load["cpu_s"] / 48, rel=0.01)
     assert load["cores"] == pytest.approx(load["cpu_s"] / summary["train_s"], rel=0.05)
+    assert 0 <= load["batches_waiting"] <= load["batches_waiting_max"] < 48
 
 
 def test_the_links_loops_start_one_at_a_time_each_after_the_last_made_its_first_call(

@@ -322,18 +322,31 @@ def test_the_report_says_each_move_of_the_choosing_policy_and_why(tmp_path):
 
 def test_the_coordinators_load_is_said_and_a_busy_one_is_warned_of(caplog):
     """summary.json's ``coordinator``: its CPU while it trained, the share of a core, per
-    push; at 0.8 of a core or more it may be what limits training, said in ``busy``, in
-    a warning and in the report's table, never slow in silence."""
+    push, and the drained batches that waited behind each its loop took; at 0.8 of a core
+    or more, or a batch waiting behind each, it may be what limits training, said in
+    ``busy``, in a warning and in the report's table, never slow in silence."""
+    from tfsync.engine.results import Backlog
     from tfsync.engine.summary import coordinator_load
     from tfsync.report.page import SUMMARY_ROWS
 
-    calm = coordinator_load(3.0, 10.0, 2000)
-    assert calm == {"cpu_s": 3.0, "cores": 0.3, "ms_per_push": 1.5, "busy": False} and not caplog.records
-    busy = coordinator_load(9.0, 10.0, 3000)
+    keeps_up = Backlog()
+    for waiting in (0, 1, 0, 0):
+        keeps_up.note(waiting)
+    calm = coordinator_load(3.0, 10.0, 2000, keeps_up)
+    assert calm == {"cpu_s": 3.0, "cores": 0.3, "ms_per_push": 1.5, "batches_waiting": 0.25,
+                    "batches_waiting_max": 1, "busy": False} and not caplog.records
+    busy = coordinator_load(9.0, 10.0, 3000, keeps_up)
     assert busy["busy"] and busy["cores"] == 0.9
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "0.90 of a core" in warning and "3.00 ms a push" in warning and "limits training" in warning
-    assert coordinator_load(0.0, 0.0, 0) == {"cpu_s": 0.0, "cores": 0.0, "ms_per_push": None, "busy": False}
+    behind = Backlog()
+    for waiting in (2, 1, 1, 0):
+        behind.note(waiting)
+    late = coordinator_load(3.0, 10.0, 2000, behind)   # a third of a core, yet a batch waits behind each
+    assert late["busy"] and (late["batches_waiting"], late["batches_waiting_max"]) == (1.0, 2)
+    assert "1.00 drained batches" in caplog.records[-1].getMessage()
+    assert coordinator_load(0.0, 0.0, 0) == {"cpu_s": 0.0, "cores": 0.0, "ms_per_push": None, "batches_waiting": 0.0,
+                                             "batches_waiting_max": 0, "busy": False}
     row = dict(SUMMARY_ROWS)["coordinator CPU"]
     show = lambda load: row(types.SimpleNamespace(summary={"coordinator": load}))  # noqa: E731
     assert show(calm) == "0.30 of a core, 1.50 ms a step"

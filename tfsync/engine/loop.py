@@ -30,7 +30,7 @@ from .lifecycle import Lifecycle
 from .phase import EngineError, Phase
 from .pilot import ROUND_CLOSED, Pilot
 from .recovery import recover_lost_ps, rejoin_nodes
-from .results import next_result
+from .results import Backlog, next_result
 from .runlog import RunLog
 from .scaling import Elastic
 
@@ -64,6 +64,7 @@ class Loop:
         self.paced_at = 0.0                # when the links were last told the policy's patience
         self.paced_piloted = False         # whether the PS ran the rounds then
         self.held = None                   # (generation, rows) of a drained batch not yet taken (next_result)
+        self.backlog = Backlog()           # the batches waiting behind each one taken
         self.pilot = Pilot(self, enabled=ps_rounds)
         lifecycle.on_close.append(self.pilot.abandon)
 

@@ -76,7 +76,25 @@ def next_result(loop: Loop):
                 continue
             err = root_error(loop, gen, err)
             raise EngineError(f"a training step failed: {type(err).__name__}: {error_line(err)}") from err
+        loop.backlog.note(loop.lifecycle.results.qsize())
         loop.held = (gen, collections.deque(value))
+
+
+class Backlog:
+    """How far the loop falls behind the links: each time it takes a drained batch, the
+    batches already waiting behind it (none while it keeps up)."""
+
+    def __init__(self):
+        self.batches, self.waiting, self.most = 0, 0, 0
+
+    def note(self, waiting: int) -> None:
+        self.batches += 1
+        self.waiting += waiting
+        self.most = max(self.most, waiting)
+
+    @property
+    def mean(self) -> float:
+        return self.waiting / self.batches if self.batches else 0.0
 
 
 def root_error(loop: Loop, gen, err: BaseException, wait_s: float = 1.0) -> BaseException:
