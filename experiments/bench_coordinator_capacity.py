@@ -36,6 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 
@@ -47,6 +48,7 @@ from tfsync.engine.loop import Loop  # noqa: E402
 from tfsync.engine.phase import Phase  # noqa: E402
 from tfsync.engine.runlog import RunLog  # noqa: E402
 from tfsync.engine.scaling import Elastic  # noqa: E402
+from testbed_bench import write_csv  # noqa: E402
 
 PROTOCOLS = {"asp": ("asp", True), "bsp (coordinator rounds)": ("bsp", False), "bsp (PS rounds)": ("bsp", True),
              "lbbsp": ("lbbsp", True)}
@@ -140,6 +142,10 @@ class Results:
             raise queue.Empty
         return self.gen, self.held.popleft(), None
 
+    def qsize(self) -> int:
+        """Batches waiting behind the one taken: the stand-in makes each when it is asked."""
+        return 0
+
     def put(self, item) -> None:
         raise RuntimeError(f"the stand-in cluster failed: {item}")
 
@@ -211,10 +217,7 @@ def main(argv=None) -> int:
     if args.label and os.path.exists(path):   # other code's rows stay beside these
         with open(path) as f:
             old = [r for r in csv.DictReader(f) if r["code"] != args.label]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(old + rows)
+    write_csv(path, old + rows)
     _plot(old + rows, os.path.join(args.out, "bench_coordinator_capacity.png"))
     print(f"wrote {path}")
     return 0

@@ -4,9 +4,10 @@ with the coordinator spending a measured time on each push, one push at a time.
 
 The costs come from this machine's measurements:
 
-- ``measured``: the coordinator's CPU per ASP push on real clusters of the tiny model at
-  the largest worker count in ``results/bench_coordinator_scale.csv`` (everything: the
-  engine's Python, TensorFlow's runtime, gRPC);
+- ``measured``: the coordinator's CPU per ASP push on real clusters of the tiny model,
+  the median over the worker counts in ``results/bench_coordinator_scale.csv`` (one run
+  each on 2 shared cores is noisy; everything: the engine's Python, TensorFlow's
+  runtime, gRPC);
 - ``before``: the same for ASP at depth 8 alone (the column ``asp8``: each drain and
   release carried few steps);
 - ``Python only``: the engine's Python per push with a stand-in PS
@@ -25,14 +26,17 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from tfsync import policy as P  # noqa: E402
 from tfsync.sim import Simulator  # noqa: E402
 from tfsync.sim.speeds import SpeedModel  # noqa: E402
+from testbed_bench import write_csv  # noqa: E402
 
 WORKERS = (8, 16, 32, 64, 128, 256)
 
@@ -40,12 +44,14 @@ WORKERS = (8, 16, 32, 64, 128, 256)
 def measured_costs(results: str) -> dict:
     """Milliseconds per push: {label: ms} from the two benchmarks' CSVs."""
     with open(os.path.join(results, "bench_coordinator_scale.csv")) as f:
-        scale = max(csv.DictReader(f), key=lambda r: int(r["workers"]))
+        scale = list(csv.DictReader(f))
     with open(os.path.join(results, "bench_coordinator_capacity.csv")) as f:
         python = [r for r in csv.DictReader(f) if r["protocol"] == "asp" and r["code"] == "after"]
     python = max(python, key=lambda r: int(r["block"]))
-    return {f"before (ASP at depth 8, {scale['workers']} workers)": float(scale["asp8_coordinator_ms_per_push"]),
-            f"measured ({scale['workers']} workers)": float(scale["asp_coordinator_ms_per_push"]),
+    counts = f"{scale[0]['workers']}-{scale[-1]['workers']} workers"
+    median = lambda key: statistics.median(float(r[key]) for r in scale)  # noqa: E731
+    return {f"before (ASP at depth 8, {counts})": median("asp8_coordinator_ms_per_push"),
+            f"measured ({counts})": median("asp_coordinator_ms_per_push"),
             "Python only": float(python["cpu_ms_per_push"])}
 
 
@@ -77,10 +83,7 @@ def main(argv=None) -> int:
             print(f"{label:38s} {ms:6.3f} ms  {n:4d} workers: {rate:8.0f} pushes/s "
                   f"({rows[-1]['share_of_demand']:.0%} of what the workers could push)", flush=True)
     path = os.path.join(args.results, "bench_coordinator_projection.csv")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(path, rows)
     _plot(rows, args.step_ms, os.path.join(args.results, "bench_coordinator_projection.png"))
     print(f"wrote {path}")
     return 0

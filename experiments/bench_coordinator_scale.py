@@ -89,10 +89,11 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     shutil.rmtree(out_dir, ignore_errors=True)
     me, samples, memory, done = psutil.Process(), [], [], threading.Event()
 
-    def sample():   # (Unix time, this process's CPU seconds), every 50 ms; the tasks' memory every 2 s
+    def sample():   # (Unix time, this process's CPU seconds), every 50 ms; the tasks' memory every 10 s
         while not done.wait(0.05):
-            samples.append((time.time(), sum(me.cpu_times()[:2])))
-            if len(samples) % 40 == 0:
+            # (less this thread's own: reading the tasks' memory maps costs tens of ms)
+            samples.append((time.time(), sum(me.cpu_times()[:2]) - time.thread_time()))
+            if len(samples) % 200 == 100:   # (5 s in, then every 10 s)
                 memory.append(task_pss_mb(me))
 
     sampler = threading.Thread(target=sample, daemon=True)

@@ -82,15 +82,16 @@ def coordinator_load(cpu_s: float, train_s: float, pushes: int, backlog=None) ->
     TensorFlow's client, a background evaluation): seconds, the share of a core it kept
     busy, and per push; and how far its loop fell behind the records (``backlog``,
     tfsync.engine.results.Backlog: the drained batches waiting behind each one it took,
-    on average and at most). Its work is one Python thread for the most part, so near a
-    whole core, or with a batch waiting behind each, it is what limits training: said in
-    ``busy`` and in a warning, never slow in silence."""
+    on average and at most; several drains can land at once while it keeps up, so this is
+    told, not judged). Its work is one Python thread for the most part, so near a whole
+    core it is what limits training: said in ``busy`` and in a warning, never slow in
+    silence."""
     cores = cpu_s / train_s if train_s > 0 else 0.0
     waiting = (round(backlog.mean, 3), backlog.most) if backlog is not None else (0.0, 0)
     load = {"cpu_s": round(cpu_s, 3), "cores": round(cores, 3),
             "ms_per_push": round(1000 * cpu_s / pushes, 4) if pushes else None,
             "batches_waiting": waiting[0], "batches_waiting_max": waiting[1],
-            "busy": cores >= COORDINATOR_BUSY or waiting[0] >= 1}
+            "busy": cores >= COORDINATOR_BUSY}
     if load["busy"]:
         logger.warning("the coordinator kept %.2f of a core busy while it trained (%.2f ms a push; %.2f drained "
                        "batches of records waited behind each it took): it may be what limits training; larger "
