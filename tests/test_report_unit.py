@@ -347,7 +347,7 @@ def test_the_coordinators_load_is_said_and_a_busy_one_is_warned_of(caplog):
     assert len(caplog.records) == 1 and "1.00 drained batches" not in caplog.records[-1].getMessage()
     coordinator_load(9.0, 10.0, 2000, behind)
     assert "1.00 drained batches" in caplog.records[-1].getMessage()
-    assert coordinator_load(0.0, 0.0, 0) == {"cpu_s": 0.0, "cores": 0.0, "ms_per_push": None, "batches_waiting": 0.0,
+    assert coordinator_load(0.0, 0.0, 0, Backlog()) == {"cpu_s": 0.0, "cores": 0.0, "ms_per_push": None, "batches_waiting": 0.0,
                                              "batches_waiting_max": 0, "busy": False}
     row = dict(SUMMARY_ROWS)["coordinator CPU"]
     show = lambda load: row(types.SimpleNamespace(summary={"coordinator": load}))  # noqa: E731

@@ -225,9 +225,8 @@ class Loop:
         if policy is not None and now < self.paced_at + every_s and piloted == self.paced_piloted:
             return
         self.paced_at, self.paced_piloted = now, piloted
-        linger = policy.patience(self.view()) if policy is not None else 0.0
-        self.lifecycle.current.links.set_linger(max(linger, PILOT_LINGER_S) if piloted and policy is not None
-                                                else linger)
+        linger = 0.0 if policy is None else max(policy.patience(self.view()), PILOT_LINGER_S if piloted else 0.0)
+        self.lifecycle.current.links.set_linger(linger)
 
     def _check_live(self, policy: Policy) -> None:
         if self.in_flight() == 0 and self.wake_at is None and not self.log.checkpoint_due(self.checkpoint_every):

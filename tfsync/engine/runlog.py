@@ -49,7 +49,8 @@ class RunLog:
         self.started_at = time.time()
         self.train_started: float | None = None   # when this run's training began
         self.train_counts = (0, 0)   # pushes and samples then (a resumed run's: not zero)
-        self.train_cpu = (0.0, 0.0)  # this process's CPU seconds when training began, and while it trained
+        self.train_cpu_at = 0.0      # this process's CPU seconds when training began
+        self.train_cpu_s = 0.0       # ... and those it spent while it trained (training_ended)
         self._ckpt_dir = CheckpointDir(os.path.join(run_dir, "checkpoints"), keep=3)
         self._last_ckpt_updates = 0
 
@@ -62,11 +63,11 @@ class RunLog:
         """Rates over training time start here (tfsync.base.progress, the summary)."""
         self.train_started = time.time()
         self.train_counts = (self.ledger.pushes, self.ledger.samples)
-        self.train_cpu = (time.process_time(), 0.0)
+        self.train_cpu_at, self.train_cpu_s = time.process_time(), 0.0
 
     def training_ended(self) -> None:
         """The coordinator's CPU while it trained (``coordinator_load``) ends here."""
-        self.train_cpu = (self.train_cpu[0], time.process_time() - self.train_cpu[0])
+        self.train_cpu_s = time.process_time() - self.train_cpu_at
 
     def since(self, now: float | None = None) -> float:
         """Seconds on the records' time base."""

@@ -52,7 +52,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
         # finished steps' rows (a PS round's marker too) per drain of the PS's queue (tfsync.engine.links)
         "rows_per_drain": round(engine.lifecycle.drained[1] / max(engine.lifecycle.drained[0], 1), 3),
-        "coordinator": coordinator_load(log.train_cpu[1], train, s.pushes - log.train_counts[0],
+        "coordinator": coordinator_load(log.train_cpu_s, train, s.pushes - log.train_counts[0],
                                         engine.loop.backlog),
         "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
@@ -77,7 +77,7 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
 COORDINATOR_BUSY = 0.8   # of a core: above it, the coordinator may be what limits training
 
 
-def coordinator_load(cpu_s: float, train_s: float, pushes: int, backlog=None) -> dict:
+def coordinator_load(cpu_s: float, train_s: float, pushes: int, backlog) -> dict:
     """The coordinator's CPU while it trained (this process: the engine's loop and links,
     TensorFlow's client, a background evaluation): seconds, the share of a core it kept
     busy, and per push; and how far its loop fell behind the records (``backlog``,
@@ -87,16 +87,15 @@ def coordinator_load(cpu_s: float, train_s: float, pushes: int, backlog=None) ->
     core it is what limits training: said in ``busy`` and in a warning, never slow in
     silence."""
     cores = cpu_s / train_s if train_s > 0 else 0.0
-    waiting = (round(backlog.mean, 3), backlog.most) if backlog is not None else (0.0, 0)
     load = {"cpu_s": round(cpu_s, 3), "cores": round(cores, 3),
             "ms_per_push": round(1000 * cpu_s / pushes, 4) if pushes else None,
-            "batches_waiting": waiting[0], "batches_waiting_max": waiting[1],
+            "batches_waiting": round(backlog.mean, 3), "batches_waiting_max": backlog.most,
             "busy": cores >= COORDINATOR_BUSY}
     if load["busy"]:
         logger.warning("the coordinator kept %.2f of a core busy while it trained (%.2f ms a push; %.2f drained "
                        "batches of records waited behind each it took): it may be what limits training; larger "
                        "batches or ASP's queue_s make fewer, larger calls", cores, load["ms_per_push"] or 0.0,
-                       waiting[0])
+                       load["batches_waiting"])
     return load
 
 

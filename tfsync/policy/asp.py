@@ -16,9 +16,9 @@ and every drain of records and every release of tokens is a remote call that cos
 coordinator about a millisecond of CPU (TensorFlow's runtime; tfsync.engine.links). So a
 worker is granted as many steps as it runs in ``queue_s`` seconds (its recent steps'
 mean time apart; at most ``MAX_DEPTH``), the way ``steps_per_execution`` packs steps into
-one call: 4 workers of the tabular model at a few ms a step, ``queue_s`` 0.25 against
-depth 8, took the coordinator's CPU per push from 0.79 to 0.40 ms
-(``experiments/bench_coordinator_scale.py``). A drain (a switch, a checkpoint, the end)
+one call: 4 workers of the tiny model of ``experiments/bench_coordinator_scale.py`` on
+loopback, ``queue_s`` 0.25 against depth 8, took the coordinator's CPU per push from
+0.79 to 0.40 ms. A drain (a switch, a checkpoint, the end)
 then waits for at most ``queue_s`` of each worker's steps.
 
 Its records can wait (``patience``): a worker's queue lasts its steps ahead, so the engine

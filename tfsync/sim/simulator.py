@@ -47,7 +47,7 @@ from .monitor import SimMonitor
 from .speeds import SpeedModel
 
 
-_DECIDE = -2   # an event: the coordinator's decision on a push (``coordinator_s``); -1: a policy timer
+_TIMER, _DECIDE = -1, -2   # events other than a worker's: a policy timer; the coordinator takes a push
 
 
 @dataclass
@@ -212,7 +212,7 @@ class Simulator:
 
     def _drain(self, policy: Policy) -> None:
         """The steps granted run (queued ones too: the ledger's drain rule), nothing more is granted."""
-        self._events = [e for e in self._events if e[2] != -1]  # timers belong to the policy
+        self._events = [e for e in self._events if e[2] != _TIMER]  # timers belong to the policy
         # (pushes the coordinator has still to take are counted, and nothing granted for them)
         heapq.heapify(self._events)
         while self._events:
@@ -224,13 +224,10 @@ class Simulator:
         (``done()``): then nothing more is granted, as in the engine."""
         t, seq, w = heapq.heappop(self._events)
         self.now = t
-        if w == _DECIDE:   # the coordinator takes a push: counts it and decides
-            worker, step, arrival = self._decide.pop(seq)
-            push = self._finish_step(worker, step, arrival)
-            if policy is not None and not done():
-                self._apply(policy.on_push(push, self.view()))
+        if w == _DECIDE:   # the coordinator takes a push
+            self._take(policy, done, *self._decide.pop(seq))
             return
-        if w < 0:  # a policy timer
+        if w == _TIMER:
             self._apply(policy.on_timer(self.view()))
             return
         step, self._running[w] = self._running[w], None
@@ -238,11 +235,15 @@ class Simulator:
             self._coordinator_free = max(self.now, self._coordinator_free) + self.coordinator_s
             self._decide[self._schedule(self._coordinator_free, _DECIDE)] = (w, step, self.now)
         else:
-            push = self._finish_step(w, step, self.now)
-            if policy is not None and not done():
-                self._apply(policy.on_push(push, self.view()))
+            self._take(policy, done, w, step, self.now)
         if self._running[w] is None and self._queues[w]:
             self._start_step(w)
+
+    def _take(self, policy: Policy | None, done, w: int, step: _Step, arrival: float) -> None:
+        """Count ``w``'s push and show it to ``policy`` (unless it completed the run)."""
+        push = self._finish_step(w, step, arrival)
+        if policy is not None and not done():
+            self._apply(policy.on_push(push, self.view()))
 
     def _schedule(self, t: float, w: int) -> int:
         self._seq += 1
@@ -297,4 +298,4 @@ class Simulator:
             if self._running[g.worker] is None and self._queues[g.worker]:
                 self._start_step(g.worker)
         if d.wake_at is not None:
-            self._schedule(max(d.wake_at, self.now), -1)
+            self._schedule(max(d.wake_at, self.now), _TIMER)
