@@ -144,14 +144,14 @@ guard = false   # the paper's sizing: a paused worker's stalls do not shrink wit
 [[inject]]
 worker = 1
 slowdown = 4.0
-start_s = 1.0
+start_s = 0.0
 duration_s = 1000
 """
 
 
 def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     """LB-BSP and straggler injection on a model tfsync has never seen: worker 1 paused to a
-    quarter of its speed from 1 s on; every full round still trains X = 2 x 32 examples,
+    quarter of its speed throughout; every full round still trains X = 2 x 32 examples,
     split so that the slow worker gets the smaller share once its slowdown is measured."""
     job = user_job(tmp_path / "project", LBBSP_JOB.format(name="blobs-lb", run_dir=tmp_path / "run", units=64))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
@@ -161,13 +161,13 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     summary = json.loads(r.stdout)
     assert summary["injected"][0]["what"] == "begin" and summary["test_accuracy"] > 0.8
     assert summary["injected"][0]["slowdown"] == 4.0  # the report's shaded span says "4x slower"
-    begin = summary["injected"][0]["time"]
     pushes = [p for p in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "event" not in p]
     rounds = {}
     for p in pushes:
-        rounds.setdefault(p["round"], {})[p["worker"]] = (p["batch_size"], p["time"])
+        rounds.setdefault(p["round"], {})[p["worker"]] = p["batch_size"]
     full = {k: v for k, v in rounds.items() if len(v) == 2}
-    assert len(full) >= 100 and all(v[0][0] + v[1][0] == 64 for v in full.values())
-    # the EMA has seen the slowdown within a second (it begins 1 s in: most of the 200 rounds come after it, however fast the machine)
-    late = [v[1][0] for v in full.values() if min(t for _, t in v.values()) > begin + 1.5]
-    assert len(late) >= 20 and sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)
+    assert len(full) >= 100 and all(v[0] + v[1] == 64 for v in full.values())
+    # the EMA has seen the slowdown by the second half of the rounds, however fast the machine (a slowdown
+    # that began some seconds in left too few rounds after it on a fast machine)
+    late = [full[k][1] for k in sorted(full)[len(full) // 2:]]
+    assert sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)
