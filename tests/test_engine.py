@@ -10,9 +10,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tfsync.base import arrays
+from tfsync.engine import step
 from tfsync.engine.callbacks import Callback
 from tfsync.engine.cluster import LocalCluster
 from tfsync.engine.generation import Generation, TrainSetup
+from tfsync.engine.lifecycle import STANDING_PER_WORKER
 from tfsync.engine.trainer import Engine, EngineError, Phase
 from tfsync.policy import ASP, BSP, SSP, FixedSizer
 
@@ -345,6 +347,9 @@ def test_asp_takes_each_periodic_checkpoint_at_its_update_whatever_it_grants_ahe
 
 
 def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path, monkeypatch):
+    """... through closures of 4 steps each: more steps than the standing closures hold, so
+    closures end and are replaced, and no step is lost or counted twice across them."""
+    monkeypatch.setattr(step, "STEPS_PER_CLOSURE", 4)
     traces, close = [], Generation.close
     monkeypatch.setattr(Generation, "close", lambda gen: (traces.append(gen.step_fn.experimental_get_tracing_count()),
                                                           close(gen))[1])
@@ -360,6 +365,7 @@ def test_asp_applies_every_push_and_records_each_step(tiny_problem, tmp_path, mo
         assert r["batch_size"] == (8 if r["worker"] == 0 else 16)
     steps = {w: [r["step"] for r in recs if r["worker"] == w] for w in (0, 1)}
     assert all(v == list(range(1, len(v) + 1)) for v in steps.values())
+    assert len(recs) >= 400 / 16 > 2 * STANDING_PER_WORKER * 4
     assert (tmp_path / "summary.json").exists() and list((tmp_path / "checkpoints").glob("ckpt-*.index"))
 
 

@@ -78,6 +78,34 @@ BUFFERED = 1 << 16  # bytes of push lines held before they are written (events a
 FLUSH_S = 0.5       # ... or for at most this long: a reader of the file is never far behind the run
 
 
+class _Window:
+    """The push scalars since the last flush, written to TensorBoard as one point a tag at
+    the last push's number: each tag's mean over the pushes, or its last value. A point a
+    push cost the coordinator a protobuf a push (issue 55), and TensorBoard thins such
+    series when it shows them anyway."""
+
+    def __init__(self):
+        self.sums: dict[str, list] = {}
+        self.values: dict[str, float] = {}
+        self.step: int | None = None
+
+    def mean(self, values: dict) -> None:
+        for k, v in values.items():
+            if v is not None:
+                s = self.sums.setdefault(k, [0.0, 0])
+                s[0] += v
+                s[1] += 1
+
+    def last(self, step: int, values: dict) -> None:
+        self.step = step
+        self.values.update(values)
+
+    def take(self) -> dict:
+        out = {**{k: total / n for k, (total, n) in self.sums.items()}, **self.values}
+        self.sums, self.values, self.step = {}, {}, None
+        return out
+
+
 class RunRecorder:
     def __init__(self, run_dir: str, tensorboard: bool = True):
         self.run_dir = run_dir
@@ -89,6 +117,7 @@ class RunRecorder:
         self._tb = EventWriter(os.path.join(run_dir, "tb")) if tensorboard else None
         self.origin = time.time()  # the time base: the run's first start (``begin``)
         self._loss = None  # train/loss: the pushes' losses, averaged over about 1 / LOSS_EMA pushes
+        self._scalars = _Window()   # the push scalars since the last flush
 
     def begin(self, now: float, resume: bool = False, **fields) -> None:
         """The run (or its resumption, ``resume``) starts at Unix time ``now``: write its
@@ -106,16 +135,16 @@ class RunRecorder:
         """A push record (``pushlog.push_record``; ``time`` already on the run's base, the
         worker's ``start`` and ``end`` Unix times, put on it here)."""
         times = {k: round(record[k] - self.origin, 6) for k in ("start", "end") if k in record}
-        self._append(json.dumps({**record, **times}) + "\n")
-        if self._tb is not None:
+        if self._tb is not None:   # before the line: a line that fills the buffer writes both
             w, loss = record["worker"], record["loss"]
-            values = {f"loss/worker{w}": loss, f"samples_per_s/worker{w}": record["samples_per_s"],
-                      f"batch_size/worker{w}": record["batch_size"], "train/staleness": record["staleness"],
-                      "train/lr": record["lr"], "train/samples": record["samples"]}
+            self._scalars.mean({f"loss/worker{w}": loss, f"samples_per_s/worker{w}": record["samples_per_s"],
+                                f"batch_size/worker{w}": record["batch_size"], "train/staleness": record["staleness"]})
+            last = {"train/lr": record["lr"], "train/samples": record["samples"]}
             if loss is not None and np.isfinite(loss) and not record["dropped"]:
                 self._loss = loss if self._loss is None else (1 - LOSS_EMA) * self._loss + LOSS_EMA * loss
-                values["train/loss"] = self._loss
-            self._tb.scalars(record["pushes"], {k: v for k, v in values.items() if v is not None})
+                last["train/loss"] = self._loss
+            self._scalars.last(record["pushes"], last)
+        self._append(json.dumps({**record, **times}) + "\n")
 
     def phase(self, start: dict, pushes: int, index: int) -> None:
         """A ``phase`` event; in TensorBoard, the protocol as text (``protocol``) and as the
@@ -148,9 +177,11 @@ class RunRecorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write the lines held; the file only ever ends at a whole line: a write that fails
+        """Write the lines held (and in TensorBoard, the push scalars since the last flush); the file only ever ends at a whole line: a write that fails
         (a full disk) is cut back to where it began, and its lines are lost with the run."""
         self._flushed = time.monotonic()
+        if self._tb is not None and self._scalars.step is not None:
+            self._tb.scalars(self._scalars.step, self._scalars.take())
         if not self._pending:
             return
         data = memoryview("".join(self._pending).encode())
