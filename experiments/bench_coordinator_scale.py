@@ -5,7 +5,8 @@ ParameterServerStrategy cluster (``steps_per_execution`` 1 and 32).
 A tiny model (the linear MNIST model, batch 16) makes every step cost almost nothing, so
 the rate is what the control path allows. For each worker count (2, 4, 8, 16 by
 default), in one invocation, on fresh local clusters: native fit (steps/s of its second
-epoch), tfsync ASP and tfsync BSP (pushes/s of the steady part). Beside each tfsync rate,
+epoch), then tfsync's configurations (``--protocols``: ASP, SSP, BSP and LB-BSP by
+default; pushes/s of the steady part). Beside each tfsync rate,
 the coordinator's own CPU: the CPU seconds this process (the coordinator: the engine's
 loop, its fetch and drain threads, TF's client) used per push, and the cores it kept
 busy. One core's worth of CPU time divided by the CPU per push is the rate at which the
@@ -20,6 +21,7 @@ tasks). ``asp8`` is ASP at depth 8 alone (``queue_s = 0``), as it granted before
 2026-11-29. Writes results/bench_coordinator_scale.csv and .png.
 
     python experiments/bench_coordinator_scale.py --workers 2,4,8,16 --steps 1500
+    python experiments/bench_coordinator_scale.py --workers 32 --steps 1500 --protocols asp,bsp --out /tmp/w32
 """
 
 from __future__ import annotations
@@ -70,7 +72,12 @@ def fit(data, workers: int, steps: int, per_execution: int) -> float:
                       decode=lambda x, y: (tf.cast(x, tf.float32) / 255, y))
 
 
-PROTOCOLS = {"asp": {}, "asp8": {"queue_s": 0.0}, "bsp": {}}   # asp8: ASP's depth 8 alone (before queue_s)
+# name: (protocol, options); asp8: ASP's depth 8 alone (before queue_s)
+PROTOCOLS = {"asp": ("asp", {}), "asp8": ("asp", {"queue_s": 0.0}), "ssp": ("ssp", {}), "bsp": ("bsp", {}),
+             "lbbsp": ("lbbsp", {})}
+STYLES = {"asp": "o-", "asp8": "o:", "ssp": "^-", "bsp": "s-", "lbbsp": "d-"}
+NAMES = {"asp": "tfsync ASP", "asp8": "tfsync ASP, depth 8 (before)", "ssp": "tfsync SSP s=3", "bsp": "tfsync BSP",
+         "lbbsp": "tfsync LB-BSP"}
 
 
 def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float, float]:
@@ -84,8 +91,9 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     from tfsync.engine.trainer import Engine, Phase
 
     work = linear_work(data)
+    name, options = PROTOCOLS[protocol]
     setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
-                       max_batch_size=BATCH)
+                       max_batch_size=BATCH * (4 if name == "lbbsp" else 1))   # (LB-BSP sizes up to 4x)
     shutil.rmtree(out_dir, ignore_errors=True)
     me, samples, memory, done = psutil.Process(), [], [], threading.Event()
 
@@ -100,7 +108,7 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     sampler.start()
     engine = Engine(setup, workers=workers, run_dir=out_dir, tensorboard=False)
     try:
-        policy = P.get(protocol.rstrip("8"), sizer=P.BatchSizer(BATCH), **PROTOCOLS[protocol])
+        policy = P.make(name, P.BatchSizer(BATCH), **options)
         summary = engine.run([Phase(policy)], total_samples=steps * BATCH)
     finally:
         done.set()
@@ -130,7 +138,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=400, help="pushes (fit: steps per epoch) per configuration")
     p.add_argument("--data", default=None, help="MNIST .npz (default: ../shared/data or the bundled sample)")
     p.add_argument("--out", default="results", help="results folder")
+    p.add_argument("--protocols", default="asp,ssp,bsp,lbbsp",
+                   help=f"tfsync's configurations, comma-separated, of {', '.join(PROTOCOLS)}")
     args = p.parse_args(argv)
+    protocols = args.protocols.split(",")
+    if not set(protocols) <= set(PROTOCOLS):
+        p.error(f"--protocols: comma-separated, of {', '.join(PROTOCOLS)}; got {args.protocols!r}")
     try:
         counts = [int(w) for w in args.workers.split(",")]
         if not counts or min(counts) < 1:
@@ -148,30 +161,28 @@ def main(argv=None) -> int:
     print(f"{MODEL} model, batch {BATCH}, {args.steps} steps per configuration, {os.cpu_count()} cores here")
     for w in counts:
         row = {"workers": w, "fit": fit(data, w, args.steps, 1), "fit_32": fit(data, w, args.steps, 32)}
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             rate, per_push, cores, mb = tfsync_run(data, w, args.steps, protocol, os.path.join(runs, f"{protocol}{w}"))
             row.update({protocol: rate, f"{protocol}_coordinator_ms_per_push": 1000 * per_push,
                         f"{protocol}_coordinator_cores": cores,
                         f"{protocol}_coordinator_limit_pushes_per_s": 1.0 / per_push, f"{protocol}_task_pss_mb": mb})
         rows.append(row)
-        print(f"  {w:>2} workers: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}, "
-              f"tfsync ASP {row['asp']:6.1f} ({row['asp_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
-              f"{row['asp_coordinator_cores']:.2f} cores), BSP {row['bsp']:6.1f} "
-              f"({row['bsp_coordinator_ms_per_push']:.2f} ms, {row['bsp_coordinator_cores']:.2f} cores) steps/s; "
-              f"ASP at depth 8 {row['asp8']:6.1f} ({row['asp8_coordinator_ms_per_push']:.2f} ms); "
-              f"{row['asp_task_pss_mb']:.0f} MB a task")
+        print(f"  {w:>2} workers, steps/s: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}; " + ", ".join(
+            f"{NAMES[q]} {row[q]:6.1f} ({row[f'{q}_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
+            f"{row[f'{q}_coordinator_cores']:.2f} cores)" for q in protocols)
+            + f"; {row[f'{protocols[0]}_task_pss_mb']:.0f} MB a task", flush=True)
     shutil.rmtree(runs, ignore_errors=True)
     csv_path = os.path.join(args.out, "bench_coordinator_scale.csv")
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
-    _plot(rows, os.path.join(args.out, "bench_coordinator_scale.png"))
+    _plot(rows, protocols, os.path.join(args.out, "bench_coordinator_scale.png"))
     print(f"wrote {csv_path}")
     return 0
 
 
-def _plot(rows, path: str) -> None:
+def _plot(rows, protocols, path: str) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -182,8 +193,7 @@ def _plot(rows, path: str) -> None:
     ws = [r["workers"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),
-                              ("asp", "tfsync ASP", "o-"), ("asp8", "tfsync ASP, depth 8 (before)", "o:"),
-                              ("bsp", "tfsync BSP", "s-")):
+                              *((q, NAMES[q], STYLES[q]) for q in protocols)):
         a1.plot(ws, [r[key] for r in rows], style, label=label)
     a1.set_xscale("log", base=2)
     a1.set_xticks(ws, [str(w) for w in ws])
@@ -191,13 +201,14 @@ def _plot(rows, path: str) -> None:
     a1.set_ylabel("steps (pushes) / s, whole cluster")
     a1.set_title(f"tiny model on loopback, {os.cpu_count()} cores")
     a1.legend(fontsize=8)
-    for protocol, style, label in (("asp", "o-", "tfsync ASP"), ("asp8", "o:", "tfsync ASP, depth 8 (before)"),
-                                   ("bsp", "s-", "tfsync BSP")):
-        a2.plot(ws, [r[f"{protocol}_coordinator_ms_per_push"] for r in rows], style, label=label)
+    for q in protocols:
+        a2.plot(ws, [r[f"{q}_coordinator_ms_per_push"] for r in rows], STYLES[q], label=NAMES[q])
     a2.set_xscale("log", base=2)
     a2.set_xticks(ws, [str(w) for w in ws])
     a2.set_xlabel("workers")
     a2.set_ylabel("coordinator CPU ms per push")
+    a2.axhline(0.2, color="grey", lw=0.8, ls="--")   # issue 55's targets: 0.2 ms (ASP), 0.1 ms (BSP)
+    a2.axhline(0.1, color="grey", lw=0.8, ls=":")
     a2.set_ylim(bottom=0)
     a2.set_title("the coordinator's cost of a push")
     a2.legend(fontsize=8)
