@@ -7,13 +7,16 @@ The costs come from this machine's measurements:
 - ``measured``: the coordinator's CPU per ASP push on real clusters of the tiny model,
   the median over the worker counts in ``results/bench_coordinator_scale.csv`` (one run
   each on 2 shared cores is noisy; everything: the engine's Python, TensorFlow's
-  runtime, gRPC);
-- ``before``: the same for ASP at depth 8 alone (the column ``asp8``: each drain and
-  release carried few steps);
+  runtime, gRPC), as if each push cost that at any rate: a floor;
 - ``Python only``: the engine's Python per push with a stand-in PS
   (``results/bench_coordinator_capacity.csv``, ASP, the largest block): the bound where
-  every remote call carries so many rows that its own cost vanishes, as it does at high
-  push rates.
+  every remote call carries so many rows that its own cost vanishes: a ceiling;
+- ``modelled``: between them, what the two measurements imply. The remote calls (drains,
+  releases) come at a rate set by time, not by pushes (a drain waits up to ASP's
+  patience, at most 80 ms, and a release follows each), so their CPU is a share ``K`` of
+  the core whatever the push rate: ``K`` = the measured cores less the Python's cost of
+  the pushes measured (the median over the worker counts). The Python then has ``1 - K``
+  of the core: each push costs ``python / (1 - K)`` of it.
 
 BSP needs no projection: its rounds run on the PS (tfsync.engine.pilot) and wait for no
 decision of the coordinator. Writes results/bench_coordinator_projection.csv and .png.
@@ -47,12 +50,14 @@ def measured_costs(results: str) -> dict:
         scale = list(csv.DictReader(f))
     with open(os.path.join(results, "bench_coordinator_capacity.csv")) as f:
         python = [r for r in csv.DictReader(f) if r["protocol"] == "asp" and r["code"] == "after"]
-    python = max(python, key=lambda r: int(r["block"]))
+    python_ms = float(max(python, key=lambda r: int(r["block"]))["cpu_ms_per_push"])
     counts = f"{scale[0]['workers']}-{scale[-1]['workers']} workers"
-    median = lambda key: statistics.median(float(r[key]) for r in scale)  # noqa: E731
-    return {f"before (ASP at depth 8, {counts})": median("asp8_coordinator_ms_per_push"),
-            f"measured ({counts})": median("asp_coordinator_ms_per_push"),
-            "Python only": float(python["cpu_ms_per_push"])}
+    calls = statistics.median(float(r["asp_coordinator_cores"]) - float(r["asp"]) * python_ms / 1000 for r in scale)
+    if not 0 <= calls < 0.9:
+        raise ValueError(f"the remote calls' share of the core came out as {calls:.2f}")
+    return {f"measured ({counts})": statistics.median(float(r["asp_coordinator_ms_per_push"]) for r in scale),
+            f"modelled (remote calls {calls:.2f} of a core)": python_ms / (1 - calls),
+            "Python only": python_ms}
 
 
 def pushes_per_s(workers: int, step_s: float, coordinator_ms: float) -> float:

@@ -47,6 +47,37 @@ def test_ssp_bound_holds_and_is_reached(s):
     assert lead == s
 
 
+def test_ssp_grants_by_queue_s_within_the_bound_and_waits_for_no_record_while_a_worker_is_at_it():
+    """SSP grants a worker the steps it runs in queue_s, never past the bound (s = 6:
+    min clock + 7), and lets the records wait a quarter of the shortest member's room,
+    none while a member is at the bound (it waits for the slowest's push)."""
+    from tfsync.policy.base import Push
+    from tfsync.policy.pacing import MAX_PATIENCE_S
+
+    ssp = P.get("ssp", staleness=6)   # depth 2, queue_s 0.25
+    assert ssp.patience(ClusterView(2, (0, 0), (0, 0))) == 0.0   # no step seen
+    for i in range(1, 11):   # worker 0's steps 10 ms apart, worker 1's 100 ms
+        for w, gap in ((0, 0.01), (1, 0.1)):
+            ssp.on_push(Push(w, i, 8, start=gap * i, end=gap * i + 0.001, arrival=gap * i + 0.002, loss=0.0),
+                        ClusterView(2, (i, i), (i, i)))
+    view = ClusterView(2, (10, 10), (10, 10))
+    grants = ssp.start(view).grants
+    assert [g.worker for g in grants] == [0] * 7 + [1] * 3   # the bound (not 25 steps in 0.25 s); 0.25 s of 0.1 s
+    assert ssp.patience(view) == pytest.approx(7 * 0.01 / 4)
+    assert ssp.patience(ClusterView(2, (17, 10), (17, 12))) == 0.0   # worker 0 at the bound
+    slow = P.get("ssp", staleness=6)
+    for i in range(1, 4):
+        slow.on_push(Push(0, i, 8, start=i, end=i + 0.5, arrival=i + 0.6, loss=0.0), ClusterView(1, (i,), (i,)))
+    assert slow.patience(ClusterView(1, (3,), (3,))) == MAX_PATIENCE_S
+    fixed = P.get("ssp", staleness=6, queue_s=0)   # depth alone
+    for i in range(1, 4):
+        fixed.on_push(Push(0, i, 8, start=0.01 * i, end=0.01 * i, arrival=0.01 * i, loss=0.0), ClusterView(1, (i,), (i,)))
+    assert len(fixed.on_push(Push(0, 3, 8, start=0.03, end=0.03, arrival=0.03, loss=0.0),
+                             ClusterView(1, (3,), (3,))).grants) == 2
+    with pytest.raises(ValueError, match="queue_s"):
+        P.get("ssp", queue_s=-1.0)
+
+
 def test_sizer_is_asked_once_per_decision_and_sizes_reach_grants():
     class Counting(P.BatchSizer):
         calls = 0
@@ -98,7 +129,7 @@ def test_asp_grants_the_steps_a_worker_runs_in_queue_s_and_lets_its_records_wait
     at least ``depth`` and at most MAX_DEPTH, and its records may wait (the engine drains
     them in batches) a quarter of the time the shortest queue lasts, at most
     MAX_PATIENCE_S; a policy that decides at each push waits for none."""
-    from tfsync.policy.asp import MAX_DEPTH, MAX_PATIENCE_S
+    from tfsync.policy.pacing import MAX_DEPTH, MAX_PATIENCE_S
     from tfsync.policy.base import Push
 
     def run(asp, gaps):   # two workers: worker w's steps start gaps[w] apart; the grants after the last
@@ -126,6 +157,6 @@ def test_asp_grants_the_steps_a_worker_runs_in_queue_s_and_lets_its_records_wait
     slow = P.get("asp", depth=8)
     _, view = run(slow, {0: 0.5, 1: 0.5})
     assert slow.ahead(0) == 8 and slow.patience(view) == MAX_PATIENCE_S
-    assert P.get("bsp").patience(view) == 0.0 and P.get("ssp", staleness=2).patience(view) == 0.0
+    assert P.get("bsp").patience(view) == 0.0
     with pytest.raises(ValueError, match="queue_s"):
         P.get("asp", queue_s=-1.0)

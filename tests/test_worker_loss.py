@@ -10,7 +10,7 @@ import pytest
 
 from helpers import kill_worker, linear_job, records, tfsync_run, wait_for
 from tfsync.manager.store import Store
-from tfsync.policy.asp import MAX_DEPTH
+from tfsync.policy.pacing import MAX_DEPTH
 
 pytestmark = pytest.mark.cluster
 

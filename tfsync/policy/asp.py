@@ -14,30 +14,23 @@ overshoot its workload.
 On a fast model a worker granted ``depth`` steps needs a grant every few milliseconds,
 and every drain of records and every release of tokens is a remote call that costs the
 coordinator about a millisecond of CPU (TensorFlow's runtime; tfsync.engine.links). So a
-worker is granted as many steps as it runs in ``queue_s`` seconds (its recent steps'
-mean time apart; at most ``MAX_DEPTH``), the way ``steps_per_execution`` packs steps into
-one call: 4 workers of the tiny model of ``experiments/bench_coordinator_scale.py`` on
-loopback, ``queue_s`` 0.25 against depth 8, took the coordinator's CPU per push from
-0.79 to 0.40 ms. A drain (a switch, a checkpoint, the end)
-then waits for at most ``queue_s`` of each worker's steps.
+worker is granted as many steps as it runs in ``queue_s`` seconds (tfsync.policy.pacing):
+4 workers of the tiny model of ``experiments/bench_coordinator_scale.py`` on loopback,
+``queue_s`` 0.25 against depth 8, took the coordinator's CPU per push from 0.79 to 0.40
+ms. A drain (a switch, a checkpoint, the end) then waits for at most ``queue_s`` of each
+worker's steps.
 
 Its records can wait (``patience``): a worker's queue lasts its steps ahead, so the engine
-may take the pushes in batches every quarter of that time (at most ``MAX_PATIENCE_S``),
-which saves the coordinator the CPU of a drain per push (tfsync.engine.links).
+may take the pushes in batches every quarter of that time, which saves the coordinator
+the CPU of a drain per push (tfsync.engine.links).
 """
 
 from __future__ import annotations
 
-import math
-
 from .actions import SUBMITTER
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
 from .options import Option
-
-
-MAX_PATIENCE_S = 0.08
-MAX_DEPTH = 64   # steps granted ahead of a worker, at most
-GAP_EMA = 0.2    # the weight of a worker's latest time between steps in its mean
+from .pacing import MAX_DEPTH, StepGaps
 
 
 def asp_teacher(push: Push, view: ClusterView) -> int:
@@ -59,16 +52,11 @@ class ASP(Policy):
         if not float(queue_s) >= 0:
             raise ValueError(f"ASP queue_s must be >= 0, got {queue_s!r}")
         self.depth, self.queue_s = int(depth), float(queue_s)
-        self._last: dict[int, float] = {}   # each worker's last step's start
-        self._gap: dict[int, float] = {}    # each worker's mean time between the starts of its steps
+        self.gaps = StepGaps(self.depth, self.queue_s)
 
     def ahead(self, worker: int) -> int:
-        """The steps granted ahead of ``worker``: those it runs in ``queue_s``, within
-        [``depth``, ``MAX_DEPTH``] (``depth`` until it has run two steps)."""
-        gap = self._gap.get(worker)
-        if not gap or not self.queue_s:
-            return self.depth
-        return max(self.depth, min(MAX_DEPTH, math.ceil(self.queue_s / gap)))
+        """The steps granted ahead of ``worker`` (``StepGaps.ahead``)."""
+        return self.gaps.ahead(worker)
 
     def start(self, view: ClusterView) -> Decision:
         grants = []
@@ -77,21 +65,15 @@ class ASP(Policy):
         return Decision(tuple(grants))
 
     def on_push(self, push: Push, view: ClusterView) -> Decision:
+        self.gaps.observe(push)
         w = push.worker
-        last, self._last[w] = self._last.get(w), push.start
-        if last is not None and push.start > last:
-            gap = self._gap.get(w)
-            self._gap[w] = push.start - last if gap is None else (1 - GAP_EMA) * gap + GAP_EMA * (push.start - last)
         if w not in view.members:
             return Decision()
         return Decision(self.grants_for([w] * (self.ahead(w) - view.outstanding(w)), view))
 
     def patience(self, view: ClusterView) -> float:
-        """A quarter of the time the shortest queue of a member lasts (its steps ahead
-        times its steps' time apart), at most ``MAX_PATIENCE_S``; 0 until a member has
-        run two steps."""
-        lasts = [self.ahead(w) * self._gap[w] for w in view.members if self._gap.get(w)]
-        return min(MAX_PATIENCE_S, min(lasts) / 4) if lasts else 0.0
+        """A quarter of the time the shortest queue of a member lasts (``StepGaps.patience``)."""
+        return self.gaps.patience({w: self.ahead(w) for w in view.members})
 
     def describe(self) -> dict:
         return {**super().describe(), "depth": self.depth, "queue_s": self.queue_s}
