@@ -43,7 +43,7 @@ class StepGaps:
 
     def patience(self, queued: dict[int, int]) -> float:
         """A quarter of the time the shortest of these queues lasts (``{worker: steps}``:
-        its steps times its steps' time apart), at most ``MAX_PATIENCE_S``; 0 while a
-        worker in it has not run two steps."""
-        lasts = [n * self._gap[w] if self._gap.get(w) else 0.0 for w, n in queued.items()]
+        its steps times its steps' time apart; of the workers that have run two steps), at
+        most ``MAX_PATIENCE_S``; 0 until one has."""
+        lasts = [n * self._gap[w] for w, n in queued.items() if self._gap.get(w)]
         return min(MAX_PATIENCE_S, min(lasts) / 4) if lasts else 0.0
