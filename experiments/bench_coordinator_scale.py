@@ -191,7 +191,7 @@ def _plot(rows, protocols, path: str) -> None:
         print("matplotlib not installed: no plot (pip install -e '.[plots]')")
         return
     ws = [r["workers"] for r in rows]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.6))
     for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),
                               *((q, NAMES[q], STYLES[q]) for q in protocols)):
         a1.plot(ws, [r[key] for r in rows], style, label=label)
@@ -200,7 +200,8 @@ def _plot(rows, protocols, path: str) -> None:
     a1.set_xlabel("workers")
     a1.set_ylabel("steps (pushes) / s, whole cluster")
     a1.set_title(f"tiny model on loopback, {os.cpu_count()} cores")
-    a1.legend(fontsize=8)
+    a1.set_ylim(bottom=0)
+    a1.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     for q in protocols:
         a2.plot(ws, [r[f"{q}_coordinator_ms_per_push"] for r in rows], STYLES[q], label=NAMES[q])
     a2.set_xscale("log", base=2)
