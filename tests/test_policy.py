@@ -71,7 +71,8 @@ def test_ssp_grants_by_queue_s_within_the_bound_and_waits_for_no_record_while_a_
     assert slow.patience(ClusterView(1, (3,), (3,))) == MAX_PATIENCE_S
     fixed = P.get("ssp", staleness=6, queue_s=0)   # depth alone
     for i in range(1, 4):
-        fixed.on_push(Push(0, i, 8, start=0.01 * i, end=0.01 * i, arrival=0.01 * i, loss=0.0), ClusterView(1, (i,), (i,)))
+        t = 0.01 * i
+        fixed.on_push(Push(0, i, 8, start=t, end=t, arrival=t, loss=0.0), ClusterView(1, (i,), (i,)))
     assert len(fixed.on_push(Push(0, 3, 8, start=0.03, end=0.03, arrival=0.03, loss=0.0),
                              ClusterView(1, (3,), (3,))).grants) == 2
     with pytest.raises(ValueError, match="queue_s"):

@@ -49,25 +49,23 @@ class ScaleAt(Controller):
         self.results.append(result)
 
 
-def test_bsp_scaled_2_3_2_mid_run_equals_single_process_adam_on_each_rounds_batches(tiny_problem, tmp_path,
-                                                                                   monkeypatch):
+def test_bsp_scaled_2_3_2_mid_run_equals_single_process_adam_on_each_rounds_batches(tiny_problem, tmp_path):
     """BSP with Adam and a decaying schedule, scaled 2 -> 3 -> 2 workers while it trains
     (each scale a restart from a checkpoint): every round has one push of each worker of
     its time, none twice, nothing counted lost; the rate follows the configuration rule
     (x n: 2, 3, 2 as the count goes); the weights equal single-process Adam on the union of
     each round's batches at those rates."""
-    from tfsync.engine import loop
-
-    # the controller counts updates as the coordinator sees them: records that waited while
-    # the PS ran the rounds (PILOT_LINGER_S) could come after the PS had run this tiny
-    # workload's every round, and the second scale would find nothing left to scale
-    monkeypatch.setattr(loop, "PILOT_LINGER_S", 0.0)
+    # the controller counts updates as the coordinator sees them, the coordinator's rounds
+    # (not the PS's): while the PS ran them, a busy coordinator saw the first 3 updates after
+    # the PS had run 14, this tiny workload's every round, and the second scale found nothing
+    # left to scale (a scale while the PS runs the rounds: tests/test_scale_cli.py)
     x, y, model_fn, _, loss_fn = tiny_problem
     setup = TrainSetup(model_fn, lambda: keras.optimizers.Adam(_schedule()), loss_fn, x, y, max_batch_size=M,
                        shuffle=False)
     ref = []
     controller = ScaleAt(ref, [3, 2])
-    engine = Engine(setup, run_dir=str(tmp_path), tensorboard=False, timeout_s=120, controller=controller)
+    engine = Engine(setup, run_dir=str(tmp_path), tensorboard=False, timeout_s=120, controller=controller,
+                    ps_rounds=False)
     ref.append(engine)
     total = 10 * 4 + 15 * 4 + 10 * 4
     summary = engine.run([Phase(BSP(BatchSizer(5)), lr_scale=2.0)], total_samples=total)

@@ -177,8 +177,9 @@ class RunRecorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write the lines held (and in TensorBoard, the push scalars since the last flush); the file only ever ends at a whole line: a write that fails
-        (a full disk) is cut back to where it began, and its lines are lost with the run."""
+        """Write the lines held (and to TensorBoard, the push scalars since the last flush);
+        the file only ever ends at a whole line: a write that fails (a full disk) is cut
+        back to where it began, and its lines are lost with the run."""
         self._flushed = time.monotonic()
         if self._tb is not None and self._scalars.step is not None:
             self._tb.scalars(self._scalars.step, self._scalars.take())

@@ -30,9 +30,6 @@ class StepGaps:
             gap = self._gap.get(w)
             self._gap[w] = push.start - last if gap is None else (1 - GAP_EMA) * gap + GAP_EMA * (push.start - last)
 
-    def gap(self, worker: int) -> float | None:
-        return self._gap.get(worker)
-
     def ahead(self, worker: int) -> int:
         """The steps ``worker`` runs in ``queue_s``, within [``depth``, ``MAX_DEPTH``]
         (``depth`` until it has run two steps, or where ``queue_s`` is 0)."""
