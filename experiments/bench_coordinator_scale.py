@@ -27,12 +27,12 @@ tasks). ``asp8`` is ASP at depth 8 alone (``queue_s = 0``), as it granted before
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import sys
 import time
 from types import SimpleNamespace
+from typing import NamedTuple
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -46,6 +46,7 @@ import psutil  # noqa: E402
 
 from bench_engine import steady_window  # noqa: E402
 from bench_user_models import native_fit  # noqa: E402
+from testbed_bench import write_csv  # noqa: E402
 
 MODEL, BATCH, LR = "linear", 16, 0.05
 
@@ -72,12 +73,18 @@ def fit(data, workers: int, steps: int, per_execution: int) -> float:
                       decode=lambda x, y: (tf.cast(x, tf.float32) / 255, y))
 
 
-# name: (protocol, options); asp8: ASP's depth 8 alone (before queue_s)
-PROTOCOLS = {"asp": ("asp", {}), "asp8": ("asp", {"queue_s": 0.0}), "ssp": ("ssp", {}), "bsp": ("bsp", {}),
-             "lbbsp": ("lbbsp", {})}
-STYLES = {"asp": "o-", "asp8": "o:", "ssp": "^-", "bsp": "s-", "lbbsp": "d-"}
-NAMES = {"asp": "tfsync ASP", "asp8": "tfsync ASP, depth 8 (before)", "ssp": "tfsync SSP s=3", "bsp": "tfsync BSP",
-         "lbbsp": "tfsync LB-BSP"}
+class Config(NamedTuple):
+    protocol: str
+    options: dict
+    label: str
+    style: str
+
+
+# asp8: ASP's depth 8 alone (before queue_s)
+PROTOCOLS = {"asp": Config("asp", {}, "tfsync ASP", "o-"),
+             "asp8": Config("asp", {"queue_s": 0.0}, "tfsync ASP, depth 8 (before)", "o:"),
+             "ssp": Config("ssp", {}, "tfsync SSP s=3", "^-"), "bsp": Config("bsp", {}, "tfsync BSP", "s-"),
+             "lbbsp": Config("lbbsp", {}, "tfsync LB-BSP", "d-")}
 
 
 def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> tuple[float, float, float, float]:
@@ -91,7 +98,7 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
     from tfsync.engine.trainer import Engine, Phase
 
     work = linear_work(data)
-    name, options = PROTOCOLS[protocol]
+    name, options = PROTOCOLS[protocol][:2]
     setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
                        max_batch_size=BATCH * (4 if name == "lbbsp" else 1))   # (LB-BSP sizes up to 4x)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -168,15 +175,12 @@ def main(argv=None) -> int:
                         f"{protocol}_coordinator_limit_pushes_per_s": 1.0 / per_push, f"{protocol}_task_pss_mb": mb})
         rows.append(row)
         print(f"  {w:>2} workers, steps/s: fit {row['fit']:6.1f}, fit x32 {row['fit_32']:6.1f}; " + ", ".join(
-            f"{NAMES[q]} {row[q]:6.1f} ({row[f'{q}_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
+            f"{PROTOCOLS[q].label} {row[q]:6.1f} ({row[f'{q}_coordinator_ms_per_push']:.2f} ms coordinator CPU a push, "
             f"{row[f'{q}_coordinator_cores']:.2f} cores)" for q in protocols)
             + f"; {row[f'{protocols[0]}_task_pss_mb']:.0f} MB a task", flush=True)
     shutil.rmtree(runs, ignore_errors=True)
     csv_path = os.path.join(args.out, "bench_coordinator_scale.csv")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+    write_csv(csv_path, [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in rows])
     _plot(rows, protocols, os.path.join(args.out, "bench_coordinator_scale.png"))
     print(f"wrote {csv_path}")
     return 0
@@ -193,7 +197,7 @@ def _plot(rows, protocols, path: str) -> None:
     ws = [r["workers"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.6))
     for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),
-                              *((q, NAMES[q], STYLES[q]) for q in protocols)):
+                              *((q, PROTOCOLS[q].label, PROTOCOLS[q].style) for q in protocols)):
         a1.plot(ws, [r[key] for r in rows], style, label=label)
     a1.set_xscale("log", base=2)
     a1.set_xticks(ws, [str(w) for w in ws])
@@ -203,7 +207,7 @@ def _plot(rows, protocols, path: str) -> None:
     a1.set_ylim(bottom=0)
     a1.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     for q in protocols:
-        a2.plot(ws, [r[f"{q}_coordinator_ms_per_push"] for r in rows], STYLES[q], label=NAMES[q])
+        a2.plot(ws, [r[f"{q}_coordinator_ms_per_push"] for r in rows], PROTOCOLS[q].style, label=PROTOCOLS[q].label)
     a2.set_xscale("log", base=2)
     a2.set_xticks(ws, [str(w) for w in ws])
     a2.set_xlabel("workers")
