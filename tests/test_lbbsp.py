@@ -237,8 +237,9 @@ def test_sizes_kept_are_checked_again_and_dropped_once_they_no_longer_pay(seed):
     """A worker 3x slower: the sizes pay (half BSP's time) and are kept. Then the workers are
     alike under a CPU quota's cliff, and noise keeps LB-BSP's sizes uneven (2.7x BSP's
     rounds without the guard). A probe of the even split, due a doubling number of rounds
-    after the sizes were last kept, finds it faster: the even split holds, within 20 % of BSP
-    (each check spans a second of rounds at least)."""
+    after the sizes were last kept (or at once, where they moved far from those kept), finds
+    it faster: the even split holds, within 20 % of BSP (each check spans a second of rounds
+    at least)."""
     noise = dict(fixed=0.0035, per_sample=0.0004, jitter=0.15, seed=seed)
     times = {}
     for name, policy in (("bsp", BSP(FixedSizer([64] * 4))), ("guarded", LBBSP(batch_size=64)),
@@ -253,5 +254,22 @@ def test_sizes_kept_are_checked_again_and_dropped_once_they_no_longer_pay(seed):
             checks = policy.stats()["guard_checks"]
     assert times["guarded"][0] < 0.6 * times["bsp"][0]
     assert times["blind"][1] > 2 * times["bsp"][1] and times["guarded"][1] < 1.2 * times["bsp"][1], times
-    assert [(c["kind"], c["kept"]) for c in checks[:3]] == [("trial", True), ("probe", True), ("probe", False)]
-    assert checks[2]["round"] - checks[1]["round"] > checks[1]["round"] - checks[0]["round"]   # rechecks double
+    first_drop = next(i for i, c in enumerate(checks) if not c["kept"])
+    assert checks[0]["kind"] == "trial" and all(c["kind"] == "probe" for c in checks[1:first_drop + 1])
+    assert checks[first_drop]["round"] > 200   # kept while the worker was slow, dropped after
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_alike_workers_keep_the_even_split(seed):
+    """Issue 54: four alike workers, 15 % step noise. LB-BSP's predictions differ by noise
+    and its sizes leave the even split; the guard keeps none of them (a gain must beat the
+    noise between the two means, not only a fixed margin: seed 2 kept a 3.6 % "gain"), and
+    failed trials take few rounds: at least 95 % of them have every batch within 15 % of
+    the even split."""
+    noise = dict(fixed=0.0035, per_sample=0.0004, jitter=0.15, seed=seed)
+    policy = LBBSP(batch_size=64)
+    rounds = round_sizes(Simulator(4, SpeedModel(factors=[1, 1, 1, 1], **noise)).run(policy, updates=1000))
+    checks = policy.stats()["guard_checks"]
+    assert checks and not any(c["kept"] for c in checks)
+    even = [all(abs(r[w] / 64 - 1) <= 0.15 for w in r) for r in rounds]
+    assert np.mean(even) >= 0.95

@@ -8,18 +8,31 @@ cliff, not a line), and noise between alike workers looks like speed. So the siz
 tried, not trusted, and tried again from time to time:
 
 - a *trial* starts when the sizes move away from the even split; its *baseline* is the
-  mean round time of the last ``baseline`` rounds at the even split before it, or of as
+  round times of the last ``baseline`` rounds at the even split before it, or of as
   many more as span ``WINDOW_S``;
 - after ``trial`` rounds at uneven sizes spanning ``WINDOW_S`` (or ``MIN_BASELINE`` of
   them already ``CLEARLY`` slower), their mean round time (the mean: a round's stall is
-  what it costs) is compared with the baseline: at least ``margin``
-  faster, and the sizes are kept; else the even split holds for ``backoff`` rounds
-  (doubling at each failed check, up to ``max_backoff``; back to ``backoff`` after one that
-  paid), after which the sizes may move again;
+  what it costs) is compared with the baseline's: at least ``margin`` faster, and faster by
+  ``SIGNIFICANCE`` standard errors of the difference of the two means (Welch's), and the
+  sizes are kept; faster but within the noise, the trial runs on (up to
+  ``MAX_TRIAL_WINDOWS`` seconds, then judged as it stands); else the even split holds for
+  ``backoff`` rounds (doubling at each failed check, up to ``max_backoff``; back to
+  ``backoff`` after one that paid), and at least ``HOLD_PER_TRIAL`` times as many as the check measured (where a
+  second holds many rounds, failed trials then take at most a quarter of them), after
+  which the sizes may move again;
 - sizes kept are checked again after ``recheck`` rounds (doubling at each check that keeps
   them, up to ``max_recheck``): a *probe* of ``baseline`` rounds at the even split (and
   ``WINDOW_S``), whose mean is compared with the last uneven rounds' as above. What made the sizes
-  pay (a slow worker) may have passed, and a trial may have passed by luck.
+  pay (a slow worker) may have passed, and a trial may have passed by luck;
+- sizes kept that then move far from those first granted after the verdict (a worker's
+  batch by more than ``DRIFT`` of the even batch) are checked by a probe at once (at most
+  one such probe each ``recheck`` rounds): the sizes kept are not the sizes tried.
+
+Why the standard error: with alike workers the uneven sizes LB-BSP proposes are noise,
+and on a busy machine the noise between two means of a second of rounds is larger than a
+fixed margin (the tiny model on 2 cores kept 18 / 12 / 4 / 30 of 64 at 4 alike workers);
+a CPU quota's stalls make it larger still, hence the longer trial where the gain is
+promising.
 
 A round's time is its slowest push's ``turnaround`` (all of a round's steps start when it
 opens, so the slowest one is the round: on the PS's rounds, from the release to the last
@@ -27,13 +40,15 @@ landing). A round counts as even when every push of it ran the even batch. The f
 ``WARMUP`` rounds are not measured (a cluster's first steps are slow); the sizes leave the
 even split only once ``MIN_BASELINE`` even rounds are measured after them (at the start,
 and after a resize). ``checks`` keeps every verdict (round count, the sizes' and the even
-split's median seconds, kept or not, trial or probe) for the policy's stats. Plain
+split's mean seconds and the standard error of their difference, kept or not, trial or
+probe) for the policy's stats. Plain
 numbers; no TensorFlow.
 """
 
 from __future__ import annotations
 
-import statistics
+import math
+from statistics import fmean, stdev
 from collections import deque
 from typing import Mapping
 
@@ -42,6 +57,12 @@ WINDOW_S = 1.0     # a baseline, a trial or a probe spans at least this long (a 
                    # quota comes and goes within it: a few rounds may all fall between two pauses)
 MIN_BASELINE = 3   # even rounds measured before the sizes may leave the even split
 CLEARLY = 1.25     # a trial this much slower after MIN_BASELINE rounds ends there
+SIGNIFICANCE = 2.0  # standard errors by which the sizes' mean round must beat the even split's
+DRIFT = 0.25       # kept sizes that move a batch this share of the even one away are probed
+HOLD_PER_TRIAL = 3  # a failed check holds the even split at least this many times its rounds
+MAX_TRIAL_WINDOWS = 4  # a trial faster but within the noise runs on up to this many WINDOW_S
+HOLD_PER_TRIAL = 3  # a failed check holds the even split at least this many times its rounds
+MAX_TRIAL_WINDOWS = 4  # a trial faster but within the noise runs on up to this many WINDOW_S
 
 
 class EvenGuard:
@@ -60,10 +81,12 @@ class EvenGuard:
         self.even_rounds: deque[float] = deque(maxlen=256)
         self.uneven_rounds: deque[float] = deque(maxlen=256)
         self.tried: list[float] | None = None        # a trial's round times, while one runs
-        self.base: float | None = None               # its baseline
+        self.base: list[float] | None = None         # its baseline's
         self.probe: list[float] | None = None        # a probe's even rounds, while one runs
         self.hold = 0                                # rounds left at the even split
         self.kept_at: int | None = None              # round count when the sizes were last kept
+        self.anchor: dict[int, int] | None = None    # the sizes first granted after they were
+        self.drift_at = -recheck                     # round count of the last probe for drift
         self.rounds = 0                              # complete rounds seen
         self.checks: list[dict] = []
 
@@ -90,29 +113,42 @@ class EvenGuard:
             if self.probe is not None:
                 self.probe.append(seconds)
                 if len(self.probe) >= self.baseline and sum(self.probe) >= WINDOW_S:
-                    even, self.probe = statistics.fmean(self.probe), None
+                    even, self.probe = self.probe, None
                     if len(self.uneven_rounds) >= MIN_BASELINE:
-                        self._verdict(statistics.fmean(recent(self.uneven_rounds, self.trial)), even, "probe")
+                        self._verdict(recent(self.uneven_rounds, self.trial), even, "probe")
             return
         self.uneven_rounds.append(seconds)
         if self.tried is None:
             return
         self.tried.append(seconds)
-        tried = statistics.fmean(self.tried)
-        clearly_worse = len(self.tried) >= MIN_BASELINE and tried > CLEARLY * self.base
-        if (len(self.tried) >= self.trial and sum(self.tried) >= WINDOW_S) or clearly_worse:
-            self._verdict(tried, self.base, "trial")
+        clearly_worse = len(self.tried) >= MIN_BASELINE and fmean(self.tried) > CLEARLY * fmean(self.base)
+        if clearly_worse:
+            self._verdict(self.tried, self.base, "trial")
+        elif len(self.tried) >= self.trial and sum(self.tried) >= WINDOW_S:
+            faster, beyond_noise = self._compare(self.tried, self.base)
+            if beyond_noise or not faster or sum(self.tried) >= MAX_TRIAL_WINDOWS * WINDOW_S:
+                self._verdict(self.tried, self.base, "trial")
 
-    def _verdict(self, sizes_s: float, even_s: float, kind: str) -> None:
-        kept = sizes_s <= (1.0 - self.margin) * even_s
+    def _compare(self, sizes: list[float], even: list[float]) -> tuple[bool, bool]:
+        """(the sizes' mean round is ``margin`` faster than the even split's, and that by
+        ``SIGNIFICANCE`` standard errors of the difference too)."""
+        gain = fmean(even) - fmean(sizes)
+        faster = gain >= self.margin * fmean(even)
+        return faster, faster and gain >= SIGNIFICANCE * noise(sizes, even)
+
+    def _verdict(self, sizes: list[float], even: list[float], kind: str) -> None:
+        sizes_s, even_s = fmean(sizes), fmean(even)
+        kept = self._compare(sizes, even)[1]
         self.checks.append({"round": self.rounds, "kind": kind, "sizes_s": round(sizes_s, 5),
-                            "even_s": round(even_s, 5), "kept": kept})
+                            "even_s": round(even_s, 5), "se_s": round(noise(sizes, even), 5), "kept": kept})
+        self.anchor = None
         if kept:
             self.next_backoff, self.kept_at = self.backoff, self.rounds
             if kind == "probe":
                 self.next_recheck = min(2 * self.next_recheck, self.max_recheck)
         else:
-            self.hold, self.next_backoff = self.next_backoff, min(2 * self.next_backoff, self.max_backoff)
+            self.hold = max(self.next_backoff, HOLD_PER_TRIAL * len(sizes))
+            self.next_backoff = min(2 * self.next_backoff, self.max_backoff)
             self.kept_at, self.next_recheck = None, self.recheck
         self.tried = self.base = None
 
@@ -129,12 +165,19 @@ class EvenGuard:
             return proposed
         if len(self.even_rounds) < MIN_BASELINE:   # nothing to check the sizes against yet
             return even
-        if self.kept_at is not None and self.rounds - self.kept_at >= self.next_recheck:
+        if self.kept_at is not None:
+            if self.anchor is None:
+                self.anchor = proposed
+            drifted = max(abs(v - self.anchor.get(w, self.even)) for w, v in proposed.items()) > DRIFT * self.even
+            if drifted and self.rounds - self.drift_at >= self.recheck:
+                self.drift_at = self.rounds
+            elif self.rounds - self.kept_at < self.next_recheck:
+                return proposed
             self.kept_at, self.probe = self.rounds, []   # (the probe's verdict sets them again)
             return even
         was_even = current is None or all(v == self.even for v in current.values())
-        if was_even and self.tried is None and self.kept_at is None:
-            self.tried, self.base = [], statistics.fmean(recent(self.even_rounds, self.baseline))
+        if was_even and self.tried is None:
+            self.tried, self.base = [], recent(self.even_rounds, self.baseline)
         return proposed
 
     def reset(self) -> None:
@@ -142,15 +185,16 @@ class EvenGuard:
         self._open.clear()
         self.even_rounds.clear()
         self.uneven_rounds.clear()
-        self.tried = self.base = self.kept_at = None
-        self.hold, self.probe = 0, None
+        self.tried = self.base = self.kept_at = self.anchor = None
+        self.hold, self.probe, self.drift_at = 0, None, -self.recheck
 
     def save_state(self) -> dict:
         """What it measured and decided, for a restart of the same worker count."""
         return {"even_rounds": list(self.even_rounds), "uneven_rounds": list(self.uneven_rounds),
                 "tried": self.tried, "base": self.base, "probe": self.probe, "hold": self.hold,
                 "kept_at": self.kept_at, "next_backoff": self.next_backoff, "next_recheck": self.next_recheck,
-                "rounds": self.rounds, "checks": list(self.checks)}
+                "rounds": self.rounds, "checks": list(self.checks), "drift_at": self.drift_at,
+                "anchor": None if self.anchor is None else [[w, v] for w, v in self.anchor.items()]}
 
     def load_state(self, state: dict) -> None:
         number = (lambda v, kind=float: None if v is None else kind(v))
@@ -158,9 +202,12 @@ class EvenGuard:
         self.even_rounds.extend(float(v) for v in state.get("even_rounds", []))
         self.uneven_rounds.clear()
         self.uneven_rounds.extend(float(v) for v in state.get("uneven_rounds", []))
-        tried = state.get("tried")
-        self.tried = None if tried is None else [float(v) for v in tried]
-        self.base, self.kept_at = number(state.get("base")), number(state.get("kept_at"), int)
+        numbers = (lambda v: None if v is None else [float(x) for x in (v if isinstance(v, list) else [v])])
+        self.tried, self.base = numbers(state.get("tried")), numbers(state.get("base"))   # (a mean before 2026-11-30)
+        self.kept_at = number(state.get("kept_at"), int)
+        anchor = state.get("anchor")
+        self.anchor = None if anchor is None else {int(w): int(v) for w, v in anchor}
+        self.drift_at = int(state.get("drift_at", -self.recheck))
         probe = state.get("probe")
         self.probe = [float(v) for v in probe] if isinstance(probe, list) else None
         self.hold = int(state.get("hold", 0))
@@ -177,6 +224,12 @@ class EvenGuard:
         return {"trial": self.trial, "baseline": self.baseline, "backoff": self.backoff,
                 "max_backoff": self.max_backoff, "recheck": self.recheck, "max_recheck": self.max_recheck,
                 "margin": self.margin}
+
+
+def noise(a, b) -> float:
+    """The standard error of the difference of ``a``'s and ``b``'s means (Welch's; a list
+    of fewer than two adds none)."""
+    return math.sqrt(sum(stdev(v) ** 2 / len(v) for v in (a, b) if len(v) > 1))
 
 
 def recent(rounds, count: int) -> list[float]:
