@@ -24,7 +24,14 @@ the verdicts). Kept, ASP is still watched for progress: should the training loss
 mean over every push of the last second) stay ``loss_rise`` above the lowest it reached
 (default 1.0: twice) for ``hold_s``, staleness is undoing what ASP's speed brings, and
 LB-BSP comes back, with no ASP trial for four times as long as after a trial that did not
-pay (a divergence says more than a speed measured at one moment). At eight workers ASP
+pay (a divergence says more than a speed measured at one moment). Nor may the loss stand
+still: ``progress_s`` (6 s) into ASP, a second's mean (from a ``hold_s`` after the
+switch) must have come under its mean when ASP began, or LB-BSP comes back, with the same
+block (a CNN ASP's staleness kept at chance on the testbed never rose to twice its
+lowest: auto stayed in ASP to the end at 10 % accuracy). And whatever sends ASP back, if
+its loss is then a quarter of ``loss_rise`` above its mean when ASP began, the next trial
+waits as long (eight workers' ASP took the accuracy from 0.93 to 0.59 in two seconds,
+went back for the speeds alone, and was tried again 12 s later). At eight workers ASP
 at a momentum of 0.9 diverged 3.8-16x within seconds, on the testbed and locally; at four,
 a switch's transient reached 1.6x and passed (1.2x, the first default, sent back an ASP
 that was training well). In ASP every worker runs the same batch, so the step times compare speeds
@@ -154,11 +161,14 @@ class AutoPolicy(Policy):
                                                             "staleness"),
                Option("loss_rise", float, lo=0, help="how far above its lowest (a fraction) the training loss "
                                                        "in ASP may stay for hold_s before LB-BSP comes back"),
+               Option("progress_s", float, lo=0, help="seconds in which ASP's training loss must come under its "
+                                                        "mean when ASP began, or LB-BSP comes back"),
                Option("asp_momentum", float, lo=0, hi=0.999, help="the momentum ASP runs (default: the job's)"))
 
     def __init__(self, batch_size: int = 32, asp_above: float = 1.5, back_below: float = 1.2,
                  hold_s: float = 2.0, asp_gain: float = 1.0, staleness_cost: float = 0.035,
-                 loss_rise: float = 1.0, asp_momentum: float | None = None, momentum: float | None = None,
+                 loss_rise: float = 1.0, progress_s: float = 6.0, asp_momentum: float | None = None,
+                 momentum: float | None = None,
                  lr_scales: dict | None = None,
                  lbbsp: LBBSP | None = None, asp: Policy | None = None, seed: int | None = None):
         self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
@@ -184,6 +194,10 @@ class AutoPolicy(Policy):
         self.loss_rise = float(loss_rise)
         self.loss = _Loss()
         self.lowest_loss: float | None = None   # in ASP: the lowest the loss's mean reached
+        self.progress_s = float(progress_s)
+        self.asp_since: float | None = None      # when ASP began
+        self.start_loss: float | None = None     # the loss's mean then
+        self.asp_best: float | None = None       # its lowest since, a hold_s after the switch
         # (arrival, batch, staleness)
         self.arrivals: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=8192)
         self.trial: dict | None = None     # ASP on trial: since when, LB-BSP's samples/s before it
@@ -239,13 +253,13 @@ class AutoPolicy(Policy):
     def _beyond_lbbsp(self, worker: int) -> str | None:
         """Why LB-BSP can do no more for ``worker``: it runs LB-BSP's smallest batch (it
         cannot be given less), or LB-BSP's guard holds the even split (its sizes were
-        tried, and rounds were slower than at the even split); None if neither."""
+        tried, and their rounds were not measured faster than the even split's); None if neither."""
         sizer = self.lbbsp.sizer
         last = self.steps[worker].last_batch if worker in self.steps else sizer.batch_size
         if last <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
             return "at the smallest batch LB-BSP gives it"
         if sizer.guard is not None and sizer.guard.hold > 0:
-            return "at the even split, LB-BSP's sizes having made rounds slower"
+            return "at the even split, LB-BSP's sizes not measured faster"
         return None
 
     def _held(self, condition: bool, view: ClusterView) -> bool:
@@ -297,21 +311,31 @@ class AutoPolicy(Policy):
         if self.state == "lbbsp":
             return self._from_lbbsp(w, ratio, view) or d
         if self.state == "asp":
-            back = self._trial_verdict(view)
+            back, stalled = self._trial_verdict(view), self._stalled(view)
             recovered, rising = ratio < self.back_below, self._loss_rising()
-            if back is None and not self._held(recovered or rising is not None, view):
+            if back is None and stalled is None and not self._held(recovered or rising is not None, view):
                 return self.asp.on_push(push, view)
-            if back is None and not recovered:
-                back = rising + ": back to LB-BSP once ASP's steps are in"
+            by_loss = stalled or (rising if back is None and not recovered else None)
+            worse = None if by_loss else self._left_worse()
+            if by_loss is not None:   # (the loss says more than a speed measured at one moment)
+                self.trial = None
                 self._block(view.now, 4)
+                back = by_loss + ": back to LB-BSP once ASP's steps are in"
             elif back is None and self.trial is not None:   # before the trial's verdict: a flap
                 self.trial = None
-                self._block(view.now)
+                self._block(view.now, 4 if worse else 1)
                 back = (f"the slowest worker's steps (w{w}) {ratio:.1f}x the median at ASP's even batches within "
                         "its trial: what looked slow under LB-BSP was its sizes or noise, not a worker; back to "
-                        f"LB-BSP once ASP's steps are in, no trial for {self.blocked_until - view.now:.0f} s")
-            self._move("drain", view, back or f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for "
-                                              f"{self.hold_s:g} s: back to LB-BSP once ASP's steps are in")
+                        "LB-BSP once ASP's steps are in")
+            elif worse is not None:
+                self._block(view.now, 4)
+            back = back or (f"the slowest worker's steps (w{w}) {ratio:.1f}x the median for {self.hold_s:g} s: "
+                            "back to LB-BSP once ASP's steps are in")
+            if worse is not None:
+                back += f"; {worse}"
+            if view.now < self.blocked_until:
+                back += f", no trial for {self.blocked_until - view.now:.0f} s"
+            self._move("drain", view, back)
         if view.in_flight:
             return NOTHING
         self._move("lbbsp", view, "ASP's steps drained")
@@ -338,7 +362,8 @@ class AutoPolicy(Policy):
             why = f"w{slower_w} {slower:.1f}x slower than the others' median for {self.hold_s:g} s"
         why += f": ASP on trial against LB-BSP's {lbbsp_rate or 0:.0f} samples/s"
         self.trial = {"since": view.now, "lbbsp_rate": lbbsp_rate}
-        self.lowest_loss = self.loss.mean
+        self.lowest_loss = self.start_loss = self.loss.mean
+        self.asp_since, self.asp_best = view.now, None
         self._move("asp", view, why)
         a = self.asp.start(view)
         return Decision(a.grants, barrier=view.pending > 0, **self.hyper("asp"))
@@ -385,6 +410,32 @@ class AutoPolicy(Policy):
         return (f"the training loss in ASP {mean:.3g}, {mean / self.lowest_loss:.2f}x the lowest it reached "
                 f"({self.lowest_loss:.3g}), for {self.hold_s:g} s: staleness undoes what ASP's speed brings")
 
+    def _stalled(self, view: ClusterView) -> str | None:
+        """Why ASP makes no progress: ``progress_s`` into it, the training loss's mean (from
+        a ``hold_s`` after the switch: a window of ASP's pushes alone) has never come under
+        its mean when ASP began; None while it has, or there is no loss, or it is too soon.
+        A model ASP's staleness keeps at chance (a CNN at four workers) never rose to the
+        loss watch's twice its lowest: it never fell."""
+        mean = self.loss.mean
+        if self.start_loss is None or self.asp_since is None:
+            return None
+        if mean is not None and view.now >= self.asp_since + self.hold_s:
+            self.asp_best = mean if self.asp_best is None else min(self.asp_best, mean)
+        if view.now < self.asp_since + self.progress_s or (self.asp_best is not None
+                                                             and self.asp_best <= self.start_loss):
+            return None
+        best = "none measured" if self.asp_best is None else f"{self.asp_best:.3g} at best"
+        return (f"the training loss in ASP not under {self.start_loss:.3g}, its mean when ASP began, in "
+                f"{self.progress_s:g} s ({best}): staleness undoes what ASP's speed brings")
+
+    def _left_worse(self) -> str | None:
+        """On leaving ASP: why it is to be tried less (the training loss's mean above its
+        mean when ASP began, by more than ``loss_rise`` / 4); None if not (or no loss)."""
+        mean, start = self.loss.mean, self.start_loss
+        if mean is None or start is None or mean <= start * (1 + self.loss_rise / 4):
+            return None
+        return f"the training loss {mean / start:.2f}x its mean when ASP began ({mean:.3g} against {start:.3g})"
+
     def steady_round(self, view: ClusterView) -> Decision | None:
         """LB-BSP's steady rounds (the PS may run them) while no move is in the making."""
         if self.state != "lbbsp" or self._since is not None:
@@ -403,7 +454,8 @@ class AutoPolicy(Policy):
     def describe(self) -> dict:
         return {"name": self.name, "asp_above": self.asp_above, "back_below": self.back_below,
                 "hold_s": self.hold_s, "asp_gain": self.asp_gain, "staleness_cost": self.staleness_cost,
-                "loss_rise": self.loss_rise, "asp_momentum": self.asp_momentum, "momentum": self.momentum,
+                "loss_rise": self.loss_rise, "progress_s": self.progress_s, "asp_momentum": self.asp_momentum,
+                "momentum": self.momentum,
                 "lbbsp": self.lbbsp.describe(),
                 "asp": self.asp.describe()}
 
