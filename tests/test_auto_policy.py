@@ -90,6 +90,26 @@ class ScriptedLoss:
         return float("nan")
 
 
+def first_second(now):
+    """A model's loss falls from its start (an ASP trial waits for that)."""
+    return 1.5 if now < 1.0 else 1.0
+
+
+def test_no_asp_trial_while_the_loss_sits_at_its_first_plateau():
+    """A worker 3x slower from the start; the training loss flat at 2.3 for 6 s (a CNN at
+    chance), then falling: ASP is judged by its loss's fall, which says nothing there, so
+    its trial waits until the loss is 10 % below its first second's mean. With no loss
+    reported (the simulator's own model absent), the trial comes at once."""
+    policy = AutoPolicy(batch_size=32)
+    sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, lambda now, state: 2.3 if now < 6.0 else 2.3 * max(0.5, 1 - (now - 6.0)))
+    sim.run(policy, time=12.0)
+    assert [m["to"] for m in policy.moves] == ["asp"] and 8.0 < policy.moves[0]["time"] < 9.0, policy.moves
+    policy = AutoPolicy(batch_size=32)
+    Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE)).run(policy, time=12.0)
+    assert policy.moves[0]["time"] < 4.0
+
+
 @pytest.mark.parametrize("rises", [True, False])
 def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
     """ASP kept after its trial (a worker 3x slower), then its training loss climbs, 50 %
@@ -104,7 +124,7 @@ def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
         if state == "asp" and not began:
             began.append(now)
         climb = 0.5 * (now - began[0] - 3.0) if rises and began and now > began[0] + 3.0 else 0.0
-        return 0.5 * (1 + climb) * rng.uniform(0.9, 1.1)
+        return 0.5 * (1 + climb) * rng.uniform(0.9, 1.1) * first_second(now)
 
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
     sim.model = ScriptedLoss(sim, policy, loss)
@@ -135,7 +155,7 @@ def test_asp_whose_training_loss_never_falls_gives_way_to_lbbsp(falls):
     def loss(now, state):
         if state == "asp" and not began:
             began.append(now)
-        return (2.0 if state != "asp" else 1.9 if falls else 2.3) * rng.uniform(0.95, 1.05)
+        return (2.0 * first_second(now) if state != "asp" else 1.9 if falls else 2.3) * rng.uniform(0.95, 1.05)
 
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
     sim.model = ScriptedLoss(sim, policy, loss)
@@ -164,7 +184,7 @@ def test_asp_that_leaves_the_loss_worse_than_it_found_it_is_not_tried_for_longer
 
     policy = AutoPolicy(batch_size=32)
     sim = Simulator(3, SlowUnderLBBSP(factors=[1, 1, 1], seed=1, **NOISE))
-    sim.model = ScriptedLoss(sim, policy, lambda now, state: 0.6 if state == "asp" else 0.4)
+    sim.model = ScriptedLoss(sim, policy, lambda now, state: 0.6 if state == "asp" else 0.4 * first_second(now))
     sim.run(policy, time=20.0)
     back = policy.moves[1]
     assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves

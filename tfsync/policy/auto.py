@@ -26,9 +26,12 @@ mean over every push of the last second) stay ``loss_rise`` above the lowest it 
 LB-BSP comes back, with no ASP trial for four times as long as after a trial that did not
 pay (a divergence says more than a speed measured at one moment). Nor may the loss stand
 still: ``progress_s`` (6 s) into ASP, a second's mean (from a ``hold_s`` after the
-switch) must have come under its mean when ASP began, or LB-BSP comes back, with the same
-block (a CNN ASP's staleness kept at chance on the testbed never rose to twice its
-lowest: auto stayed in ASP to the end at 10 % accuracy). And whatever sends ASP back, if
+switch) must have come under its mean when ASP began (or within 2 % of it), or LB-BSP
+comes back, with the same block (a CNN ASP's staleness kept at chance on the testbed
+never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy). Since
+that says nothing while a model sits at its first plateau, no ASP trial starts before
+the loss is ``LOSS_FALL`` (10 %) below its first second's mean (the CNN, still at chance
+when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). And whatever sends ASP back, if
 its loss is then a quarter of ``loss_rise`` above its mean when ASP began, the next trial
 waits as long (eight workers' ASP took the accuracy from 0.93 to 0.59 in two seconds,
 went back for the speeds alone, and was tried again 12 s later). At eight workers ASP
@@ -89,6 +92,8 @@ BLOCK_S = 10.0   # seconds without an ASP trial after one that did not pay (doub
 WINDOW_S = 1.0   # the steps a worker's speed is measured over: those that arrived in the last second ...
 MIN_STEPS = 2    # ... and at least its last two (a worker slower than that)
 MIN_LOSSES = 8   # pushes the training loss's mean needs
+LOSS_FALL = 0.1  # how far below its first second's mean the loss must be before an ASP trial
+HOLDS = 0.02     # a loss within this of where ASP found it holds (late in training it falls slowly)
 
 
 class _Window:
@@ -193,6 +198,7 @@ class AutoPolicy(Policy):
         self.staleness_cost = float(staleness_cost)
         self.loss_rise = float(loss_rise)
         self.loss = _Loss()
+        self.first_loss: float | None = None    # the training loss's first second's mean
         self.lowest_loss: float | None = None   # in ASP: the lowest the loss's mean reached
         self.progress_s = float(progress_s)
         self.asp_since: float | None = None      # when ASP began
@@ -352,7 +358,7 @@ class AutoPolicy(Policy):
         slower_w, slower = spread if spread else (None, 1.0)
         beyond = ratio >= self.asp_above and where is not None
         uneven = slower >= self.asp_above
-        if not self._held((beyond or uneven) and view.now >= self.blocked_until, view):
+        if not self._held((beyond or uneven) and view.now >= self.blocked_until and self._loss_fell(), view):
             return None
         measured = self.rate(view.now - self.hold_s)
         lbbsp_rate = measured[0] if measured else None
@@ -410,10 +416,21 @@ class AutoPolicy(Policy):
         return (f"the training loss in ASP {mean:.3g}, {mean / self.lowest_loss:.2f}x the lowest it reached "
                 f"({self.lowest_loss:.3g}), for {self.hold_s:g} s: staleness undoes what ASP's speed brings")
 
+    def _loss_fell(self) -> bool:
+        """Whether the training loss's mean is ``LOSS_FALL`` below its first second's (True
+        where no loss is reported): ASP is judged by whether its loss falls, which says
+        nothing while a model sits at its first plateau (a CNN at chance for its first
+        seconds went to ASP there, learned at a fraction of BSP's pace and was kept)."""
+        mean = self.loss.mean
+        if self.first_loss is None:
+            self.first_loss = mean
+        return mean is None or mean <= (1 - LOSS_FALL) * self.first_loss
+
     def _stalled(self, view: ClusterView) -> str | None:
         """Why ASP makes no progress: ``progress_s`` into it, the training loss's mean (from
         a ``hold_s`` after the switch: a window of ASP's pushes alone) has never come under
-        its mean when ASP began; None while it has, or there is no loss, or it is too soon.
+        its mean when ASP began (or within ``HOLDS`` of it); None while it has, or there is
+        no loss, or it is too soon.
         A model ASP's staleness keeps at chance (a CNN at four workers) never rose to the
         loss watch's twice its lowest: it never fell."""
         mean = self.loss.mean
@@ -421,8 +438,8 @@ class AutoPolicy(Policy):
             return None
         if mean is not None and view.now >= self.asp_since + self.hold_s:
             self.asp_best = mean if self.asp_best is None else min(self.asp_best, mean)
-        if view.now < self.asp_since + self.progress_s or (self.asp_best is not None
-                                                             and self.asp_best <= self.start_loss):
+        if view.now < self.asp_since + self.progress_s or (
+                self.asp_best is not None and self.asp_best <= (1 + HOLDS) * self.start_loss):
             return None
         best = "none measured" if self.asp_best is None else f"{self.asp_best:.3g} at best"
         return (f"the training loss in ASP not under {self.start_loss:.3g}, its mean when ASP began, in "
@@ -474,7 +491,8 @@ class AutoPolicy(Policy):
     def _save_state(self) -> dict:
         return {"workers": self.workers, "mode": self.state, "moves": self.moves, "trials": self.trials,
                 "blocked_until": self.blocked_until if math.isfinite(self.blocked_until) else None,
-                "next_block": self.next_block, "lbbsp": self.lbbsp.save_state(), "asp": self.asp.save_state()}
+                "next_block": self.next_block, "first_loss": self.first_loss,
+                "lbbsp": self.lbbsp.save_state(), "asp": self.asp.save_state()}
 
     def _load_state(self, state: dict, workers: int | None) -> plainstate.Apply:
         what = "protocol 'auto'"
@@ -496,6 +514,8 @@ class AutoPolicy(Policy):
             blocked = state.get("blocked_until")
             self.blocked_until = -math.inf if blocked is None else float(blocked)
             self.next_block = float(state.get("next_block", BLOCK_S))
+            first = state.get("first_loss")   # (none saved before 2026-11-30: measured again)
+            self.first_loss = None if first is None else float(first)
             self.trial = None   # a trial in progress is not resumed: the restored run measures afresh
         return apply
 
