@@ -17,13 +17,13 @@ tried, not trusted, and tried again from time to time:
   sizes are kept; faster but within the noise, the trial runs on (up to
   ``MAX_TRIAL_WINDOWS`` seconds, then judged as it stands); else the even split holds for
   ``backoff`` rounds (doubling at each failed check, up to ``max_backoff``; back to
-  ``backoff`` after one that paid), and at least ``HOLD_PER_TRIAL`` times as many as the check measured (where a
-  second holds many rounds, failed trials then take at most a quarter of them), after
-  which the sizes may move again;
+  ``backoff`` after one that paid), and at least ``HOLD_PER_TRIAL`` times as many as the
+  check measured (where a second holds many rounds, failed trials then take at most a
+  quarter of them), after which the sizes may move again;
 - sizes kept are checked again after ``recheck`` rounds (doubling at each check that keeps
   them, up to ``max_recheck``): a *probe* of ``baseline`` rounds at the even split (and
-  ``WINDOW_S``), whose mean is compared with the last uneven rounds' as above. What made the sizes
-  pay (a slow worker) may have passed, and a trial may have passed by luck;
+  ``WINDOW_S``), whose mean is compared with the last uneven rounds' as above. What made
+  the sizes pay (a slow worker) may have passed, and a trial may have passed by luck;
 - sizes kept that then move far from those first granted after the verdict (a worker's
   batch by more than ``DRIFT`` of the even batch) are checked by a probe at once (at most
   one such probe each ``recheck`` rounds): the sizes kept are not the sizes tried.
@@ -41,15 +41,14 @@ landing). A round counts as even when every push of it ran the even batch. The f
 even split only once ``MIN_BASELINE`` even rounds are measured after them (at the start,
 and after a resize). ``checks`` keeps every verdict (round count, the sizes' and the even
 split's mean seconds and the standard error of their difference, kept or not, trial or
-probe) for the policy's stats. Plain
-numbers; no TensorFlow.
+probe) for the policy's stats. Plain numbers; no TensorFlow.
 """
 
 from __future__ import annotations
 
 import math
-from statistics import fmean, stdev
 from collections import deque
+from statistics import fmean, stdev
 from typing import Mapping
 
 WARMUP = 5         # first rounds not measured
@@ -59,8 +58,6 @@ MIN_BASELINE = 3   # even rounds measured before the sizes may leave the even sp
 CLEARLY = 1.25     # a trial this much slower after MIN_BASELINE rounds ends there
 SIGNIFICANCE = 2.0  # standard errors by which the sizes' mean round must beat the even split's
 DRIFT = 0.25       # kept sizes that move a batch this share of the even one away are probed
-HOLD_PER_TRIAL = 3  # a failed check holds the even split at least this many times its rounds
-MAX_TRIAL_WINDOWS = 4  # a trial faster but within the noise runs on up to this many WINDOW_S
 HOLD_PER_TRIAL = 3  # a failed check holds the even split at least this many times its rounds
 MAX_TRIAL_WINDOWS = 4  # a trial faster but within the noise runs on up to this many WINDOW_S
 

@@ -22,20 +22,22 @@ this margin, that keeps ASP out there. Else LB-BSP comes back, saying so, and
 no ASP trial starts for 10 s (doubling at each trial that did not pay; ``trials`` keeps
 the verdicts). Kept, ASP is still watched for progress: should the training loss (the
 mean over every push of the last second) stay ``loss_rise`` above the lowest it reached
-(default 1.0: twice; from ``hold_s`` after the switch: the switch's own transient, 2.1-2.7x
-on the testbed at four workers, sent back an ASP that then trained well) for ``hold_s``, staleness is undoing what ASP's speed brings, and
-LB-BSP comes back, with no ASP trial for four times as long as after a trial that did not
-pay (a divergence says more than a speed measured at one moment). Nor may the loss stand
-still: ``progress_s`` (6 s) into ASP, a second's mean (from a ``hold_s`` after the
-switch) must have come under its mean when ASP began (or within 2 % of it), or LB-BSP
+(default 1.0: twice; counted from ``hold_s`` after the switch: the switch's own
+transient, 2.1-2.7x on the testbed at four workers, sent back an ASP that then trained
+well) for ``hold_s``, staleness is undoing what ASP's speed brings, and LB-BSP comes back,
+with no ASP trial for four times as long as after a trial that did not pay (a divergence
+says more than a speed measured at one moment). Nor may the loss stand still:
+``progress_s`` (6 s) into ASP, a second's mean (from ``hold_s`` after the switch) must
+have come under its mean when ASP began (or within ``HOLDS``, 2 %, of it), or LB-BSP
 comes back, with the same block (a CNN ASP's staleness kept at chance on the testbed
 never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
 the loss is ``LOSS_FALL`` (10 %) below its first second's mean (the CNN, still at chance
-when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). And whatever sends ASP back, if
-its loss is then a quarter of ``loss_rise`` above its mean when ASP began, the next trial
-waits as long (eight workers' ASP took the accuracy from 0.93 to 0.59 in two seconds,
-went back for the speeds alone, and was tried again 12 s later). At eight workers ASP
+when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). And
+whatever sends ASP back, if its loss is then a quarter of ``loss_rise`` above its mean
+when ASP began, the next trial waits as long (eight workers' ASP took the accuracy from
+0.93 to 0.59 in two seconds, went back for the speeds alone, and was tried again 12 s
+later). At eight workers ASP
 at a momentum of 0.9 diverged 3.8-16x within seconds, on the testbed and locally; at four,
 a switch's transient reached 1.6x and passed (1.2x, the first default, sent back an ASP
 that was training well). In ASP every worker runs the same batch, so the step times compare speeds
@@ -259,7 +261,8 @@ class AutoPolicy(Policy):
     def _beyond_lbbsp(self, worker: int) -> str | None:
         """Why LB-BSP can do no more for ``worker``: it runs LB-BSP's smallest batch (it
         cannot be given less), or LB-BSP's guard holds the even split (its sizes were
-        tried, and their rounds were not measured faster than the even split's); None if neither."""
+        tried, and their rounds were not measured faster than the even split's); None if
+        neither."""
         sizer = self.lbbsp.sizer
         last = self.steps[worker].last_batch if worker in self.steps else sizer.batch_size
         if last <= max(1, math.ceil(sizer.floor * sizer.batch_size)):
