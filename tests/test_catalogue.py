@@ -163,7 +163,9 @@ def test_max_batch_is_what_each_policy_declares():
         return [SimpleNamespace(policy=p) for p in policies]
 
     assert max_batch(phases(BSP(BatchSizer(32)), ASP(FixedSizer([8, 48]))), 2) == 48
-    assert max_batch(phases(LBBSP(batch_size=32)), 4) == 32 * 4 - 3  # one worker gets X less 1 per other
+    assert max_batch(phases(LBBSP(batch_size=32)), 8) == 64  # twice the even batch: the input's rows a step
+    profiles = [{"m": 0.001, "b": 0.01}] * 4
+    assert max_batch(phases(LBBSP(batch_size=32, profiles=profiles)), 4) == 32 * 4 - 3  # X less 1 per other
     assert max_batch(phases(LBBSP(batch_size=32, hi=50)), 4) == 50
     greedy = GreedyStragglerPolicy(StragglerDetector(1.0, 3), bsp=BSP(BatchSizer(16)), asp=ASP(BatchSizer(64)))
     assert max_batch(phases(greedy), 4) == 64  # its ASP's batches too

@@ -273,3 +273,18 @@ def test_alike_workers_keep_the_even_split(seed):
     assert checks and not any(c["kept"] for c in checks)
     even = [all(abs(r[w] / 64 - 1) <= 0.15 for w in r) for r in rounds]
     assert np.mean(even) >= 0.95
+
+
+def test_no_batch_above_twice_the_even_one_unless_asked():
+    """Every step's input holds ``hi`` rows (the step takes the first ``batch``), so the
+    input pipeline's work grows with it: by default, with the CPU rule, no batch above
+    twice the even one (8 workers of 64 read 505 rows a step before, and LB-BSP ran 1.35x
+    BSP's time per update on the testbed at the even split). A worker four times faster
+    than the other three would take 2.3x: it is capped, the rounds still total X; with
+    ``hi`` set higher it gets its share."""
+    speeds = dict(fixed=0.0, per_sample=0.001, factors=[1, 4, 4, 4], jitter=0.02, seed=1)
+    capped = round_sizes(Simulator(4, SpeedModel(**speeds)).run(LBBSP(batch_size=32, guard=False), updates=40))
+    assert max(r[0] for r in capped) == 64 and all(sum(r.values()) == 128 for r in capped)
+    assert LBBSP(batch_size=32).max_batch(8) == 64
+    free = round_sizes(Simulator(4, SpeedModel(**speeds)).run(LBBSP(batch_size=32, hi=96, guard=False), updates=40))
+    assert max(r[0] for r in free[-10:]) > 64
