@@ -142,6 +142,11 @@ def test_a_lost_worker_shrinks_a_job_with_elastic_bounds_instead_of_restarting_i
     for r in after:
         rounds.setdefault(r["round"], []).append(r["worker"])
     assert all(sorted(ws) == [0, 1] for ws in rounds.values())
-    # every update counted was applied on the PS (one the PS ran whose pushes had not reached
-    # the coordinator when the task died: applied, not counted, as after any worker loss)
-    assert summary["updates"] <= summary["optimizer_iterations"] <= summary["updates"] + lost["in_flight_lost"] + 1
+    # every update counted was applied on the PS; rounds the PS ran whose pushes had not
+    # reached the coordinator when the task died are applied, not counted, as after any
+    # worker loss. How many depends on how far the PS ran ahead of the drained records (a
+    # busy machine: 2 past the steps in flight), but each took one of the dead worker's
+    # steps, granted and not counted: at most its steps lost, or the steps in flight and
+    # the round closed at the loss, as before
+    extra = max(lost["steps_lost"], lost["in_flight_lost"] + 1)
+    assert summary["updates"] <= summary["optimizer_iterations"] <= summary["updates"] + extra
