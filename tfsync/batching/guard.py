@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from statistics import fmean, stdev
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 WARMUP = 5         # first rounds not measured
 WINDOW_S = 1.0     # a baseline, a trial or a probe spans at least this long (a slowdown by pauses or a CPU
@@ -60,6 +60,17 @@ SIGNIFICANCE = 2.0  # standard errors by which the sizes' mean round must beat t
 DRIFT = 0.25       # kept sizes that move a batch this share of the even one away are probed
 HOLD_PER_TRIAL = 3  # a failed check holds the even split at least this many times its rounds
 MAX_TRIAL_WINDOWS = 4  # a trial faster but within the noise runs on up to this many WINDOW_S
+
+
+class Compared(NamedTuple):
+    """The sizes' and the even split's mean round, the standard error of their
+    difference, whether the sizes are ``margin`` faster, and whether that by
+    ``SIGNIFICANCE`` standard errors too (kept)."""
+    sizes_s: float
+    even_s: float
+    se_s: float
+    faster: bool
+    kept: bool
 
 
 class EvenGuard:
@@ -112,7 +123,8 @@ class EvenGuard:
                 if len(self.probe) >= self.baseline and sum(self.probe) >= WINDOW_S:
                     even, self.probe = self.probe, None
                     if len(self.uneven_rounds) >= MIN_BASELINE:
-                        self._verdict(recent(self.uneven_rounds, self.trial), even, "probe")
+                        sizes = recent(self.uneven_rounds, self.trial)
+                        self._verdict(sizes, self._compare(sizes, even), "probe")
             return
         self.uneven_rounds.append(seconds)
         if self.tried is None:
@@ -120,26 +132,23 @@ class EvenGuard:
         self.tried.append(seconds)
         clearly_worse = len(self.tried) >= MIN_BASELINE and fmean(self.tried) > CLEARLY * fmean(self.base)
         if clearly_worse:
-            self._verdict(self.tried, self.base, "trial")
+            self._verdict(self.tried, self._compare(self.tried, self.base), "trial")
         elif len(self.tried) >= self.trial and sum(self.tried) >= WINDOW_S:
-            faster, beyond_noise = self._compare(self.tried, self.base)
-            if beyond_noise or not faster or sum(self.tried) >= MAX_TRIAL_WINDOWS * WINDOW_S:
-                self._verdict(self.tried, self.base, "trial")
+            compared = self._compare(self.tried, self.base)
+            if compared.kept or not compared.faster or sum(self.tried) >= MAX_TRIAL_WINDOWS * WINDOW_S:
+                self._verdict(self.tried, compared, "trial")
 
-    def _compare(self, sizes: list[float], even: list[float]) -> tuple[bool, bool]:
-        """(the sizes' mean round is ``margin`` faster than the even split's, and that by
-        ``SIGNIFICANCE`` standard errors of the difference too)."""
-        gain = fmean(even) - fmean(sizes)
-        faster = gain >= self.margin * fmean(even)
-        return faster, faster and gain >= SIGNIFICANCE * noise(sizes, even)
+    def _compare(self, sizes: list[float], even: list[float]) -> Compared:
+        sizes_s, even_s, se = fmean(sizes), fmean(even), noise(sizes, even)
+        faster = even_s - sizes_s >= self.margin * even_s
+        return Compared(sizes_s, even_s, se, faster, faster and even_s - sizes_s >= SIGNIFICANCE * se)
 
-    def _verdict(self, sizes: list[float], even: list[float], kind: str) -> None:
-        sizes_s, even_s = fmean(sizes), fmean(even)
-        kept = self._compare(sizes, even)[1]
-        self.checks.append({"round": self.rounds, "kind": kind, "sizes_s": round(sizes_s, 5),
-                            "even_s": round(even_s, 5), "se_s": round(noise(sizes, even), 5), "kept": kept})
+    def _verdict(self, sizes: list[float], compared: Compared, kind: str) -> None:
+        self.checks.append({"round": self.rounds, "kind": kind, "sizes_s": round(compared.sizes_s, 5),
+                            "even_s": round(compared.even_s, 5), "se_s": round(compared.se_s, 5),
+                            "kept": compared.kept})
         self.anchor = None
-        if kept:
+        if compared.kept:
             self.next_backoff, self.kept_at = self.backoff, self.rounds
             if kind == "probe":
                 self.next_recheck = min(2 * self.next_recheck, self.max_recheck)
