@@ -2,6 +2,8 @@
 for it, back when that passes; every move with its reason. On the simulator, with recorded
 speed sequences (a step's fixed part, noise, a worker slowed and back); no TensorFlow."""
 
+import dataclasses
+
 import pytest
 
 from quota import PeriodQuota, QuotaSpeeds
@@ -69,16 +71,30 @@ def test_the_gain_asp_must_bring_grows_with_its_staleness(workers, kept):
     assert trial["kept"] is kept and 1.1 < trial["asp_rate"] / trial["lbbsp_rate"] < 1.35
 
 
+@dataclasses.dataclass
+class SlowUnderLBBSP(SpeedModel):
+    """Worker 1 three times slower while ``policy`` runs LB-BSP, alike in ASP (as alike
+    workers on a saturated machine looked under LB-BSP's sizes)."""
+    policy: AutoPolicy | None = None
+
+    def step_time(self, worker, batch_size, now):
+        t = super().step_time(worker, batch_size, now)
+        return 3 * t if worker == 1 and self.policy.state == "lbbsp" else t
+
+
 class ScriptedLoss:
     """A test double for the model the simulator trains: no weights, each step's loss
-    from ``loss(now, policy state)`` (a model whose training loss rises under ASP's
-    staleness, or holds, with noise)."""
+    from ``loss(now, policy state, began)``, ``began`` when the policy first ran ASP (None
+    before): a model whose training loss rises under ASP's staleness, or holds, with noise."""
 
     def __init__(self, sim, policy, loss):
-        self.sim, self.policy, self.loss = sim, policy, loss
+        self.sim, self.policy, self.loss, self.began = sim, policy, loss, None
 
     def gradient(self, worker, batch_size):
-        return None, self.loss(self.sim.now, self.policy.state)
+        now, state = self.sim.now, self.policy.state
+        if state == "asp" and self.began is None:
+            self.began = now
+        return None, self.loss(now, state, self.began)
 
     def apply(self, grads, lr):
         pass
@@ -102,7 +118,8 @@ def test_no_asp_trial_while_the_loss_sits_at_its_first_plateau():
     reported (the simulator's own model absent), the trial comes at once."""
     policy = AutoPolicy(batch_size=32)
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
-    sim.model = ScriptedLoss(sim, policy, lambda now, state: 2.3 if now < 6.0 else 2.3 * max(0.5, 1 - (now - 6.0)))
+    sim.model = ScriptedLoss(sim, policy,
+                             lambda now, state, began: 2.3 if now < 6.0 else 2.3 * max(0.5, 1 - (now - 6.0)))
     sim.run(policy, time=12.0)
     assert [m["to"] for m in policy.moves] == ["asp"] and 8.0 < policy.moves[0]["time"] < 9.0, policy.moves
     policy = AutoPolicy(batch_size=32)
@@ -118,12 +135,10 @@ def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
     (with noise of 10 % a push) keeps ASP."""
     import random
 
-    policy, rng, began = AutoPolicy(batch_size=32), random.Random(1), []
+    policy, rng = AutoPolicy(batch_size=32), random.Random(1)
 
-    def loss(now, state):
-        if state == "asp" and not began:
-            began.append(now)
-        climb = 0.5 * (now - began[0] - 3.0) if rises and began and now > began[0] + 3.0 else 0.0
+    def loss(now, state, began):
+        climb = 0.5 * (now - began - 3.0) if rises and began is not None and now > began + 3.0 else 0.0
         return 0.5 * (1 + climb) * rng.uniform(0.9, 1.1) * first_second(now)
 
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
@@ -137,7 +152,7 @@ def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
     back = policy.moves[1]
     assert back["why"].startswith("the training loss in ASP ") and "staleness undoes" in back["why"]
     # 2x at about 5 s in ASP, the second's mean half a second later, then held for 2 s
-    assert began[0] + 6.5 < back["time"] < began[0] + 8.5
+    assert sim.model.began + 6.5 < back["time"] < sim.model.began + 8.5
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
@@ -150,11 +165,9 @@ def test_asp_whose_training_loss_never_falls_gives_way_to_lbbsp(falls):
     comes back, saying so, and no ASP trial follows for 40 s. Flat at 1.9, ASP stays."""
     import random
 
-    policy, rng, began = AutoPolicy(batch_size=32), random.Random(1), []
+    policy, rng = AutoPolicy(batch_size=32), random.Random(1)
 
-    def loss(now, state):
-        if state == "asp" and not began:
-            began.append(now)
+    def loss(now, state, began):
         return (2.0 * first_second(now) if state != "asp" else 1.9 if falls else 2.3) * rng.uniform(0.95, 1.05)
 
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
@@ -167,7 +180,7 @@ def test_asp_whose_training_loss_never_falls_gives_way_to_lbbsp(falls):
     assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
     back = policy.moves[1]
     assert back["why"].startswith("the training loss in ASP not under 2") and "in 6 s" in back["why"]
-    assert began[0] + 6.0 <= back["time"] < began[0] + 6.5
+    assert sim.model.began + 6.0 <= back["time"] < sim.model.began + 6.5
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
@@ -176,13 +189,11 @@ def test_the_switchs_own_transient_does_not_send_asp_back():
     transient: 2.1-2.7x on the testbed at four workers), then below where ASP found it:
     ASP stays. The loss watch counts from ``hold_s`` after the switch; from the switch
     itself it sent back an ASP that then trained well."""
-    policy, began = AutoPolicy(batch_size=32), []
+    policy = AutoPolicy(batch_size=32)
 
-    def loss(now, state):
-        if state == "asp" and not began:
-            began.append(now)
+    def loss(now, state, began):
         if state == "asp":
-            return 1.5 if now < began[0] + 2.5 else 0.4
+            return 1.5 if now < began + 2.5 else 0.4
         return 0.5 * first_second(now)
 
     sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
@@ -197,14 +208,9 @@ def test_asp_that_leaves_the_loss_worse_than_it_found_it_is_not_tried_for_longer
     accuracy from 0.93 to 0.59 in two seconds), the next trial waits 40 s, not 10, and the
     move says why."""
 
-    class SlowUnderLBBSP(SpeedModel):
-        def step_time(self, worker, batch_size, now):
-            t = super().step_time(worker, batch_size, now)
-            return 3 * t if worker == 1 and policy.state == "lbbsp" else t
-
     policy = AutoPolicy(batch_size=32)
-    sim = Simulator(3, SlowUnderLBBSP(factors=[1, 1, 1], seed=1, **NOISE))
-    sim.model = ScriptedLoss(sim, policy, lambda now, state: 0.6 if state == "asp" else 0.4 * first_second(now))
+    sim = Simulator(3, SlowUnderLBBSP(policy=policy, factors=[1, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, lambda now, state, began: 0.6 if state == "asp" else 0.4 * first_second(now))
     sim.run(policy, time=20.0)
     back = policy.moves[1]
     assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
@@ -219,13 +225,8 @@ def test_a_worker_slow_only_under_lbbsp_sends_asp_back_before_its_verdict_and_bl
     saying why, and the next trial waits 10 s (it used to start again at once, and the
     job went back and forth every few seconds)."""
 
-    class SlowUnderLBBSP(SpeedModel):
-        def step_time(self, worker, batch_size, now):
-            t = super().step_time(worker, batch_size, now)
-            return 3 * t if worker == 1 and policy.state == "lbbsp" else t
-
     policy = AutoPolicy(batch_size=32)
-    Simulator(3, SlowUnderLBBSP(factors=[1, 1, 1], seed=1, **NOISE)).run(policy, time=20.0)
+    Simulator(3, SlowUnderLBBSP(policy=policy, factors=[1, 1, 1], seed=1, **NOISE)).run(policy, time=20.0)
     to = [m["to"] for m in policy.moves]
     assert to[:3] == ["asp", "drain", "lbbsp"] and "within its trial" in policy.moves[1]["why"], policy.moves
     assert policy.trials == [] or policy.trials[0]["time"] > policy.moves[1]["time"] + 10.0
