@@ -3,6 +3,7 @@ for it, back when that passes; every move with its reason. On the simulator, wit
 speed sequences (a step's fixed part, noise, a worker slowed and back); no TensorFlow."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -86,6 +87,8 @@ class ScriptedLoss:
     """A test double for the model the simulator trains: no weights, each step's loss
     from ``loss(now, policy state, began)``, ``began`` when the policy first ran ASP (None
     before): a model whose training loss rises under ASP's staleness, or holds, with noise."""
+
+    params: list = []   # (no weights: an undo puts back nothing)
 
     def __init__(self, sim, policy, loss):
         self.sim, self.policy, self.loss, self.began = sim, policy, loss, None
@@ -217,6 +220,28 @@ def test_asp_that_leaves_the_loss_worse_than_it_found_it_is_not_tried_for_longer
     assert "within its trial" in back["why"] and "the training loss 1.50x its mean when ASP began" in back["why"]
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01) and back["why"].endswith(
         "no trial for 40 s")
+
+
+@pytest.mark.parametrize("worse, undo", [(True, True), (False, True), (True, False)])
+def test_asp_that_leaves_the_loss_above_where_it_began_is_undone(worse, undo):
+    """Worker 1 slow only under LB-BSP: ASP goes back within its trial. Where ASP's training
+    loss ended above its mean when ASP began (a CNN sent back to chance), its updates are
+    undone: the run counts LB-BSP's samples alone, ASP's pushes set aside, and the move
+    says so. Where it ended below, or with ``undo`` off, ASP's samples stay counted."""
+    from tfsync.policy import PushMode
+
+    policy = AutoPolicy(batch_size=32, undo=undo)
+    sim = Simulator(3, SlowUnderLBBSP(policy=policy, factors=[1, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, lambda now, state, began: (0.6 if worse else 0.3) if state == "asp"
+                             else 0.4 * first_second(now))
+    log = sim.run(policy, time=20.0).log
+    assert [m["to"] for m in policy.moves][:3] == ["asp", "drain", "lbbsp"], policy.moves
+    undone = worse and undo
+    assert (re.search(r"ASP's updates undone: its training loss ended at 0\.5\d+, above its 0\.4 when ASP began",
+                      policy.moves[2]["why"]) is not None) is undone, policy.moves[2]
+    lbbsp = sum(p.batch_size for p in log if p.mode is PushMode.AGGREGATE and not p.dropped)
+    asp = sum(p.batch_size for p in log if p.mode is PushMode.APPLY)
+    assert asp > 0 and sim.samples == lbbsp + (0 if undone else asp)
 
 
 def test_a_worker_slow_only_under_lbbsp_sends_asp_back_before_its_verdict_and_blocks_the_next_trial():

@@ -16,7 +16,7 @@ from tfsync.engine.cluster import LocalCluster
 from tfsync.engine.generation import Generation, TrainSetup
 from tfsync.engine.lifecycle import STANDING_PER_WORKER, Lifecycle
 from tfsync.engine.trainer import Engine, EngineError, Phase
-from tfsync.policy import ASP, BSP, SSP, FixedSizer
+from tfsync.policy import ASP, BSP, NOTHING, SSP, FixedSizer
 
 pytestmark = pytest.mark.cluster
 
@@ -620,6 +620,44 @@ def test_a_decision_the_steady_round_does_not_make_halts_the_ps_rounds_and_is_ca
     assert rates["apply"] == pytest.approx(rates["aggregate"] * 0.5)
     assert summary["samples"] == sum(r["batch_size"] for r in records) >= 30 * 16
     assert not [r for r in caplog.records if "steady round" in r.getMessage()]
+
+
+def test_an_undo_puts_back_the_weights_and_optimizer_state_kept_and_sets_the_pushes_since_aside(tiny_problem,
+                                                                                                  tmp_path):
+    """BSP rounds of sizes (5, 11); after the third, the weights are kept and each worker
+    runs one ASP step (applied alone: the weights and the momentum move); once both are
+    in, the next BSP round is granted with an undo (as auto after a failed ASP trial). The
+    6 updates counted equal single-process SGD with momentum on input blocks 0-2 and 4-6
+    (block 3 went to the undone steps; the input goes on), the step counter says 6, and
+    the two ASP pushes are in ``metrics.discarded.jsonl``, not ``metrics.jsonl``."""
+    from tfsync.policy import Decision, Grant, PushMode
+
+    class KeepsThenUndoes(BSP):
+        stage = "bsp"
+
+        def on_push(self, push, view):
+            if self.stage == "bsp" and not view.in_flight and view.updates == 2:
+                self.stage = "asp"
+                return Decision((Grant(0, 5, PushMode.APPLY), Grant(1, 11, PushMode.APPLY)), barrier=True,
+                                keep_weights=True)
+            if self.stage == "asp":
+                if view.in_flight:
+                    return NOTHING
+                self.stage = "after"
+                return Decision(self.grants_for(sorted(view.members), view), undo=True)
+            return super().on_push(push, view)
+
+    engine = _engine(tiny_problem, tmp_path)
+    summary = engine.run([Phase(KeepsThenUndoes(FixedSizer([5, 11])))], total_samples=6 * 16)
+    assert (summary["updates"], summary["samples"], summary["optimizer_iterations"]) == (6, 96, 6)
+    for got, want in zip(engine.final_weights(), _reference(tiny_problem, [0, 1, 2, 4, 5, 6], (5, 11))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    records = _records(tmp_path)
+    assert len(records) == 12 and {r["mode"] for r in records} == {"aggregate"}
+    with open(tmp_path / "metrics.discarded.jsonl") as f:
+        set_aside = [json.loads(line) for line in f]
+    assert [(r["mode"], r["batch_size"], r["discarded"]) for r in sorted(set_aside, key=lambda r: r["worker"])] == [
+        ("apply", 5, "undo"), ("apply", 11, "undo")]
 
 
 def test_the_checkpoint_guard_names_each_weight_that_holds_nan_or_inf(tiny_problem, tmp_path):

@@ -218,6 +218,7 @@ class Generation:
         _ = self.checkpoint.save_counter   # made now, so every checkpoint holds it (a restore expects it)
         self._save_fn = tf.function(lambda prefix: self.checkpoint.write(prefix, options=checkpoint_io()))
         self._finite_fn = tf.function(self._finite, autograph=False)
+        self._kept: list | None = None     # (variable, its copy) pairs: keep_weights
         self.links: Links | None = None   # made by warm_up
         self.closed = False
         self.standing = 0   # its closures not yet ended (kept by engine.lifecycle)
@@ -259,6 +260,30 @@ class Generation:
             self.rate.scale.assign(float(lr_scale))
         if momentum is not None and self.momentum_tunable:   # (another optimizer's momentum is its own: see
             self.momentum.assign(float(momentum))           # tunable_momentum)
+
+    def keep_weights(self) -> None:
+        """Copy the model's weights and the optimizer's state (its slots and step count)
+        beside them on the PS, replacing the copy kept before (``Decision.keep_weights``).
+        The copies are made at the first call; each copy runs where its variable lives."""
+        if self._kept is None:
+            originals = [*self.model.weights, *self.optimizer.variables]
+            with self.strategy.scope():
+                pairs = []
+                for v in originals:
+                    with self.strategy.extended.colocate_vars_with(v):
+                        pairs.append((v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                     name="kept_" + v.name.split(":")[0].replace("/", "_"))))
+            self._kept = pairs
+            self._keep_fn = tf.function(lambda: [c.assign(v) for v, c in self._kept], autograph=False)
+            self._undo_fn = tf.function(lambda: [v.assign(c) for v, c in self._kept], autograph=False)
+        self._keep_fn()
+
+    def restore_kept(self) -> bool:
+        """Put the kept copy back (``Decision.undo``); False if none was kept."""
+        if self._kept is None:
+            return False
+        self._undo_fn()
+        return True
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]

@@ -92,22 +92,32 @@ class Loop:
             decision = s.within_updates(decision, self.log.updates_to_checkpoint(self.checkpoint_every))
         pending = len(s.pending_workers)
         applied = s.apply(decision, time.time())
+        calls = []   # on the PS, in order, after the round closed here and before the grants
+        if applied.undone is not None:
+            calls.append(gen.restore_kept)
+            self.log.rewound("undo")
+        elif applied.undo_refused:
+            logger.warning("the policy asked to undo its updates since it kept the weights, but no copy is kept "
+                           "(none was asked for, or the cluster restarted since): nothing is undone")
         if applied.hyper_changed:
             scale, momentum = s.lr_scale, s.momentum
-            rescale = lambda: gen.set_hyper(lr_scale=scale, momentum=momentum)  # noqa: E731
+            calls.append(lambda: gen.set_hyper(lr_scale=scale, momentum=momentum))
+        if applied.kept:
+            calls.append(gen.keep_weights)
         rows, rounds = self.pilot.rows(decision, applied.seqs)
-        if applied.closed and applied.hyper_changed:
+        if applied.closed and calls:
             # the round was pushed at the old rate (its pushes recorded it: BSP's n x eta when a
             # straggler policy goes to ASP): apply it so, then change the rate, then grant
             channel.barrier(pending, rows[:0])
-            channel.call(rescale)
+            for call in calls:
+                channel.call(call)
             if decision.grants:
                 channel.release(rows)
         elif applied.closed:  # the channel is FIFO: earlier releases go out before the barrier
             channel.barrier(pending, rows)
         else:
-            if applied.hyper_changed:
-                channel.call(rescale)  # before the grants: their steps use the new rate
+            for call in calls:
+                channel.call(call)  # before the grants: their steps use the new rate, the weights put back
             if decision.grants:
                 channel.release(rows)  # merged there with every release still waiting
         if rounds:   # the PS closes this round and opens the next ones itself

@@ -161,6 +161,11 @@ class RunLog:
         """Go back to the counters of ``checkpoint`` (a checkpoint event: samples, updates,
         pushes): what came after it is trained again and its records are set aside."""
         self.ledger.rewind(*(checkpoint.get(k, 0) for k in ("samples", "updates", "pushes")))
+        self.rewound(why)
+
+    def rewound(self, why: str) -> None:
+        """The ledger went back (a rewind, or a policy's undo): the push records after its
+        count are set aside."""
         self._last_ckpt_updates = self.ledger.updates
         self.recorder.rewind(self.ledger.pushes, why)
 

@@ -37,7 +37,12 @@ when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). A
 whatever sends ASP back, if its loss is then a quarter of ``loss_rise`` above its mean
 when ASP began, the next trial waits as long (eight workers' ASP took the accuracy from
 0.93 to 0.59 in two seconds, went back for the speeds alone, and was tried again 12 s
-later). At eight workers ASP
+later). And since a trial can send a model back to chance (a CNN on the testbed went
+from 0.31 to 0.13 test accuracy and never came back within the run), a copy of the weights
+and the optimizer's state is kept on the PS when ASP begins (``undo``, default on; it
+doubles the PS's memory for them): if ASP's training loss, as its steps drain, is above
+its mean when ASP began (by more than ``HOLDS``), the copy is put back, ASP's updates are
+undone and its pushes set aside (``Decision.undo``). At eight workers ASP
 at a momentum of 0.9 diverged 3.8-16x within seconds, on the testbed and locally; at four,
 a switch's transient reached 1.6x and passed (1.2x, the first default, sent back an ASP
 that was training well). In ASP every worker runs the same batch, so the step times compare speeds
@@ -171,12 +176,14 @@ class AutoPolicy(Policy):
                                                        "in ASP may stay for hold_s before LB-BSP comes back"),
                Option("progress_s", float, lo=0, help="seconds in which ASP's training loss must come under its "
                                                         "mean when ASP began, or LB-BSP comes back"),
-               Option("asp_momentum", float, lo=0, hi=0.999, help="the momentum ASP runs (default: the job's)"))
+               Option("asp_momentum", float, lo=0, hi=0.999, help="the momentum ASP runs (default: the job's)"),
+               Option("undo", bool, help="keep a copy of the weights (on the PS) when ASP begins and put it back "
+                                         "if ASP leaves the training loss higher than it found it"))
 
     def __init__(self, batch_size: int = 32, asp_above: float = 1.5, back_below: float = 1.2,
                  hold_s: float = 2.0, asp_gain: float = 1.0, staleness_cost: float = 0.035,
                  loss_rise: float = 1.0, progress_s: float = 6.0, asp_momentum: float | None = None,
-                 momentum: float | None = None,
+                 undo: bool = True, momentum: float | None = None,
                  lr_scales: dict | None = None,
                  lbbsp: LBBSP | None = None, asp: Policy | None = None, seed: int | None = None):
         self.lbbsp = lbbsp if lbbsp is not None else LBBSP(batch_size)
@@ -203,6 +210,7 @@ class AutoPolicy(Policy):
         self.loss = _Loss()
         self.first_loss: float | None = None    # the training loss's first second's mean
         self.progress_s = float(progress_s)
+        self.undo = bool(undo)
         self.asp_since: float | None = None      # when ASP began
         self.start_loss: float | None = None     # the loss's mean then
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch
@@ -347,9 +355,12 @@ class AutoPolicy(Policy):
             self._move("drain", view, back)
         if view.in_flight:
             return NOTHING
-        self._move("lbbsp", view, "ASP's steps drained")
+        undo = self._undo_asp()
+        if undo:
+            self.loss = _Loss()   # (ASP's losses were of weights no longer there)
+        self._move("lbbsp", view, "ASP's steps drained" + (f"; {undo}" if undo else ""))
         d = self.lbbsp.start(view)
-        return Decision(d.grants, barrier=d.barrier, **self.hyper("lbbsp"))
+        return Decision(d.grants, barrier=d.barrier, undo=undo is not None, **self.hyper("lbbsp"))
 
     def _from_lbbsp(self, w: int | None, ratio: float, view: ClusterView) -> Decision | None:
         """ASP on trial, when a worker keeps the others waiting at the smallest batch LB-BSP
@@ -374,7 +385,7 @@ class AutoPolicy(Policy):
         self.start_loss, self.lowest_loss, self.asp_since = self.loss.mean, None, view.now
         self._move("asp", view, why)
         a = self.asp.start(view)
-        return Decision(a.grants, barrier=view.pending > 0, **self.hyper("asp"))
+        return Decision(a.grants, barrier=view.pending > 0, keep_weights=self.undo, **self.hyper("asp"))
 
     def _trial_verdict(self, view: ClusterView) -> str | None:
         """After ``hold_s`` of ASP on trial (its first quarter left out: the switch), its
@@ -450,6 +461,17 @@ class AutoPolicy(Policy):
             return None
         return f"the training loss {mean / start:.2f}x its mean when ASP began ({mean:.3g} against {start:.3g})"
 
+    def _undo_asp(self) -> str | None:
+        """Why ASP's updates are undone, as it drains (``undo``): its training loss ended
+        above its mean when ASP began (by more than ``HOLDS``), so the weights kept then are
+        put back; None if not (or no loss). A CNN that ASP sent back to chance on the
+        testbed never regained LB-BSP's accuracy within the run."""
+        mean, start = self.loss.mean, self.start_loss
+        if not self.undo or mean is None or start is None or mean <= start * (1 + HOLDS):
+            return None
+        return (f"ASP's updates undone: its training loss ended at {mean:.3g}, above its {start:.3g} when ASP "
+                "began (the weights kept then are put back)")
+
     def steady_round(self, view: ClusterView) -> Decision | None:
         """LB-BSP's steady rounds (the PS may run them) while no move is in the making."""
         if self.state != "lbbsp" or self._since is not None:
@@ -469,7 +491,7 @@ class AutoPolicy(Policy):
         return {"name": self.name, "asp_above": self.asp_above, "back_below": self.back_below,
                 "hold_s": self.hold_s, "asp_gain": self.asp_gain, "staleness_cost": self.staleness_cost,
                 "loss_rise": self.loss_rise, "progress_s": self.progress_s, "asp_momentum": self.asp_momentum,
-                "momentum": self.momentum,
+                "undo": self.undo, "momentum": self.momentum,
                 "lbbsp": self.lbbsp.describe(),
                 "asp": self.asp.describe()}
 

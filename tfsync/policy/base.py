@@ -78,6 +78,13 @@ class Decision:
     unchanged); an optimizer whose momentum is fixed at build keeps its own.
     ``wake_at``: call ``Policy.on_timer`` at this coordinator time even if nothing is
     pushed (wall-clock rules such as straggler windows).
+    ``keep_weights``: keep a copy of the weights and the optimizer's state (on the PS,
+    beside them) once this decision's round is applied, before its grants run; it
+    replaces the copy kept before. ``undo``: put that copy back, with nothing in flight
+    and no round open, before this decision's grants: every update since is undone, the
+    counters go back to where they were then, and the pushes since are set aside as a
+    rewind sets them aside (auto's failed ASP trial). Without a copy (none was kept, or
+    the cluster restarted since) the engine says so and undoes nothing.
     """
 
     grants: tuple[Grant, ...] = ()
@@ -87,6 +94,8 @@ class Decision:
     lr_scale: float | None = None
     momentum: float | None = None
     wake_at: float | None = None
+    keep_weights: bool = False
+    undo: bool = False
 
     def __post_init__(self):  # accept any iterables; store immutable ones
         object.__setattr__(self, "grants", tuple(self.grants))

@@ -16,7 +16,7 @@ import collections
 import dataclasses
 from dataclasses import dataclass
 
-from .base import ClusterView, Decision, Push, PushMode, validate_decision
+from .base import ClusterView, Decision, PolicyError, Push, PushMode, validate_decision
 
 
 class _MinClock:
@@ -37,11 +37,17 @@ class _MinClock:
 class Applied:
     """What a Decision changed: ``closed`` aggregated pushes were applied as one update
     (0: no barrier); ``seqs``: each grant's step number (its worker's grant count);
-    ``hyper_changed``: the learning-rate scale or the momentum changed."""
+    ``hyper_changed``: the learning-rate scale or the momentum changed; ``undone``: the
+    counters went back to the mark (``Decision.undo``) and the pushes after ``undone``
+    (the pushes counted then) are to be set aside; ``undo_refused``: an undo was asked with
+    no mark; ``kept``: a new mark was made (``Decision.keep_weights``)."""
 
     closed: int = 0
     seqs: tuple[int, ...] = ()
     hyper_changed: bool = False
+    undone: int | None = None
+    undo_refused: bool = False
+    kept: bool = False
 
 
 class Ledger:
@@ -66,6 +72,7 @@ class Ledger:
         self._arrivals = [0.0] * num_workers  # each worker's last push: its next step is ready after it
         self._member_in_flight = 0
         self._min = _MinClock(self.clocks, self.active)
+        self.mark: tuple[int, int, int] | None = None   # (samples, updates, pushes) where the weights were kept
 
     # -- what the policy sees --------------------------------------------------------------
     def view(self, now: float, resources=None) -> ClusterView:
@@ -140,6 +147,14 @@ class Ledger:
             self.round += 1
             self.updates += 1
             self.pending_workers, self.pending_samples = [], 0
+        undone = None
+        if d.undo and self.mark is not None:
+            if self.in_flight() or self.pending_workers:
+                raise PolicyError("a policy asked to undo with steps in flight or a round open: drain first")
+            undone = self.mark[2]
+            self.rewind(*self.mark)
+        if d.keep_weights:
+            self.mark = (self.samples, self.updates, self.pushes)
         seqs = []
         for g in d.grants:
             self.granted[g.worker] += 1
@@ -149,7 +164,7 @@ class Ledger:
             self.in_flight_samples += int(g.batch_size)
             if g.worker in self.active:
                 self._member_in_flight += 1
-        return Applied(closed, tuple(seqs), changed)
+        return Applied(closed, tuple(seqs), changed, undone, d.undo and undone is None, d.keep_weights)
 
     def within(self, decision: Decision, end_samples: int) -> Decision:
         """``decision`` less the APPLY grants a workload ending at ``end_samples`` has no
@@ -196,6 +211,7 @@ class Ledger:
         for grants in self._grants:
             grants.clear()
         self._member_in_flight = self.in_flight_samples = 0
+        self.mark = None   # (its copy of the weights went with the old generation)
 
     def resize(self, workers: int) -> None:
         """The job now has ``workers`` workers (0..workers-1), between generations, with
@@ -218,9 +234,12 @@ class Ledger:
         self.forget_grants()
 
     def rewind(self, samples: int, updates: int, pushes: int) -> None:
-        """Back to a checkpoint's counters: what came after it is trained again."""
+        """Back to a checkpoint's (or the mark's) counters: what came after it is trained
+        again; a mark later than them goes."""
         self.samples, self.updates, self.pushes = int(samples), int(updates), int(pushes)
         self.pending_workers, self.pending_samples = [], 0
+        if self.mark is not None and self.mark[2] > self.pushes:
+            self.mark = None
 
     # -- saved beside a checkpoint --------------------------------------------------------------
     def save_state(self) -> dict:

@@ -147,6 +147,7 @@ class Simulator:
         self.now = 0.0
         self.ledger = Ledger(num_workers, history)  # counted as the engine counts (tfsync.policy.ledger)
         self._pending_grads: list = []
+        self._kept: list | None = None   # the model's weights where a policy kept them (Decision.keep_weights)
         self._samples_end: int | None = None  # a run's samples limit, while it runs
         self.log: list[Push] = []
         self.counts: list[tuple[int, int]] = []
@@ -292,6 +293,11 @@ class Simulator:
             grads = self.model.weighted_mean(self._pending_grads)  # batch-size-weighted mean (paper 002 eq. 8)
             self._pending_grads = []
             self._train(grads, lr)
+        if self.model is not None and applied.undone is not None:
+            self.model.params = [p.copy() for p in self._kept]
+            self._evaluate()   # (the curve shows the weights put back; the next point follows as before)
+        if self.model is not None and applied.kept:
+            self._kept = [p.copy() for p in self.model.params]
         for g, _ in zip(d.grants, applied.seqs):
             self._queues[g.worker].append(_Step(g, self.ledger.round))
         for g in d.grants:
