@@ -66,3 +66,14 @@ def test_a_failing_evaluation_is_counted_not_raised(problem):
     assert ev.drain() == [] and ev.skipped == 1
     with pytest.raises(ValueError, match="every"):
         Evaluator(model_fn, x, y, every=0)
+
+
+def test_after_the_counts_go_back_the_cadence_counts_from_there(problem):
+    """An undo or a rewind takes the pushes back (here from 40 to 23): the next evaluation
+    is at 30, not at 50 (a CNN's curve had no point for the 10 s after an undo)."""
+    x, y, _ = problem
+    ev = Evaluator(model_fn, x, y, every=10)
+    ev.next_at = 50
+    assert not ev.due(23) and ev.next_at == 30 and ev.due(30)
+    ev.next_at = 50
+    assert not ev.due(45) and ev.next_at == 50   # within one period: as it was

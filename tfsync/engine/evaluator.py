@@ -133,6 +133,8 @@ class Evaluator:
         self._model, self._model_gen = None, None
 
     def due(self, steps: int) -> bool:
+        if steps < self.next_at - self.every:   # the counts went back (a rewind, an undo): the cadence from there
+            self.next_at = (steps // self.every + 1) * self.every
         return steps >= self.next_at
 
     def request(self, gen, steps: int, updates: int, samples: int, t: float) -> bool:
