@@ -23,7 +23,6 @@ of 20 pushes, from two windows before the switch.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 
@@ -31,6 +30,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from testbed_bench import write_csv  # noqa: E402
 VARIANTS = ("keep", "zero", "mom_ramp", "lr_ramp")
 WINDOW = 20
 
@@ -39,7 +40,6 @@ def run(variant: str, x, y, seed: int, bsp_rounds: int, asp_pushes: int, ramp: i
         momentum: float = 0.9, workers: int = 4, batch: int = 64) -> list[float]:
     import tensorflow as tf
 
-    sys.path.insert(0, HERE)
     from wide_mlp import build
 
     tf.random.set_seed(seed)
@@ -115,10 +115,7 @@ def main(argv=None) -> int:
                   flush=True)
             rows += [{"seed": seed, "variant": variant, "window": i - 2, "pushes_after_switch": (i - 2) * WINDOW,
                       "loss": round(w, 4)} for i, w in enumerate(windows)]
-    with open(args.out, "w", newline="") as f:
-        out = csv.DictWriter(f, fieldnames=list(rows[0]))
-        out.writeheader()
-        out.writerows(rows)
+    write_csv(args.out, rows)
     print(f"wrote {args.out}")
     return 0
 
