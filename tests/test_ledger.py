@@ -34,7 +34,7 @@ def test_a_barrier_closes_the_round_and_its_grants_open_the_next():
 @pytest.mark.unit
 def test_an_undo_takes_the_counters_back_to_the_mark_once_nothing_is_in_flight():
     """The mark is made after the round a decision closes; an undo with steps in flight is
-    refused, one without a mark is told (``undo_refused``), and a new generation (its
+    refused, one without a mark undoes nothing (the engine says so), and a new generation (its
     copy of the weights gone) drops the mark."""
     from tfsync.policy import PolicyError
 
@@ -42,19 +42,19 @@ def test_an_undo_takes_the_counters_back_to_the_mark_once_nothing_is_in_flight()
     ledger.apply(Decision((Grant(0, 8, AGG), Grant(1, 8, AGG))), now=0.0)
     _push(ledger, 0), _push(ledger, 1)
     kept = ledger.apply(Decision((Grant(0, 8, APPLY), Grant(1, 8, APPLY)), barrier=True, keep_weights=True), now=1.0)
-    assert kept.kept and kept.closed == 2 and ledger.mark == (16, 1, 2)
+    assert kept.closed == 2 and ledger.mark == (16, 1, 2)
     _push(ledger, 0, APPLY, version=1)
     with pytest.raises(PolicyError, match="in flight"):
         ledger.apply(Decision(undo=True), now=2.0)
     _push(ledger, 1, APPLY, version=1)
     assert (ledger.samples, ledger.updates, ledger.pushes) == (32, 3, 4)
     undone = ledger.apply(Decision((Grant(0, 8, AGG),), undo=True), now=3.0)
-    assert undone.undone == 2 and not undone.undo_refused and undone.seqs == (3,)
+    assert undone.undone == 2 and undone.seqs == (3,)
     assert (ledger.samples, ledger.updates, ledger.pushes) == (16, 1, 2) and ledger.clocks == [2, 2]
     ledger.forget_grants()
     assert ledger.mark is None
     refused = ledger.apply(Decision(undo=True), now=4.0)
-    assert refused.undo_refused and refused.undone is None and ledger.samples == 16
+    assert refused.undone is None and ledger.samples == 16
 
 
 @pytest.mark.unit

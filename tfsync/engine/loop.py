@@ -96,13 +96,13 @@ class Loop:
         if applied.undone is not None:
             calls.append(gen.restore_kept)
             self.log.rewound("undo")
-        elif applied.undo_refused:
+        elif decision.undo:   # (no mark)
             logger.warning("the policy asked to undo its updates since it kept the weights, but no copy is kept "
                            "(none was asked for, or the cluster restarted since): nothing is undone")
         if applied.hyper_changed:
             scale, momentum = s.lr_scale, s.momentum
             calls.append(lambda: gen.set_hyper(lr_scale=scale, momentum=momentum))
-        if applied.kept:
+        if decision.keep_weights:
             calls.append(gen.keep_weights)
         rows, rounds = self.pilot.rows(decision, applied.seqs)
         if applied.closed and calls:

@@ -39,15 +39,13 @@ class Applied:
     (0: no barrier); ``seqs``: each grant's step number (its worker's grant count);
     ``hyper_changed``: the learning-rate scale or the momentum changed; ``undone``: the
     counters went back to the mark (``Decision.undo``) and the pushes after ``undone``
-    (the pushes counted then) are to be set aside; ``undo_refused``: an undo was asked with
-    no mark; ``kept``: a new mark was made (``Decision.keep_weights``)."""
+    (the pushes counted then) are to be set aside (None: nothing undone, an undo asked
+    without a mark included)."""
 
     closed: int = 0
     seqs: tuple[int, ...] = ()
     hyper_changed: bool = False
     undone: int | None = None
-    undo_refused: bool = False
-    kept: bool = False
 
 
 class Ledger:
@@ -164,7 +162,7 @@ class Ledger:
             self.in_flight_samples += int(g.batch_size)
             if g.worker in self.active:
                 self._member_in_flight += 1
-        return Applied(closed, tuple(seqs), changed, undone, d.undo and undone is None, d.keep_weights)
+        return Applied(closed, tuple(seqs), changed, undone)
 
     def within(self, decision: Decision, end_samples: int) -> Decision:
         """``decision`` less the APPLY grants a workload ending at ``end_samples`` has no

@@ -296,7 +296,7 @@ class Simulator:
         if self.model is not None and applied.undone is not None:
             self.model.params = [p.copy() for p in self._kept]
             self._evaluate()   # (the curve shows the weights put back; the next point follows as before)
-        if self.model is not None and applied.kept:
+        if self.model is not None and d.keep_weights:
             self._kept = [p.copy() for p in self.model.params]
         for g, _ in zip(d.grants, applied.seqs):
             self._queues[g.worker].append(_Step(g, self.ledger.round))
