@@ -2,6 +2,8 @@
 
 from setuptools import find_packages, setup
 
+DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings[python]>=1.0,<2"]
+
 setup(
     name="tfsync",
     version="0.1.0",
@@ -35,7 +37,11 @@ setup(
         # grpcio-tools is pinned: tests/test_api.py regenerates tfsync/api/v1 and compares bytes.
         # pytest-timeout ends a test that runs away (one did for an hour in CI) with its stack.
         # kubernetes-validate: the Kubernetes API's schemas, offline, for `tfsync k8s`'s manifests (issue 56).
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "kubernetes-validate==1.37.0"],
+        # The documentation site (mkdocs.yml): MkDocs reads the pages as they are written, in
+        # Markdown; Material gives the site its search; mkdocstrings the API reference from the
+        # docstrings, read without importing TensorFlow. The tests build it (tests/test_docs.py).
+        "docs": DOCS,
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "kubernetes-validate==1.37.0", *DOCS],
         "plots": ["matplotlib>=3.8"],  # now a base dependency; the extra kept for old instructions
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},

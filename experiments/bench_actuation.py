@@ -1,4 +1,4 @@
-"""Actuation benchmark (paper 003 §V, Table III): parallel vs sequential node hooks.
+"""Actuation benchmark (Sync-Switch §V, Table III): parallel vs sequential node hooks.
 
 Sync-Switch's cluster manager actuates its nodes' hooks in parallel; the paper reports
 that this halves cluster initialisation (8 K80: 157 -> 90 s, 16 K80: 268 -> 128 s) and
@@ -39,7 +39,7 @@ from tfsync.hooks.tasks import port_open
 from tfsync.engine.launcher import HookLauncher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Table III of paper 003: (cluster, init seq, init par, switching seq, switching par), seconds.
+# Table III of Sync-Switch: (cluster, init seq, init par, switching seq, switching par), seconds.
 PAPER = [("8 K80", 157, 90, 90, 36), ("16 K80", 268, 128, 165, 53)]
 PAPER_CLAIM = {"init": 2.0, "restart": 3.1}   # the text: "by 2X and 3.1X"
 MODES = ("parallel", "sequential")

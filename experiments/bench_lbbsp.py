@@ -1,4 +1,4 @@
-"""Issue-4 benchmark: LB-BSP's hardware and statistical efficiency (paper 002 §5.2, Fig. 8).
+"""Issue-4 benchmark: LB-BSP's hardware and statistical efficiency (LB-BSP §5.2, Fig. 8).
 
 Per-update time of BSP, LB-BSP and ASP at the heterogeneity levels Homo, Hetero-L2 and
 Hetero-L3 on the local cluster: 2 workers + 1 PS, real Engine (tfsync.commands.jobrun.run_job
@@ -52,7 +52,7 @@ def protocol_spec(label: str, predictor: str) -> dict:
 
 
 def start_burners(level: str, workers: int) -> list:
-    """The level's burners (paper 002 §5.2), each pinned to its worker's CPU."""
+    """The level's burners (LB-BSP §5.2), each pinned to its worker's CPU."""
     from tfsync.inject import CpuBurner, level_plan
 
     burners = []
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=None, help="MNIST .npz (default: ../shared/data)")
     p.add_argument("--out", default="results", help="results folder")
     p.add_argument("--slow-by", choices=("burner", "pause"), default="burner",
-                   help="burner: competing processes pinned to the slowed worker's CPU (paper 002 §5.2); "
+                   help="burner: competing processes pinned to the slowed worker's CPU (LB-BSP §5.2); "
                         "pause: the worker's task stopped for part of every 100 ms (tfsync.inject.pause), "
                         "which slows it by the level's factor exactly even where the PS and coordinator "
                         "share its CPU")

@@ -1,4 +1,4 @@
-"""Issue-4 benchmark: paper 002 Table 3 for tfsync's worker-speed predictors (§3.2.1, §5.4).
+"""Issue-4 benchmark: LB-BSP Table 3 for tfsync's worker-speed predictors (§3.2.1, §5.4).
 
 Records real per-worker speed series, then predicts them one step ahead with every
 predictor and reports RMSE (samples/s) and the NARX / EMA ratio (target <= 0.6).

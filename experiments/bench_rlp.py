@@ -1,5 +1,5 @@
 """Benchmark: time to target accuracy of BSP, ASP, the best SSP and the learned policy
-(RLP) on seen and unseen simulated instances (paper 004 §4, Fig. 2 and 3).
+(RLP) on seen and unseen simulated instances (RLP §4, Fig. 2 and 3).
 
 Every policy runs on the same instances (one per seed: the same stragglers, model and
 data half). The SSP threshold is chosen per instance set from a pilot on the first
@@ -32,7 +32,7 @@ from tfsync.rl.instances import InstanceSpec  # noqa: E402
 SEEN = InstanceSpec()
 SETS = {  # name -> instance spec; "seen" is the training distribution
     "seen (10 workers)": SEEN,
-    # Paper 004 Fig. 3(a) runs the unseen worker counts with one hidden layer.
+    # RLP Fig. 3(a) runs the unseen worker counts with one hidden layer.
     "2 workers": SEEN.with_(workers=2, hidden_layers=(1,)),
     "5 workers": SEEN.with_(workers=5, hidden_layers=(1,)),
     "8 workers": SEEN.with_(workers=8, hidden_layers=(1,)),

@@ -1,4 +1,4 @@
-"""Search cost of Sync-Switch's binary search (paper 003 §VI-C1, Table II, Tables IV-VI),
+"""Search cost of Sync-Switch's binary search (Sync-Switch §VI-C1, Table II, Tables IV-VI),
 replayed on the authors' published accuracy curves (shared/data/sync-switch-curves).
 
 Usage: python experiments/bench_search_cost.py [--data DIR] [--sims 1000] [--out results]

@@ -3,7 +3,7 @@
 What: seconds per round (one update of X = n * B samples) of BSP, LB-BSP with each of
 its speed predictors (last value, EMA, NARX given the simulator's readings, NARX with the
 readings withheld) and ASP, on n simulated workers whose speed follows real CPU traces,
-next to the ideal X / sum_i v_i(t) (paper 002 §5.2; targets: LB-BSP <= 1.10 x ideal and
+next to the ideal X / sum_i v_i(t) (LB-BSP §5.2; targets: LB-BSP <= 1.10 x ideal and
 >= 1.5 x faster than BSP).
 
 Why: the simulator now fills ``view.resources`` from its speed model as the engine's
@@ -98,7 +98,7 @@ PROTOCOLS = [
 ]
 COLORS = {"BSP": "#4878a8", "LB-BSP last": "#bbbbbb", "LB-BSP EMA": "#8172b2", "LB-BSP NARX": "#c44e52",
           "LB-BSP NARX no readings": "#e8a0a2", "ASP": "#55a868"}
-TARGET_IDEAL, TARGET_BSP = 1.10, 1.5  # paper 002: LB-BSP within 10 % of ideal, >= 1.5x BSP
+TARGET_IDEAL, TARGET_BSP = 1.10, 1.5  # LB-BSP: LB-BSP within 10 % of ideal, >= 1.5x BSP
 MEASURES = ["mean_round_s", "ideal_s", "ratio_to_ideal", "bsp_over_protocol", "ideal_time_avg_s", "wall_s"]
 FIELDS = ["trace_set", "workers", "protocol", "repeat", "predictor", "readings", "rounds", *MEASURES,
           "ratio_to_ideal_sd", "bsp_over_protocol_sd", "narx_fits", "narx_fit", "readings_seen_pct", "traces",

@@ -3,19 +3,19 @@
 the same NumPy MLP on MNIST in ``tfsync.sim`` with heterogeneous workers and transient
 stragglers, plus a scheduling-only DPR table next to FluentPS' Fig. 9 trend.
 
-Cluster (paper 004 §4): every worker w takes ``(fixed + per_sample * batch) * f_w``
+Cluster (RLP §4): every worker w takes ``(fixed + per_sample * batch) * f_w``
 seconds per step, f_w ~ U(1, 2) drawn once from --seed, times log-normal jitter, and
 with probability p = 0.3 it sleeps an extra N(0.1, 0.03) s. Every protocol gets the same
 SpeedModel parameters and seed (draws are per worker and step, so the luck is shared),
 the same MLP initialisation and the same per-worker data streams. Base learning rate
 --lr for protocols that apply pushes on arrival (ASP, SSP, PSSP, FluentPS, ElasticBSP);
 BSP applies the batch-weighted mean of n gradients once per round and uses the
-Sync-Switch rule eta_BSP = n * eta (paper 003 §IV-C); if that diverges (final accuracy
+Sync-Switch rule eta_BSP = n * eta (Sync-Switch §IV-C); if that diverges (final accuracy
 < 0.5 or non-finite weights) BSP is run again at min(n * eta, --bsp-lr-cap) and both rows
 are kept. Each run stops after --epochs epochs of samples (then drains the steps
 already granted).
 
-DPR table (paper 001 §IV, Fig. 9: PSSP(s, c) and SSP(s' = s + 1/c - 1) share a regret
+DPR table (FluentPS §IV, Fig. 9: PSSP(s, c) and SSP(s' = s + 1/c - 1) share a regret
 bound; the paper reports fewer DPRs for PSSP): for every s in --dpr-s and c in --dpr-c,
 PSSP(s, c) and FluentPS SSP(s') with lazy execution and with the soft barrier,
 scheduling only (no model), --dpr-workers workers, --dpr-pushes pushes, under the
@@ -229,7 +229,7 @@ def run_dpr(args):
 
 def print_dpr(rows, args):
     print(f"\nDPR table: n={args.dpr_workers}, {args.dpr_pushes} pushes, scheduling only; "
-          f"PSSP(s, c) vs FluentPS SSP(s' = s + 1/c - 1) (paper 001 Fig. 9)")
+          f"PSSP(s, c) vs FluentPS SSP(s' = s + 1/c - 1) (FluentPS Fig. 9)")
     print("speed hetero: f_w ~ U(1, 2) as in training; homog: f_w = 1 (jitter + stragglers only)")
     head = ["speed", "s", "c", "s'", "exec", "PSSP DPR/100", "SSP' DPR/100", "PSSP/SSP'", "PSSP sim s",
             "SSP' sim s", "PSSP stale", "SSP' stale", "PSSP<SSP'"]

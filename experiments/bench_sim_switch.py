@@ -1,5 +1,5 @@
 """Where Sync-Switch pays in the simulator (issue 54): BSP only, ASP only and BSP for a
-fraction f of the workload then ASP (Sync-Switch, paper 003), at 4 to 64 workers, with
+fraction f of the workload then ASP (Sync-Switch, Sync-Switch), at 4 to 64 workers, with
 alike, uneven and one-slow workers; time to a target accuracy on the NumPy MLP on MNIST.
 
 What: per run, simulated seconds until the test accuracy first reaches the target (per n,
@@ -13,7 +13,7 @@ experiments/bench_sim_protocols.py builds it (its MNIST loader, uneven speed mod
 policy constructor are imported from there). A switch plan runs ``sim.run(BSP,
 samples=f * total)`` (it drains and applies the last round), then the same simulator
 ``sim.run(ASP, samples=rest)``. Learning rates as Sync-Switch's configuration policy
-(tfsync.switch.configuration, paper 003 §IV-C, lr "linear", batch "local"): BSP at n * eta
+(tfsync.switch.configuration, Sync-Switch §IV-C, lr "linear", batch "local"): BSP at n * eta
 (the update is the mean of n gradients of B each), ASP at eta, B per worker in both. If BSP
 only diverges at n * eta (final accuracy < 0.5 or non-finite weights) and n * eta >
 --bsp-lr-cap, it is rerun at the cap (both rows kept; the diverged one as plan

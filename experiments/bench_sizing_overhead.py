@@ -1,5 +1,5 @@
 """Issue-4 benchmark: LB-BSP's own cost, batch sizing plus speed prediction, as a share
-of the iteration time (paper 002 §5.6, Fig. 14: < 1.1 % at 96 workers; our target < 0.5 %).
+of the iteration time (LB-BSP §5.6, Fig. 14: < 1.1 % at 96 workers; our target < 0.5 %).
 
 Real cluster: 4 workers + 1 PS on this machine (worker i pinned to CPU i % CPUs), the
 real Engine (tfsync.commands.jobrun.run_job) running LB-BSP with NARX for --rounds rounds (the

@@ -5,7 +5,7 @@ hits them alike:
 
 1. search: `tfsync search` (R runs per setting, M settings) finds the switch point;
 2. BSP, ASP and Sync-Switch at the found point: total time, converged accuracy and
-   time-to-accuracy (threshold: BSP's mean converged accuracy; paper 003 §VI-A);
+   time-to-accuracy (threshold: BSP's mean converged accuracy; Sync-Switch §VI-A);
 3. transient stragglers (paper §VI-B3, scaled to our run length): mild (1 straggler, 1
    episode, 2x slower) and moderate (2 stragglers, 4 episodes, 4x slower), each with the
    plain plan (baseline), the greedy and the elastic policy, on 4 workers (the detector

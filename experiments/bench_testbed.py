@@ -1,13 +1,13 @@
 """BSP, ASP and Sync-Switch across separate hosts with network latency (issue 17): a
 ``tfsync testbed`` of N task nodes plus the coordinator's, every connection through the
 latency relay, each node's one-way latency 0, 10 and 30 ms (the Sync-Switch paper
-emulates 10 and 30 ms, paper 003 Sec. VI-A).
+emulates 10 and 30 ms, Sync-Switch Sec. VI-A).
 
 For each latency, the same job (MNIST, a wide MLP so that a step's pull and push are
 large against its compute) runs as BSP, ASP and Sync-Switch (BSP for the first
 ``--switch-at`` of the workload, then ASP), configurations alternating within a repeat.
 With ``--search R,M`` the switch point is not given but found first, as a recurring job
-would have it (paper 003 Algorithm 1): ``tfsync search --runs R --settings M`` on the
+would have it (Sync-Switch Algorithm 1): ``tfsync search --runs R --settings M`` on the
 testbed at the first latency (the point depends on how training converges, not on the
 network), and every Sync-Switch run uses it.
 Reported per run: training time, samples/s, final test accuracy (the whole test set), and

@@ -4,7 +4,7 @@ coordinator's, every connection through the latency relay, at 0, 10 and 30 ms on
 latency per node.
 
 Per latency, two jobs (MNIST, the bundled MLP, no shared run directory):
-- **restart switch**: BSP for half the workload, then ASP by restart (paper 003 Fig. 9:
+- **restart switch**: BSP for half the workload, then ASP by restart (Sync-Switch Fig. 9:
   checkpoint, stop the tasks, connect to new ones started while the old ones trained,
   restore). Reported: the switch's parts from ``summary.json`` (drain, save, stop the
   old tasks, wait for / connect to / restore / trace the new generation, and the rest:

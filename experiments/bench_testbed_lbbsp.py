@@ -1,7 +1,7 @@
 """LB-BSP across separate hosts (issue 17): BSP, LB-BSP (the paper's proportional rule
 without a floor, and tfsync's default: the affine rule with a floor of a quarter of the even
 split, issue 54), ASP and ``auto`` per update on a ``tfsync testbed`` whose
-worker nodes differ, against the ideal X / sum(v) (paper 002 Sec. 5.2; the same analysis
+worker nodes differ, against the ideal X / sum(v) (LB-BSP Sec. 5.2; the same analysis
 as bench_lbbsp.py, which runs on one host).
 
 The PS runs on n1, worker 0 on n2, worker 1 on n3. Heterogeneity, one kind per run:

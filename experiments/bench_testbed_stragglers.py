@@ -1,5 +1,5 @@
 """Sync-Switch's straggler policies when one node's link slows for a while (issue 17;
-paper 003 Sec. IV-B2 and VI-B3, here with the network as the cause rather than a paused
+Sync-Switch Sec. IV-B2 and VI-B3, here with the network as the cause rather than a paused
 process).
 
 A ``tfsync testbed`` of 5 nodes: the PS on n1, 4 workers on n2..n5, every node's one-way

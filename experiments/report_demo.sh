@@ -1,5 +1,5 @@
 #!/bin/bash
-# The README's report of a stopped-and-resumed job: LB-BSP then ASP on 3 workers (MNIST
+# The report in docs/guide/command-line.md of a stopped-and-resumed job: LB-BSP then ASP on 3 workers (MNIST
 # MLP), worker 1 slowed 3x for 12 s (an [[inject]] episode, again in the resumed run),
 # switched to SSP by `tfsync switch`, stopped by `tfsync stop`, resumed by `tfsync resume`
 # (which goes on in SSP until the plan's ASP), then `tfsync report` and a Chromium

@@ -1,5 +1,5 @@
 """A report as a person sees it: headless Chromium renders an HTML report (`tfsync report`)
-and writes a PNG screenshot, e.g. for the README.
+and writes a PNG screenshot, e.g. for the docs.
 
     python experiments/report_screenshot.py runs/mnist/report.html results/report_example.png
 

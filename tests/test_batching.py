@@ -1,4 +1,4 @@
-"""LB-BSP batch sizing (paper 002 §3.2, §3.3) and hysteresis; pure NumPy/SciPy."""
+"""LB-BSP batch sizing (LB-BSP §3.2, §3.3) and hysteresis; pure NumPy/SciPy."""
 
 import random
 

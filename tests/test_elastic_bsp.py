@@ -1,4 +1,4 @@
-"""ElasticBSP (paper 000) in the simulator: supersteps follow the searched barrier, the
+"""ElasticBSP in the simulator: supersteps follow the searched barrier, the
 barrier is minimal for the predictions, and every superstep starts from shared weights."""
 
 import numpy as np

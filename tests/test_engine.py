@@ -85,7 +85,7 @@ def test_a_task_that_dies_while_a_restart_switch_connects_costs_a_fresh_start_of
 @pytest.mark.parametrize("switch", ["hot", "restart"])
 def test_bsp_with_unequal_batches_equals_single_process_sgd_across_a_switch(tiny_problem, tmp_path, switch):
     """2 workers with batch sizes (5, 11): every BSP update equals one SGD step on the 16
-    examples (paper 002 eq. 8), through a hot or a restart switch: weights, momentum and
+    examples (LB-BSP eq. 8), through a hot or a restart switch: weights, momentum and
     step counter continue exactly (new task processes, data iterators restart)."""
     ref = _reference(tiny_problem, [0, 1, 2, 3, 4, 5] if switch == "hot" else [0, 1, 2, 0, 1, 2], (5, 11))
     engine = _engine(tiny_problem, tmp_path)

@@ -1,4 +1,4 @@
-"""FluentPS (paper 001) on recorded simulator schedules: each model's defining property."""
+"""FluentPS on recorded simulator schedules: each model's defining property."""
 
 import math
 
@@ -79,7 +79,7 @@ def test_dynamic_pssp_pauses_follow_the_logistic():
 
 
 def test_dprs_lazy_fewer_than_soft_and_pssp_fewer_than_equivalent_ssp():
-    """Paper 001 Table IV and Fig. 9 trends: lazy execution saves DPRs; PSSP(s, c) makes
+    """FluentPS Table IV and Fig. 9 trends: lazy execution saves DPRs; PSSP(s, c) makes
     fewer DPRs than SSP with the same regret bound, s' = s + 1/c - 1."""
     dpr = {}
     for key, spec in {"lazy": {"name": "fluentps", "staleness": 2, "probability": 1.0},

@@ -7,7 +7,7 @@ pods of <name>-join join (2 -> 4 workers) and are deleted again (4 -> 2), and `t
 stop` through "kubectl exec" ends the chief's Job with exit code 0; with --mode tfconfig,
 a pod per task with its TF_CONFIG trains the same model. Needs root, iproute2,
 unshare, nsenter and overlayfs: skipped, saying why, without them. No Kubernetes cluster:
-what that leaves untested is in kubelet.py's docstring and the README."""
+what that leaves untested is in kubelet.py's docstring and docs/guide/kubernetes.md."""
 
 import contextlib
 import json

@@ -36,7 +36,7 @@ WATCHDOG_S = 150  # a deadlocked round would block fit forever; raise this on a 
 
 @pytest.fixture(scope="module")
 def strategy():
-    with local_cluster(workers=N) as strategy:  # the README's one line
+    with local_cluster(workers=N) as strategy:  # the guide's one line
         yield strategy
 
 
@@ -108,7 +108,7 @@ def _sequential(w0, xb, yb, loss_fn, updates, rate, momentum):
 
 @cluster
 def test_local_cluster_starts_and_tears_down_even_when_the_body_raises():
-    """The README's one line: every task process runs and listens inside the block; leaving
+    """The Keras guide's one line: every task process runs and listens inside the block; leaving
     it by an exception (which propagates) kills them all and closes their ports. It runs
     before the module's cluster starts: this process coordinates one cluster at a time."""
     local = local_cluster(workers=N)
@@ -398,12 +398,11 @@ def test_per_batch_tensorboard_scalars_and_the_switch_under_the_strategy(strateg
 
 @cluster
 def test_the_readme_keras_example_runs_as_a_script(tmp_path):
-    """The README's Keras block, run as a user would paste it: it trains, switches after
+    """The guide's Keras block (docs/guide/keras.md), run as a user would paste it: it trains, switches after
     half the steps, and leaves no TensorFlow noise on stderr (start-up lines, or the lines
     TF's exit clean-up writes for tasks the block stopped)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Keras: Sync-Switch inside your own `model.fit`", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "keras.md").read_text()
+    code = guide.split("```python\n", 1)[1].split("```", 1)[0]
     env = {k: v for k, v in os.environ.items() if k not in ("TFSYNC_VERBOSE", "TF_CPP_MIN_LOG_LEVEL")}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=WATCHDOG_S - 10)

@@ -1,4 +1,4 @@
-"""tfsync's layers (README "Architecture"), checked on the package's import graph.
+"""tfsync's layers (docs/internals/architecture.md), checked on the package's import graph.
 
 The graph is built from the source, without importing it: every ``import`` and
 ``from ... import`` anywhere in a module (inside functions too), resolved to the tfsync
@@ -211,7 +211,7 @@ def test_sub_commands_do_not_import_the_command_line():
 
 def test_no_module_cites_a_document_that_is_not_in_the_repository():
     """A reader of the code must find what it cites: a ``NAME.md`` named in a module is a
-    file of the repository (the design notes it needs are in the README or docstrings)."""
+    file of the repository (the design notes it needs are in docs/ or docstrings)."""
     import re
 
     present = {p.name for p in ROOT.rglob("*.md") if ".venv" not in p.parts}

@@ -1,4 +1,4 @@
-"""LB-BSP as a policy (paper 002): on the simulator, with no TensorFlow."""
+"""LB-BSP as a policy (LB-BSP): on the simulator, with no TensorFlow."""
 
 import json
 
@@ -51,7 +51,7 @@ def test_the_affine_model_reaches_equal_times_where_part_of_a_step_does_not_shri
 
 def test_same_sizes_give_the_same_model_as_bsp_weighted_aggregation():
     """LB-BSP is BSP with other sizes: once it picks (48, 16), training is identical to
-    BSP run with FixedSizer([48, 16]), weighted mean included (paper 002 eq. 8)."""
+    BSP run with FixedSizer([48, 16]), weighted mean included (LB-BSP eq. 8)."""
     d = np.load(DATA)
 
     def model():

@@ -1,5 +1,5 @@
 """LB-BSP from a job file on a real local cluster: every round processes X = n * B samples,
-split between the workers by their predicted speeds (paper 002 §3.2)."""
+split between the workers by their predicted speeds (LB-BSP §3.2)."""
 
 import collections
 import json

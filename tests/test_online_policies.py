@@ -1,4 +1,4 @@
-"""Sync-Switch's online straggler policies (paper 003 §IV-B2) and the timing plan, on the
+"""Sync-Switch's online straggler policies (Sync-Switch §IV-B2) and the timing plan, on the
 simulator with an injected transient straggler."""
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Speed predictors (paper 002 §3.2.1, §4.2, Table 3). The learned ones train real tiny
+"""Speed predictors (LB-BSP §3.2.1, §4.2, Table 3). The learned ones train real tiny
 tf_keras models, inline (threads=0) except where the background trainer is the subject."""
 
 import logging

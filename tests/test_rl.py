@@ -1,4 +1,4 @@
-"""The learned policy (paper 004): the three-action framework on the simulator, the
+"""The learned policy (RLP): the three-action framework on the simulator, the
 Q-learning mechanics on a tiny MDP with a known answer, and pre-training."""
 
 import numpy as np

@@ -46,7 +46,7 @@ def test_run_trains_bsp_then_asp_and_writes_its_records(bsp_then_asp):
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
     assert summary["switches"][0]["method"] == "hot"
     assert summary["test_accuracy"] > 0.7  # a linear model, half an epoch of 6000 real digits
-    assert summary["timeline"][0]["lr"] == pytest.approx(0.1)  # BSP runs n * eta (paper 003 §IV-C)
+    assert summary["timeline"][0]["lr"] == pytest.approx(0.1)  # BSP runs n * eta (Sync-Switch §IV-C)
     assert summary["timeline"][1]["lr"] == pytest.approx(0.05)
     records = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
     pushes = [x for x in records if "worker" in x]

@@ -1,4 +1,4 @@
-"""The switch-point binary search (paper 003 Algorithm 1) on synthetic accuracy curves."""
+"""The switch-point binary search (Sync-Switch Algorithm 1) on synthetic accuracy curves."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Search-cost replay (paper 003 §VI-C1) against hand computations on synthetic runs."""
+"""Search-cost replay (Sync-Switch §VI-C1) against hand computations on synthetic runs."""
 
 import math
 import os

@@ -130,7 +130,7 @@ def _mlp(seed=0):
 
 def test_bsp_training_matches_a_single_process_reference():
     """Two workers with batch sizes 16 and 48 under BSP: each round applies the
-    batch-size-weighted mean gradient (paper 002 eq. 8), as one process computes it."""
+    batch-size-weighted mean gradient (LB-BSP eq. 8), as one process computes it."""
     sim_model, ref = _mlp(), _mlp()
     sim = Simulator(2, SpeedModel(seed=1, **STRAGGLY), model=sim_model, lr=0.1)
     rounds = sim.run(P.BSP(P.FixedSizer([16, 48])), pushes=20).updates
@@ -193,7 +193,7 @@ def test_removed_worker_finishes_its_step_outside_the_membership():
 
 @pytest.mark.parametrize("hidden", [(), (7,), (6, 5, 4)])
 def test_mlp_gradients_match_finite_differences(hidden):
-    """Back-propagation through 0, 1 and 3 hidden layers (paper 004 §4 draws 0-3)."""
+    """Back-propagation through 0, 1 and 3 hidden layers (RLP §4 draws 0-3)."""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(40, 9)).astype(np.float32), rng.integers(0, 4, 40)
     m = NumpyMLP(x, y, x, y, hidden=hidden, seed=1)

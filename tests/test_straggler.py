@@ -1,4 +1,4 @@
-"""Straggler detection (paper 003 §IV-B2) on simulated clusters and on record dicts."""
+"""Straggler detection (Sync-Switch §IV-B2) on simulated clusters and on record dicts."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Reading an accuracy curve: where it converged, and its converged accuracy (paper 003
+"""Reading an accuracy curve: where it converged, and its converged accuracy (Sync-Switch
 §VI-A: "not changed for more than 0.1 % for five evaluations"). Used by the engine's
 run summary and by Sync-Switch's search (``tfsync.switch.search``). Standard library only.
 """

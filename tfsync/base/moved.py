@@ -1,8 +1,8 @@
 """Old import paths of modules that moved, kept for code written against them.
 
 ``tfsync.data`` is now ``tfsync.base.data``, ``tfsync.config`` is ``tfsync.job.config`` and
-``tfsync.workload`` is ``tfsync.engine.workload``: the folders are the layers (README
-"Architecture"). Importing an old name warns once and gives the module itself, so
+``tfsync.workload`` is ``tfsync.engine.workload``: the folders are the layers
+(docs/internals/architecture.md). Importing an old name warns once and gives the module itself, so
 ``from tfsync.data import load`` and ``"tfsync.workload:as_in_fit"`` in a job file still work.
 """
 

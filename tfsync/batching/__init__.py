@@ -1,4 +1,4 @@
-"""LB-BSP batch-size solvers (paper 002 §3): the CPU rule (sizes proportional to
+"""LB-BSP batch-size solvers (LB-BSP §3): the CPU rule (sizes proportional to
 predicted speeds; the affine rule where part of a step does not shrink with the
 batch), the GPU rule (a linear program over profiled compute-time lines),
 and hysteresis against churn. Plain functions on numbers; no TensorFlow."""

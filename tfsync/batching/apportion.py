@@ -1,6 +1,6 @@
 """Split a total batch X among workers in proportion to weights, as integers.
 
-This is LB-BSP's CPU rule (paper 002 §3.2): with t_i = x_i / v_i, the batch sizes that
+This is LB-BSP's CPU rule (LB-BSP §3.2): with t_i = x_i / v_i, the batch sizes that
 equalise every worker's time under sum x_i = X are x_i = v_i / sum_j v_j * X. Bounds
 [lo_i, hi_i] are met by water-filling (a worker whose share falls outside its bounds
 gets the bound and the rest is re-shared among the others in proportion), and the real-valued
@@ -107,7 +107,7 @@ def round_to_total(shares: Sequence[float], total: int, lo: Sequence[int], hi: S
 
 def cpu_rule(speeds: Sequence[float], total: int, lo=1, hi=None) -> list[int]:
     """Integer batch sizes proportional to ``speeds`` (samples/s), summing to ``total``,
-    each within [lo, hi] (numbers or one per worker); paper 002 §3.2."""
+    each within [lo, hi] (numbers or one per worker); LB-BSP §3.2."""
     n = len(speeds)
     if n == 0:
         raise ValueError("cpu_rule needs at least one worker's speed")

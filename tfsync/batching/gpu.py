@@ -1,4 +1,4 @@
-"""LB-BSP's GPU rule (paper 002 §3.3): batch sizes that minimise the slowest worker's
+"""LB-BSP's GPU rule (LB-BSP §3.3): batch sizes that minimise the slowest worker's
 iteration time, for workers whose compute time is linear between two sizes.
 
 Per worker i (eq. 5): t_i = m_i * x_i + b_i + comm_i with x_s_i <= x_i <= x_o_i, where
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GpuProfile:
-    """One worker's compute time: t_p(x) = m * x + b for x_s <= x <= x_o (paper 002 eq. 5)."""
+    """One worker's compute time: t_p(x) = m * x + b for x_s <= x <= x_o (LB-BSP eq. 5)."""
 
     m: float  # seconds per sample (slope)
     b: float  # seconds (intercept)
@@ -81,7 +81,7 @@ def profile_worker(samples: Sequence[tuple[float, float]], x_o: int | None = Non
 
 
 def gpu_rule(profiles: Sequence[GpuProfile], total: int, comm: Sequence[float] | None = None) -> list[int]:
-    """Integer batch sizes summing to ``total`` that minimise max_i t_i (paper 002 eq. 3
+    """Integer batch sizes summing to ``total`` that minimise max_i t_i (LB-BSP eq. 3
     with the linear constraints of eq. 5). ValueError when the bounds cannot hold ``total``."""
     from scipy.optimize import linprog
 

@@ -1,5 +1,5 @@
 """LB-BSP's sizes kept only where they pay: the round times they bring, measured, against
-the even split's (beyond paper 002; issue 54).
+the even split's (beyond LB-BSP; issue 54).
 
 LB-BSP's sizes are only as good as its model of a step's time. Where the model is wrong,
 the sizes it balances make rounds slower than BSP's even split: a container's CPU quota

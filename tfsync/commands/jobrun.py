@@ -69,7 +69,7 @@ def build_phases(cfg: JobConfig, num_train: int):
 
 def straggler_phase(cfg: JobConfig, phases, bsp_samples: int | None):
     """The bsp -> asp plan as one phase run by Sync-Switch's online straggler policy
-    (paper 003 §IV-B2): it switches itself, hot, once ``bsp_samples`` are trained (None:
+    (Sync-Switch §IV-B2): it switches itself, hot, once ``bsp_samples`` are trained (None:
     never: BSP to the end, ASP while a straggler is seen); BSP and ASP keep the learning
     rates of the configuration policy. The momentum rule after the switch does not apply
     here (the base momentum is kept)."""

@@ -120,7 +120,7 @@ def cmd_eval(args) -> int:
 
 def add_commands(sub) -> None:
     p = sub.add_parser("policy", help="train or evaluate the learned synchronization policy (RLP)",
-                       description="The learned policy of paper 004: a Q-network trained by deep "
+                       description="The learned policy (RLP): a Q-network trained by deep "
                                    "Q-learning on simulated clusters, usable as protocol 'rlp'.")
     cmds = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 
@@ -143,7 +143,7 @@ def add_commands(sub) -> None:
     t.add_argument("--resume", action="store_true", help="continue from the episodes already in OUT")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--preset", choices=("paper", "stable"), default="paper",
-                   help="Q-learning hyper-parameters: paper 004 §4's (pool 50, target copy every 5, "
+                   help="Q-learning hyper-parameters: RLP §4's (pool 50, target copy every 5, "
                         "Adam 0.01) or 'stable' (pool 5000, copy every 200, Adam 0.001)")
     instance_options(t)
     t.set_defaults(func=cmd_train)

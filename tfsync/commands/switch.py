@@ -1,4 +1,4 @@
-"""``tfsync search JOB``: the switch-point search for a recurring job (paper 003 §IV-B1,
+"""``tfsync search JOB``: the switch-point search for a recurring job (Sync-Switch §IV-B1,
 Algorithm 1) on the local cluster, and ``tfsync search --show JOB``.
 
 Every trial is one training of the job file with BSP for a share of the workload, then

@@ -7,7 +7,7 @@ standing closure. Each finished step leaves its row on one more queue, which the
 coordinator drains (``drain``): one remote call returns every row waiting.
 
 AGGREGATE pushes go to one ConditionalAccumulator holding ``[|B| * g (flattened), |B|]``:
-the accumulator averages its inputs, so ``sum(|B_i| g_i) / sum(|B_i|)`` (paper 002 eq. 8)
+the accumulator averages its inputs, so ``sum(|B_i| g_i) / sum(|B_i|)`` (LB-BSP eq. 8)
 is the ratio of the two parts whatever number of pushes it holds, and a push whose round
 (``local_step``) is older than the accumulator's is dropped atomically on the PS.
 
@@ -47,7 +47,7 @@ def weighted_flat(grads, batch_size):
 
 def weighted_mean(flat, variables, sizes):
     """Per-variable gradients from the accumulator's average of ``weighted_flat`` pushes:
-    sum(|B_i| g_i) / sum(|B_i|), whatever number of pushes it averaged (paper 002 eq. 8)."""
+    sum(|B_i| g_i) / sum(|B_i|), whatever number of pushes it averaged (LB-BSP eq. 8)."""
     parts = tf.split(flat[:-1] / flat[-1], sizes)
     return [tf.reshape(p, v.shape) for p, v in zip(parts, variables)]
 
@@ -120,7 +120,7 @@ def apply_update(optimizer, grads, variables, rate):
 class LearningRate:
     """The rate of the next update: ``base x scale``. ``base`` is the optimizer's schedule
     at its ``iterations`` or its number (kept in ``base``, a variable); ``scale`` is the
-    configuration policy's factor (paper 003 §IV-C). Make it under the strategy's scope
+    configuration policy's factor (Sync-Switch §IV-C). Make it under the strategy's scope
     (the variables go to the PS); calling it is traced into the step and barrier."""
 
     def __init__(self, optimizer, scale: float = 1.0):

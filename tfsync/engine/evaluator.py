@@ -19,7 +19,7 @@ the coordinator's eager context, which invalidates variables made before it.
 
 Results are collected by the loop (``drain``), so the run's records are written from one
 thread only. Sync-Switch's search needs these curves: converged accuracy is the first
-accuracy that stays within 0.1 % for 5 evaluations (paper 003 §VI-A).
+accuracy that stays within 0.1 % for 5 evaluations (Sync-Switch §VI-A).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A restart switch replaces the generation: new task processes (started while the old
 ones still train), a new strategy and coordinator connected to them, the model and
-optimizer rebuilt and restored from the checkpoint (paper 003 Fig. 9). A hot switch
+optimizer rebuilt and restored from the checkpoint (Sync-Switch Fig. 9). A hot switch
 keeps the generation.
 """
 
@@ -183,7 +183,7 @@ def checkpoint_io() -> "tf.train.CheckpointOptions":
 
 def tunable_momentum(optimizer) -> bool:
     """Whether the engine sets ``optimizer``'s momentum during training (the momentum rule
-    of a switch, paper 003 §IV-C): SGD's, which its update reads as a number each step.
+    of a switch, Sync-Switch §IV-C): SGD's, which its update reads as a number each step.
     RMSprop's is fixed at build (its update branches on it in Python and keeps a momentum
     slot only when it is > 0), and the other optimizers have none (Adam's betas are not
     a momentum the rules speak of): theirs stay as the optimizer was made."""

@@ -20,7 +20,7 @@ class Phase:
     ``switch``: how this phase is entered from the previous one ("hot" or "restart").
     ``lr_scale`` multiplies the base learning rate; ``momentum`` replaces the base
     momentum (None: keep), or is a function of the epochs since the phase began (the
-    ramps of paper 003 Fig. 8b); both from the configuration policy (§IV-C).
+    ramps of Sync-Switch Fig. 8b); both from the configuration policy (§IV-C).
     ``changed``: what commands changed while it ran (a switch's ``protocol``, ``options``
     and ``lr_scale``; ``batch_sizes``), saved with checkpoints so that a resumed run
     starts as the stop left it (``tfsync.engine.switching.carry_changes``).

@@ -19,7 +19,7 @@ workers' predicted speeds), the engine sets them on the PS (``PSControl.set_size
 the PS grants them from the next round it opens: a round or more later than the
 coordinator would have, since the PS opened the following round before the coordinator
 saw this one's pushes (LB-BSP's sizes then come from predictions a round older, as in its
-non-blocking mode, paper 002 §4). Each marker says which sizes the round it opened had.
+non-blocking mode, LB-BSP §4). Each marker says which sizes the round it opened had.
 
 Anything that needs the coordinator halts the pilot (:meth:`Pilot.halt`): a drain (a
 switch, a checkpoint, a stop, a rejoin, the end of the phase), a command, or a decision

@@ -1,5 +1,5 @@
 """CPU and memory of each worker's task process, sampled in a background thread: the
-driving resources c^k, m^k that NARX predicts worker speed from (paper 002 §3.2.1, eq. 4).
+driving resources c^k, m^k that NARX predicts worker speed from (LB-BSP §3.2.1, eq. 4).
 
 ``ResourceMonitor({worker: pid}, interval=1.0)`` samples every ``interval`` s; ``latest()``
 returns ``{worker: reading}``, a reading being a dict:

@@ -50,7 +50,7 @@ def switch(loop: Loop, old, phase, index: int, carry: bool = True, by: str = "pl
 
 
 def set_config(ledger, gen, phase) -> None:
-    """The phase's rate factor and momentum (paper 003 §IV-C), from now on: in the ledger
+    """The phase's rate factor and momentum (Sync-Switch §IV-C), from now on: in the ledger
     and on generation ``gen``."""
     ledger.lr_scale = phase.lr_scale
     momentum = phase.momentum(0) if callable(phase.momentum) else phase.momentum

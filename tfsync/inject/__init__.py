@@ -1,5 +1,5 @@
 """Straggler injection for experiments and tests: real competing processes
-(``CpuBurner``), the heterogeneity levels of paper 002 §5.2 (``level_plan``), and
+(``CpuBurner``), the heterogeneity levels of LB-BSP §5.2 (``level_plan``), and
 trace-driven load (``TraceDriver``)."""
 
 from .burner import CpuBurner

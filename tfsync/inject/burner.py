@@ -1,5 +1,5 @@
 """A real competing process that takes CPU (and optionally memory) from a worker: the
-straggler injection of paper 002 §5.2 ("a competing process that consumes designated
+straggler injection of LB-BSP §5.2 ("a competing process that consumes designated
 CPU cycles and memory space", run or sleep periodically).
 
 ``CpuBurner(duty=0.5, cpus={0})`` starts ``processes`` child processes pinned to

@@ -1,4 +1,4 @@
-"""The heterogeneity levels of paper 002 §5.2 as burner settings.
+"""The heterogeneity levels of LB-BSP §5.2 as burner settings.
 
 The paper: Homo, no stragglers; Hetero-L2 (L3), the slowest worker's sample processing
 speed is roughly 1/2 (1/3) of the fastest one's. Our mapping: worker i of n gets a target
@@ -40,7 +40,7 @@ def spec_for_share(share: float) -> BurnSpec:
 
 
 def level_plan(level: str, num_workers: int) -> list[BurnSpec]:
-    """One :class:`BurnSpec` per worker for a paper 002 level (``homo``, ``hetero-l2``,
+    """One :class:`BurnSpec` per worker for a LB-BSP level (``homo``, ``hetero-l2``,
     ``hetero-l3``); worker 0 is the fastest, worker n-1 the slowest."""
     key = str(level).lower().replace("_", "-")
     if key not in LEVELS:

@@ -5,7 +5,7 @@ period and continued (SIGCONT) for the rest, so whatever it computes takes ``slo
 times as long, however many cores the machine has and whoever shares them. On a loaded
 machine this process's own wake-ups come late; each stop is therefore sized to bring
 the time stopped since the episode began to ``1 - 1/slowdown`` of it, so lateness in one
-period is made up in the next. Paper 003
+period is made up in the next. Sync-Switch
 §VI-B3 slows a node by emulated network latency (10 ms mild, 30 ms moderate) for
 transient episodes of at most 100 s; a paused worker is the same kind of slowdown to
 the training: its steps arrive late. Unlike the CPU burner (tfsync.inject.burner) it

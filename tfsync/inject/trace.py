@@ -1,5 +1,5 @@
 """Trace-driven straggler injection: a CPU-utilisation trace of another machine drives a
-burner's duty cycle over time (the emulated production cluster of paper 002 §5.3 replays
+burner's duty cycle over time (the emulated production cluster of LB-BSP §5.3 replays
 the Google trace's tasks on each worker; we replay a machine's CPU utilisation).
 
 ``TraceDriver(burner, trace, time_scale=60)`` runs a thread that sets the burner's duty

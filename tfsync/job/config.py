@@ -194,7 +194,7 @@ class ProtocolEntry:
 @dataclasses.dataclass(frozen=True)
 class SwitchSection:
     method: str = "hot"  # "hot": swap the policy in place; "restart": checkpoint + restart
-    # Configuration policy (paper 003 §IV-C; tfsync.switch.configuration):
+    # Configuration policy (Sync-Switch §IV-C; tfsync.switch.configuration):
     lr: str = "linear"  # BSP runs n*eta, ASP eta | "constant": eta throughout
     batch: str = "local"  # ASP runs B per worker | "global": n*B per worker (Fig. 8a)
     momentum: str = "keep"  # after BSP -> ASP: keep | zero | inverse_n | ramp_exp | ramp_linear

@@ -34,7 +34,7 @@ is never reached) or ASP throughout (``["asp"]``: the mode is ASP from the start
 is ever taken); ``switch_at=f`` is ``[{"name": "bsp", "until": f}, "asp"]``. SSP, ASP
 before BSP and the engine's other protocols are refused there, with the reason.
 
-Configuration policy (paper 003 section IV-C): the learning rate is ``bsp_lr_scale * eta``
+Configuration policy (Sync-Switch section IV-C): the learning rate is ``bsp_lr_scale * eta``
 (default ``num_workers * eta``) during BSP and eta after the switch; momentum is kept.
 ``eta`` is the optimizer's number or its LearningRateSchedule at the update's
 ``iterations`` (``rate()``: the rate of the next update), as ``apply_gradients`` would use.

@@ -1,4 +1,4 @@
-"""Paper 004's three-action space (§3.2): after a push, no idle worker runs (``NONE``), the
+"""RLP's three-action space (§3.2): after a push, no idle worker runs (``NONE``), the
 submitter runs on (``SUBMITTER``) or every idle worker runs (``ALL``).
 
 A protocol with a form in this space (§3.1) declares it as ``three_action``: a function

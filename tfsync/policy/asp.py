@@ -1,4 +1,4 @@
-"""ASP: every push is applied on arrival and its worker runs on at once (paper 004 §3.1:
+"""ASP: every push is applied on arrival and its worker runs on at once (RLP §3.1:
 A = {W_s}).
 
 Steps are granted ahead per worker, at least ``depth`` (default 8: one running, seven
@@ -34,7 +34,7 @@ from .pacing import MAX_DEPTH, StepGaps
 
 
 def asp_teacher(push: Push, view: ClusterView) -> int:
-    """ASP in the three-action space (paper 004 §3.1): A = {W_s}."""
+    """ASP in the three-action space (RLP §3.1): A = {W_s}."""
     return SUBMITTER
 
 

@@ -1,7 +1,7 @@
 """``protocol = "auto"``: the protocol chosen for the user, from how long the workers' steps
 take as they go (beyond the papers; issue 54).
 
-It runs LB-BSP (paper 002) while the workers are alike (LB-BSP is then BSP: the even split,
+It runs LB-BSP while the workers are alike (LB-BSP is then BSP: the even split,
 which its guard keeps where uneven sizes do not pay). ASP is put on trial when, for
 ``hold_s`` seconds (default 2), a worker is ``asp_above`` times slower per sample than the
 others' median (default 1.5), or keeps them waiting by that much at the smallest batch

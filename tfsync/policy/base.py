@@ -1,6 +1,6 @@
 """The one interface every synchronization protocol implements.
 
-This is the unified framework of paper 004 (Algorithm 1), extended with batch sizes and
+This is the unified framework of the RLP paper (Algorithm 1), extended with batch sizes and
 with the choice of what the server does with a push:
 
 - the server receives a push from worker ``W_s`` (a :class:`Push`);
@@ -16,13 +16,13 @@ The cluster state a policy sees is a :class:`ClusterView`.
 
 Semantics the engine and simulator both keep:
 - AGGREGATE pushes of one round are combined as the batch-size-weighted *mean*
-  g = sum(|B_i| g_i) / sum(|B_i|) (paper 002 §3.4, eq. 8) and applied at the barrier.
+  g = sum(|B_i| g_i) / sum(|B_i|) (LB-BSP §3.4, eq. 8) and applied at the barrier.
 - An AGGREGATE grant carries the round current when it is granted; a push whose round
   was closed by a barrier before it arrived is reported ``dropped`` (drop-stragglers,
-  paper 000 §VI ref. [17]). Do not queue AGGREGATE grants across a barrier.
+  ElasticBSP §VI ref. [17]). Do not queue AGGREGATE grants across a barrier.
 - A protocol switch drains every worker, applies what is aggregated, then calls the new
   policy's ``start``.
-- SSP staleness follows paper 001 Table III: s = 0 is lock-step.
+- SSP staleness follows FluentPS Table III: s = 0 is lock-step.
 
 Nothing here imports TensorFlow: the engine and the simulator drive the same objects.
 """
@@ -71,9 +71,9 @@ class Decision:
     ``barrier``: apply the aggregated gradients of the current round now, before any
     step granted here reads the weights, and open the next round.
     ``remove`` / ``restore``: workers leaving / rejoining the membership (Sync-Switch's
-    elastic policy, paper 003 §IV-B2); a removed worker gets no grants.
+    elastic policy, Sync-Switch §IV-B2); a removed worker gets no grants.
     ``lr_scale``: multiplier on the base learning rate for every update from now on,
-    sticky (None: unchanged); n for BSP and 1 for ASP (paper 003 §IV-C), 1/N in FluentPS.
+    sticky (None: unchanged); n for BSP and 1 for ASP (Sync-Switch §IV-C), 1/N in FluentPS.
     ``momentum``: the optimizer's momentum for every update from now on, sticky (None:
     unchanged); an optimizer whose momentum is fixed at build keeps its own.
     ``wake_at``: call ``Policy.on_timer`` at this coordinator time even if nothing is
@@ -112,7 +112,7 @@ class Push:
 
     Worker clock: ``start`` (its gate opened) and ``end`` (its gradient was computed).
     On the engine (tfsync.engine.step) the weights come with the token, so ``end -
-    start`` is the compute of paper 002 §3.1's t = t_p + t_m, and the pull rides on the
+    start`` is the compute of LB-BSP §3.1's t = t_p + t_m, and the pull rides on the
     call that pushes the step before; in the simulator, ``end`` is the push's arrival.
     ``turnaround`` below holds all of it. Coordinator clock: ``granted_at``,
     ``ready_at`` (when the step could start: granted, and the worker's previous push in;
@@ -124,7 +124,7 @@ class Push:
     gate opened, a slow link), which ``end - start`` misses.
     ``loss`` is the worker's minibatch loss at the weights it read (a proxy of L(w)).
     ``version``: model updates applied when the step read the weights;
-    ``pushes_during``: updates applied by other workers while the step ran (paper 004
+    ``pushes_during``: updates applied by other workers while the step ran (RLP
     §3.2 l_n; the staleness of this push).
     """
 
@@ -164,7 +164,7 @@ class ClusterView:
     (so ``granted[w] - clocks[w]`` steps are running or queued). A worker is idle when
     the two are equal. ``round``: the current aggregation round (incremented at every
     barrier); ``pending_workers`` / ``pending_samples``: what the current round has
-    aggregated. ``pushes``: all pushes so far (paper 004's n); ``updates``: model updates
+    aggregated. ``pushes``: all pushes so far (RLP's n); ``updates``: model updates
     applied (a round under BSP, a push under ASP); ``samples``: examples pushed.
     ``now``: coordinator time in seconds. ``active``: the members (None = all).
     ``resources``: latest CPU/memory sample per worker, where a monitor provides them.

@@ -1,7 +1,7 @@
 """BSP: every member computes on the same weights; the update is the batch-size-weighted
-mean of their gradients (paper 002, eq. 8), applied when the last one has pushed.
+mean of their gradients (LB-BSP, eq. 8), applied when the last one has pushed.
 
-In the unified framework (paper 004, §3.1): A = {} while |I| < k, A = I once |I| = k.
+In the unified framework (RLP, §3.1): A = {} while |I| < k, A = I once |I| = k.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .sizing import FixedSizer
 
 
 def bsp_teacher(push: Push, view: ClusterView) -> int:
-    """BSP in the three-action space (paper 004 §3.1): A = {} while |I| < k, A = I once
+    """BSP in the three-action space (RLP §3.1): A = {} while |I| < k, A = I once
     every worker is idle."""
     return ALL if len(view.idle) == len(view.members) else NONE
 

@@ -1,4 +1,4 @@
-"""ElasticBSP (paper 000): a barrier whose time varies, with a different number of
+"""ElasticBSP: a barrier whose time varies, with a different number of
 iterations per worker in each superstep.
 
 At every barrier (§II, §III): predict each worker's next R iteration end times from its
@@ -83,7 +83,7 @@ class ElasticBSP(Policy):
         return float(np.median(d)) if self.estimator == "median" else sum(d) / len(d)
 
     def plan(self, view: ClusterView) -> dict[int, int]:
-        """Steps per worker until the next barrier (paper 000 §III: Z* = argmin d_Z)."""
+        """Steps per worker until the next barrier (ElasticBSP §III: Z* = argmin d_Z)."""
         members = sorted(view.members)
         taus = [self.interval(w) for w in members]
         if any(t is None for t in taus):

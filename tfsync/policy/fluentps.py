@@ -1,4 +1,4 @@
-"""FluentPS synchronization (paper 001): pull and push conditions (§III-B, Algorithm 1,
+"""FluentPS synchronization (FluentPS): pull and push conditions (§III-B, Algorithm 1,
 Table III), lazy execution of delayed pull requests versus the soft barrier (§III-C),
 and probabilistic SSP (PSSP, §III-E) with a constant or a dynamic pause probability.
 
@@ -254,7 +254,7 @@ class _Grants:
 
 
 class PSSP(FluentPS):
-    """Probabilistic SSP (paper 001 §III-E): pause with probability c (or dynamic P(k))
+    """Probabilistic SSP (FluentPS §III-E): pause with probability c (or dynamic P(k))
     once a worker is s iterations ahead of V_train; lazy execution by default."""
 
     name = "pssp"

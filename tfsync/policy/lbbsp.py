@@ -1,4 +1,4 @@
-"""LB-BSP (paper 002): BSP whose per-worker batch sizes equalise the workers' iteration
+"""LB-BSP: BSP whose per-worker batch sizes equalise the workers' iteration
 times, with the batch-size-weighted mean of eq. 8 at the barrier (the engine and the
 simulator already aggregate AGGREGATE pushes that way) and the round total kept at
 X = n * batch_size, so every round processes as many samples as BSP (§3.4).
@@ -257,7 +257,7 @@ class LBBSPSizer(BatchSizer):
             lo = self._floors(workers, total)
             proposed = dict(zip(workers, cpu_rule([speeds[w] for w in workers], total, lo, self.hi)))
 
-            def times(sizes):  # paper 002 §3.2: t_i = x_i / v_i
+            def times(sizes):  # LB-BSP §3.2: t_i = x_i / v_i
                 return {w: sizes[w] / speeds[w] for w in workers}
         return self.hysteresis.choose(current, proposed, times)
 

@@ -107,7 +107,7 @@ class Ledger:
         self.clocks[w] += 1
         self.pushes += 1
         dropped = mode is PushMode.AGGREGATE and round < self.round
-        during = max(0, self.updates - version) if mode is PushMode.APPLY else 0  # paper 004 §3.2 l_n
+        during = max(0, self.updates - version) if mode is PushMode.APPLY else 0  # RLP §3.2 l_n
         if dropped:
             self.dropped += 1
         else:

@@ -1,5 +1,5 @@
-"""The learned synchronization policy, RLP (paper 004 §3.2), and the static policies in
-its three-action form (paper 004 §3.1), which pre-train it.
+"""The learned synchronization policy, RLP (§3.2), and the static policies in
+its three-action form (RLP §3.1), which pre-train it.
 
 After every push the policy picks one of three actions (§3.2 "Action"):
 ``NONE`` (idle workers stay idle), ``SUBMITTER`` (the worker that pushed runs on) or

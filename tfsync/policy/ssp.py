@@ -1,5 +1,5 @@
 """SSP with staleness bound s: no worker starts step c + s + 1 before every member has
-finished step c (paper 004 §3.1; paper 001 Table III). Pushes are applied on arrival.
+finished step c (RLP §3.1; FluentPS Table III). Pushes are applied on arrival.
 
 A worker may be granted steps up to ``min_clock + s + 1``, and at most the steps it runs in
 ``queue_s`` seconds (at least ``depth``) ahead of its own clock, so fast workers keep steps
@@ -26,7 +26,7 @@ from .pacing import MAX_DEPTH, StepGaps
 
 
 def ssp_teacher(s: int) -> Teacher:
-    """SSP with threshold s in the three-action space, as paper 004 §3.1 writes it:
+    """SSP with threshold s in the three-action space, as RLP §3.1 writes it:
     p_s = min p -> A = I; 0 < p_s - min < s -> {W_s}; p_s - min = s -> {}."""
     def teach(push: Push, view: ClusterView) -> int:
         gap = view.clocks[push.worker] - view.min_clock

@@ -1,4 +1,4 @@
-"""Worker-speed predictors (paper 002 §3.2.1, §4.2, Table 3): one object per worker,
+"""Worker-speed predictors (LB-BSP §3.2.1, §4.2, Table 3): one object per worker,
 ``update(speed, cpu, mem)`` after every step, ``predict()`` before the next.
 
 ``get(spec, **options)`` builds one by name (``"last"``, ``"ema"``, ``"arima"``,

@@ -1,4 +1,4 @@
-"""ARIMA(p, d, q) speed prediction with statsmodels (paper 002 §5.4, Table 3: (2, 2, 1)).
+"""ARIMA(p, d, q) speed prediction with statsmodels (LB-BSP §5.4, Table 3: (2, 2, 1)).
 
 Refitting on every step would cost tens of milliseconds each time, so the model is
 refit every ``refit_every`` observations on a sliding ``window`` of the latest ones,

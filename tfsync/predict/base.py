@@ -3,7 +3,7 @@
 ``update(speed, cpu, mem)`` gives the worker's latest sample processing speed (samples/s
 of the step that just ended) and, where a monitor provides them, the CPU and memory
 usage (percent) read when that step ended, i.e. the resources the *next* step starts
-with (paper 002 Alg. 1 line 3 pushes v^{k-1} together with c^k, m^k). ``predict()``
+with (LB-BSP Alg. 1 line 3 pushes v^{k-1} together with c^k, m^k). ``predict()``
 returns the speed expected for the next step. Nothing here imports TensorFlow.
 """
 
@@ -102,7 +102,7 @@ class Predictor:
 
 
 class LastValue(Predictor):
-    """Memoryless: the next speed is the last one (paper 002 §3.2.1, Table 3)."""
+    """Memoryless: the next speed is the last one (LB-BSP §3.2.1, Table 3)."""
 
     name = "last"
 
@@ -126,7 +126,7 @@ class LastValue(Predictor):
 
 class EMA(Predictor):
     """Exponential moving average, ``alpha`` the weight of the newest observation
-    (paper 002 §5.4: alpha = 0.2). The first observation is taken as it is."""
+    (LB-BSP §5.4: alpha = 0.2). The first observation is taken as it is."""
 
     name = "ema"
 

@@ -1,4 +1,4 @@
-"""Learned speed predictors trained online: NARX (paper 002 §3.2.1) and, for the
+"""Learned speed predictors trained online: NARX (LB-BSP §3.2.1) and, for the
 comparison of Table 3, SimpleRNN and LSTM with look-back 2.
 
 NARX (eq. 4): v^k = F(v^{k-1}, v^{k-2}, c^k, c^{k-1}, c^{k-2}, m^k, m^{k-1}, m^{k-2}),
@@ -317,7 +317,7 @@ def _narx_output(state: dict, row) -> float:
 
 
 class NARX(LearnedPredictor):
-    """``lookback`` L: speeds v^{k-1..k-L}, readings c, m^{k..k-L} (paper 002 eq. 4: L = 2);
+    """``lookback`` L: speeds v^{k-1..k-L}, readings c, m^{k..k-L} (LB-BSP eq. 4: L = 2);
     with ``baseline="ema"`` the EMA is one more input and the output is added to it."""
 
     name = "narx"
@@ -330,7 +330,7 @@ class NARX(LearnedPredictor):
         self.lookback, self.lag = int(lookback), int(lookback) + 1
         super().__init__(**options)
 
-    def _row(self, j, s):  # paper 002 eq. 4, look-back L on every series
+    def _row(self, j, s):  # LB-BSP eq. 4, look-back L on every series
         v, c, m, L = self._v, self._c, self._m, self.lookback
         row = [v[j - i] / s - 1 for i in range(1, L + 1)] + [c[j - i] for i in range(1, L + 2)] \
             + [m[j - i] for i in range(1, L + 2)]
@@ -344,7 +344,7 @@ class NARX(LearnedPredictor):
 
 
 class RNNPredictor(LearnedPredictor):
-    """SimpleRNN over the last 2 speeds (paper 002 §5.4, Table 3)."""
+    """SimpleRNN over the last 2 speeds (LB-BSP §5.4, Table 3)."""
 
     name = "rnn"
     kind = "rnn"
@@ -358,7 +358,7 @@ class RNNPredictor(LearnedPredictor):
 
 
 class LSTMPredictor(RNNPredictor):
-    """LSTM over the last 2 speeds (paper 002 §5.4, Table 3)."""
+    """LSTM over the last 2 speeds (LB-BSP §5.4, Table 3)."""
 
     name = "lstm"
     kind = "lstm"

@@ -2,7 +2,7 @@
 NumPy. This is the only module of tfsync.predict that imports TensorFlow, and only
 inside the training functions, so policies and the simulator stay TF-free.
 
-Architectures (paper 002 §3.2.1 and §5.4):
+Architectures (LB-BSP §3.2.1 and §5.4):
 - ``narx``: one hidden tanh layer over the 8 NARX inputs, linear output (2 hidden units:
   8*2 + 2 + 2 + 1 = 21 parameters; the paper keeps it under about 20);
 - ``rnn`` / ``lstm``: SimpleRNN / LSTM over the last 2 speeds (look-back 2), linear output.
@@ -73,7 +73,7 @@ def fit(model, x: np.ndarray, y: np.ndarray, *, epochs: int = 200, batch_size: i
         min_delta: float = 1e-4, patience: int = 4, min_epochs: int = 0,
         seed: int | None = None) -> tuple[list[np.ndarray], int, float]:
     """Train until the loss improves by less than ``min_delta`` for ``patience`` epochs
-    in a row (paper 002 §4.2: 1e-4 for 4 steps) or ``epochs`` pass. ``seed``: the
+    in a row (LB-BSP §4.2: 1e-4 for 4 steps) or ``epochs`` pass. ``seed``: the
     batches are shuffled in an order fixed by it (TF's op-level seed), so a fit gives
     the same weights in any process, whatever else draws random numbers.
     Returns (weights, epochs run, final loss)."""

@@ -1,5 +1,5 @@
 """Offline scoring of speed predictors: one-step-ahead RMSE on a recorded series or on a
-CPU trace, with no cluster (``tfsync predict score``; paper 002 Table 3).
+CPU trace, with no cluster (``tfsync predict score``; LB-BSP Table 3).
 
 Series CSV (``load_series``): a header line naming ``speed`` (samples/s, required) and
 optionally ``cpu`` and ``mem`` (the monitor's readings in percent given with that step,

@@ -1,4 +1,4 @@
-"""Online training of the learned predictors in background threads (paper 002 §4.2).
+"""Online training of the learned predictors in background threads (LB-BSP §4.2).
 
 The paper trains each worker's NARX model in separate low-priority threads, taking the
 workers in turn, with at most half the CPU cores training at once. ``os.nice`` inside a

@@ -1,1 +1,1 @@
-"""The learned synchronization policy (paper 004): instances, Q-network training, evaluation."""
+"""The learned synchronization policy (RLP): instances, Q-network training, evaluation."""

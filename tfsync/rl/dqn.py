@@ -1,4 +1,4 @@
-"""Deep Q-learning of the synchronization policy (paper 004 §3.3, Algorithm 2), in tf_keras.
+"""Deep Q-learning of the synchronization policy (RLP §3.3, Algorithm 2), in tf_keras.
 
 The network is the paper's: two hidden layers of 64 and 32 LeakyReLU units, one Q-value
 per action. Hyper-parameters default to §4: replay pool N = 50, mini-batch 32, target

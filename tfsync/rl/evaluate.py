@@ -1,5 +1,5 @@
 """Run policies on simulated instances and measure their time to the target accuracy
-(paper 004 §4: "each instance 30 times with different random seeds"). TF-free."""
+(RLP §4: "each instance 30 times with different random seeds"). TF-free."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..policy.rlp import RLP, QNetwork, static_names, teacher
 from .instances import InstanceSpec, make_instance
 
 # The paper's baselines and pre-training teachers: the catalogue's protocols with a
-# three-action form (BSP, ASP, SSP), SSP with s = 2, 5 and 8 (paper 004 §4).
+# three-action form (BSP, ASP, SSP), SSP with s = 2, 5 and 8 (RLP §4).
 STATIC = static_names(staleness=(2, 5, 8))
 
 

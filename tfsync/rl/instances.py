@@ -1,5 +1,5 @@
 """Training instances for the learned policy: a simulated cluster plus the model it
-trains (paper 004 §4, "Instance Generation Method").
+trains (RLP §4, "Instance Generation Method").
 
 An instance is 10 workers, each of which is a straggler with probability 0.3; a
 straggler sleeps N(mean, mean / 4) seconds in every step, its mean drawn once per
@@ -26,7 +26,7 @@ from ..sim.speeds import SpeedModel
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """What varies between instances, and its paper 004 §4 default.
+    """What varies between instances, and its RLP §4 default.
 
     ``hidden_layers``: the choices of h (one is drawn per instance); ``units`` per layer.
     ``step_time``: a normal worker's step (compute + pull + push) in seconds, with

@@ -1,5 +1,5 @@
 """Train the learned policy: pre-training on static policies, then deep Q-learning
-episodes in the simulator (paper 004 §3.3, Algorithm 2), with checkpoints.
+episodes in the simulator (RLP §3.3, Algorithm 2), with checkpoints.
 
 A checkpoint is the policy file itself (``QNetwork`` weights, NumPy ``.npz``) with the
 number of episodes done in its metadata; ``resume=True`` continues from it (the replay

@@ -1,5 +1,5 @@
 """A small model the simulator trains in NumPy: an MLP (0 or more ReLU hidden layers; 0
-is multi-class logistic regression) with softmax cross-entropy (paper 004 §4 trains
+is multi-class logistic regression) with softmax cross-entropy (RLP §4 trains
 such MLPs on MNIST in its simulated cluster).
 
 Gradients are taken at the weights current when a step starts, so the staleness a
@@ -81,7 +81,7 @@ class NumpyMLP:
 
     @staticmethod
     def weighted_mean(items):
-        """sum(b_i g_i) / sum(b_i) over (b_i, g_i) (paper 002 eq. 8)."""
+        """sum(b_i g_i) / sum(b_i) over (b_i, g_i) (LB-BSP eq. 8)."""
         total = sum(b for b, _ in items)
         return [sum(b * g[k] for b, g in items) / total for k in range(len(items[0][1]))]
 

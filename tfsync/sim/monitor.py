@@ -5,7 +5,7 @@ Both give ``{worker: reading}``, a reading a dict whose ``cpu`` is *contention*:
 percentage (0..100) of the worker's CPUs that other processes keep busy, averaged over
 the monitor's last sampling interval. LB-BSP feeds it (``resource_reading`` in
 tfsync.policy.lbbsp) to its predictors with the speed of the step that just ended:
-NARX's c^k of paper 002 eq. 4, the resources the next step *starts* with. It is the
+NARX's c^k of LB-BSP eq. 4, the resources the next step *starts* with. It is the
 last reading a monitor has at push time, never the load the next step will run under.
 
 Engine (``tfsync.engine.resources.ResourceMonitor``, read by ``Loop.view``): a thread

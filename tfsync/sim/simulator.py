@@ -6,12 +6,12 @@ Time is simulated seconds. A worker runs one granted step at a time: its step st
 model's step time plus ``comm`` (pull + push), and ends with its push reaching the
 server; its record's ``end`` is that arrival (the engine's is when the gradient was
 computed, before the push: a simulated ``compute_s`` holds the push's half of ``comm``).
-The server then asks the policy, exactly as the engine does (paper 004 §3.1, Algorithm 1):
+The server then asks the policy, exactly as the engine does (RLP §3.1, Algorithm 1):
 AGGREGATE pushes wait for the barrier, APPLY pushes update at once.
 
 With a ``model`` (``tfsync.sim.model``) the simulator also trains: a step computes its
 gradient at the weights current when it started, so the staleness the schedule implies
-is the staleness the model sees (paper 004 §4 trains an MLP on MNIST this way).
+is the staleness the model sees (RLP §4 trains an MLP on MNIST this way).
 
 With ``coordinator_s`` the server's decisions cost time: the coordinator is one serial
 server that spends ``coordinator_s`` on each push (its CPU per push, as
@@ -290,7 +290,7 @@ class Simulator:
         lr = self.lr * self.lr_scale  # a round closed now was pushed at the rate before this decision
         applied = self.ledger.apply(d, self.now)
         if applied.closed and self.model is not None:
-            grads = self.model.weighted_mean(self._pending_grads)  # batch-size-weighted mean (paper 002 eq. 8)
+            grads = self.model.weighted_mean(self._pending_grads)  # batch-size-weighted mean (LB-BSP eq. 8)
             self._pending_grads = []
             self._train(grads, lr)
         if self.model is not None and applied.undone is not None:

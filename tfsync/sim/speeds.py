@@ -1,11 +1,11 @@
 """How long a simulated worker's step takes.
 
-One :class:`SpeedModel` covers the cases of paper 004 §4 and of the issues:
+One :class:`SpeedModel` covers the cases of RLP §4 and of the issues:
 - constant speed: ``fixed + per_sample * batch_size`` seconds;
 - heterogeneous workers: a per-worker ``factors`` multiplier;
 - random transient stragglers: with probability ``straggle_p`` a step sleeps an extra
   N(``straggle_mean``, ``straggle_std``) seconds (clipped at 0); mean and std may be
-  per-worker sequences (paper 004 §4: some workers sleep, others never do);
+  per-worker sequences (RLP §4: some workers sleep, others never do);
 - trace-driven: a worker placed on a traced machine gets the CPU share the machine's
   other load leaves it, ``share(w, t) = max(1 - util(t) / 100, min_share)``, so its
   compute time is divided by the share at the step's start (traces: tfsync.base.traces;

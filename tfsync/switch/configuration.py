@@ -1,4 +1,4 @@
-"""Sync-Switch's configuration policy (paper 003 §IV-C, Fig. 8): the hyper-parameters a
+"""Sync-Switch's configuration policy (Sync-Switch §IV-C, Fig. 8): the hyper-parameters a
 protocol runs with, given the user's per-worker batch B, learning rate eta and momentum.
 
 Paper defaults: BSP runs the global batch n*B (B on each worker) with learning rate

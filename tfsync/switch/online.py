@@ -1,4 +1,4 @@
-"""Sync-Switch's online straggler policies (paper 003 §IV-B2), active only before the
+"""Sync-Switch's online straggler policies (Sync-Switch §IV-B2), active only before the
 switch point: after it the job runs ASP, which the paper considers immune to transient
 stragglers. Both wrap an inner BSP and ASP policy and a :class:`StragglerDetector`.
 

@@ -1,4 +1,4 @@
-"""Sync-Switch's protocol and timing plan (paper 003 §IV-A, §IV-B1): an ordered list of
+"""Sync-Switch's protocol and timing plan (Sync-Switch §IV-A, §IV-B1): an ordered list of
 protocols, each running until a fraction of the total workload (in samples).
 
 The paper's protocol policy is BSP first, then ASP (§IV-A: "start the training with BSP

@@ -1,4 +1,4 @@
-"""Sync-Switch's offline timing policy for recurring jobs: the binary search of paper 003
+"""Sync-Switch's offline timing policy for recurring jobs: the binary search of Sync-Switch
 §IV-B1, Algorithm 1 (Appendix B), driving a ``run_trial(fraction, seed) -> TrialResult``
 callback. ``fraction``: share of the workload trained with BSP before switching to ASP.
 
@@ -87,7 +87,7 @@ class SearchResult:
 def binary_search(run_trial: Callable[[float, int], TrialResult], signature: str,
                   settings: SearchSettings = SearchSettings(), store=None,
                   progress: Callable[[dict], None] | None = None) -> SearchResult:
-    """Algorithm 1 of paper 003 (Appendix B) with the fixes above; see the module doc."""
+    """Algorithm 1 of Sync-Switch (Appendix B) with the fixes above; see the module doc."""
     store = store if store is not None else MemoryTrials()
     counts = {"run": 0, "reused": 0, "time": 0.0}
 

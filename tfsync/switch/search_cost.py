@@ -1,4 +1,4 @@
-"""What the switch-point search costs (paper 003 §VI-C1, Table II, Appendix C Tables
+"""What the switch-point search costs (Sync-Switch §VI-C1, Table II, Appendix C Tables
 IV-VI): replay Algorithm 1 many times on recorded runs, drawing each trial from the runs
 recorded at that switch fraction, and report per search setting (recurring job or not,
 number of BSP runs to measure the target A, candidate runs R per switch point):

@@ -1,5 +1,5 @@
 """Transient stragglers for the simulator: a :class:`SpeedModel` whose listed workers are
-slowed by a factor during given time intervals (paper 003 §VI-B3 injects network latency
+slowed by a factor during given time intervals (Sync-Switch §VI-B3 injects network latency
 on 1 or 2 workers for a while; §IV-B2 assumes each slowdown lasts at most ~100 s).
 
 ``TransientSlowdown(fixed=0.01, slowdowns=(Slowdown(worker=2, start=5, end=15, factor=3),))``

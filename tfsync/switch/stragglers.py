@@ -1,4 +1,4 @@
-"""Transient-straggler detection (paper 003 §IV-B2).
+"""Transient-straggler detection (Sync-Switch §IV-B2).
 
 "A worker k is identified as a straggler if its training throughput over a sliding window
 S_k is lower than the difference between the cluster average and standard deviation

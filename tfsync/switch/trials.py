@@ -79,7 +79,7 @@ NOT_IN_SIGNATURE = {"job": "*", "model": "*", "data": ("path",), "protocol": "*"
 
 def config_signature(config: dict) -> str:
     """The recurring-job signature of a job config (``JobConfig.to_dict()``): model, data,
-    cluster size and hyper-parameters (paper 003 §IV-B1: a job that recurs "with the same
+    cluster size and hyper-parameters (Sync-Switch §IV-B1: a job that recurs "with the same
     configuration"); see ``NOT_IN_SIGNATURE`` for what is left out."""
     hyper = {sec: {k: v for k, v in values.items() if k not in NOT_IN_SIGNATURE.get(sec, ())}
              for sec, values in config.items() if NOT_IN_SIGNATURE.get(sec) != "*" and isinstance(values, dict)}

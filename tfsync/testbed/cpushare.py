@@ -1,6 +1,6 @@
 """A testbed node's CPU share: a cgroup per node whose CPU quota caps every process in it
 (its hook and the tasks the hook starts, which inherit the cgroup), so a node can be a
-slow machine as well as one behind a slow link (LB-BSP's CPU heterogeneity, paper 002
+slow machine as well as one behind a slow link (LB-BSP's CPU heterogeneity, LB-BSP
 Sec. 5.2, where it runs in VMs with fewer cores).
 
 ``cpus`` is in CPUs: 0.33 is a third of one CPU (CFS bandwidth control: ``cpus`` x 10 ms
