@@ -2,7 +2,9 @@
 warning an error, what the README shows is what the repository holds, and every TOML
 block a reader may paste parses."""
 
+import argparse
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -81,3 +83,29 @@ def test_every_page_is_in_the_navigation():
     nav = (ROOT / "mkdocs.yml").read_text()
     left_out = [str(p.relative_to(ROOT / "docs")) for p in PAGES if str(p.relative_to(ROOT / "docs")) not in nav]
     assert not left_out, left_out
+
+
+def readme_commands() -> list[list[str]]:
+    lines = [line.split("  #", 1)[0].strip() for block in blocks(README.read_text(), "bash") for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("tfsync ")]
+
+
+def test_every_command_the_readme_shows_is_one_the_command_line_takes():
+    """Each `tfsync ...` line of the README parses with tfsync's own parser, and each
+    `tfsync run` line's job file, with its --set overrides, passes the job's checks (a key
+    or value the README got wrong is one line naming the field, as a user would get)."""
+    from tfsync.cli import build_parser
+    from tfsync.job.config import load_job
+
+    commands = readme_commands()
+    assert len(commands) >= 2
+    parser = build_parser()
+    for argv in commands:
+        args = parser.parse_args(argv[1:])
+        if args.command == "run":
+            load_job(ROOT / args.job, args.set or ())
+    table = README.read_text().split("## Commands at a glance", 1)[1].split("\n\n", 2)[1]
+    named = {name for cell in re.findall(r"^\| (.+?) \|", table, flags=re.M)[2:]
+             for name in re.findall(r"`(?:tfsync )?([a-z0-9-]+)", cell)}
+    subcommands = set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+    assert named and named <= subcommands, named - subcommands
