@@ -55,18 +55,12 @@ LAYERS = [
     ("cli", ["cli"]),
 ]
 
-# Old module names kept for users' code: each is only ``moved(__name__, new)`` (base/moved.py).
-MOVED = {"data": "tfsync.base.data", "config": "tfsync.job.config", "workload": "tfsync.engine.workload"}
-
 
 def modules() -> dict[str, tuple[Path, bool]]:
-    """``{module name: (file, is a package __init__)}`` of every module of tfsync, the old
-    names in MOVED left out."""
+    """``{module name: (file, is a package __init__)}`` of every module of tfsync."""
     found = {}
     for path in PACKAGE.rglob("*.py"):
         parts = ["tfsync", *path.relative_to(PACKAGE).with_suffix("").parts]
-        if len(parts) == 2 and parts[1] in MOVED:
-            continue
         is_package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return found
@@ -143,20 +137,6 @@ def test_every_part_of_tfsync_is_in_one_layer():
     missing = sorted({unit_of(m) for m in GRAPH} - set(listed))
     assert not missing, f"parts of tfsync in no layer: {missing}; add each to the LAYERS entry it belongs to"
     assert set(listed) <= {unit_of(m) for m in GRAPH}, "LAYERS names a part that does not exist"
-
-
-def test_the_old_names_only_point_at_the_moved_modules():
-    """Each old module name beside tfsync/cli.py is two lines that forward to its new place,
-    which exists; nothing of tfsync imports the old names."""
-    for name, new in MOVED.items():
-        body = [ast.unparse(n) for n in ast.parse((PACKAGE / f"{name}.py").read_text()).body
-                if not isinstance(n, ast.Expr) or not isinstance(n.value, ast.Constant)]
-        assert body == ["from .base.moved import moved", f"moved(__name__, {new!r})"], name
-        assert new in GRAPH, new
-    users = [f"{m} imports tfsync.{name}" for m, (path, _) in modules().items() for name in MOVED
-             if f"tfsync.{name}" in {n.module for n in ast.walk(ast.parse(path.read_text()))
-                                     if isinstance(n, ast.ImportFrom) and not n.level}]
-    assert not users, users
 
 
 def test_lower_layers_never_import_higher_ones():
