@@ -42,7 +42,6 @@ setup(
         # docstrings, read without importing TensorFlow. The tests build it (tests/test_docs.py).
         "docs": DOCS,
         "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "kubernetes-validate==1.37.0", *DOCS],
-        "plots": ["matplotlib>=3.8"],  # now a base dependency; the extra kept for old instructions
     },
     entry_points={"console_scripts": ["tfsync=tfsync.cli:main"]},
 )

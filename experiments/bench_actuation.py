@@ -162,13 +162,9 @@ def main(argv=None) -> int:
                             PAPER_CLAIM[phase], args.hooks, args.ps, args.workers, cores])
     print(f"wrote {os.path.relpath(csv_path)}")
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
-        return 0
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     width, colors = 0.38, {"sequential": "#d62728", "parallel": "#1f77b4"}
     for k, mode in enumerate(("sequential", "parallel")):

@@ -187,13 +187,9 @@ def main(argv=None) -> int:
 
 
 def _plot(rows, protocols, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     ws = [r["workers"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.6))
     for key, label, style in (("fit", "native fit", "o--"), ("fit_32", "native fit, 32 steps/execution", "s--"),

@@ -150,25 +150,22 @@ def main(argv=None) -> int:
         writer = csv.writer(f)
         writer.writerow(["configuration", "value", "ratio_or_share", "note"])
         writer.writerows(rows)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
-        speed = rows[:4]
-        a1.bar([r[0].replace("tfsync ", "") for r in speed], [r[1] for r in speed], color="#4878a8")
-        a1.set_ylabel("steps/s")
-        a1.set_title(f"{m}, {w} workers + 1 PS, batch {b}")
-        sw = rows[4:]
-        a2.bar([r[0].split()[0] for r in sw], [r[1] for r in sw], color="#c0504d")
-        a2.axhline(6.0, ls="--", c="gray", lw=1)
-        a2.text(0.5, 6.0, "1 % of 10 min", va="bottom", ha="center", fontsize=8)
-        a2.set_ylabel("switch overhead (s)")
-        a2.set_title("BSP -> ASP switch")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "bench_engine.png"), dpi=120)
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    speed = rows[:4]
+    a1.bar([r[0].replace("tfsync ", "") for r in speed], [r[1] for r in speed], color="#4878a8")
+    a1.set_ylabel("steps/s")
+    a1.set_title(f"{m}, {w} workers + 1 PS, batch {b}")
+    sw = rows[4:]
+    a2.bar([r[0].split()[0] for r in sw], [r[1] for r in sw], color="#c0504d")
+    a2.axhline(6.0, ls="--", c="gray", lw=1)
+    a2.text(0.5, 6.0, "1 % of 10 min", va="bottom", ha="center", fontsize=8)
+    a2.set_ylabel("switch overhead (s)")
+    a2.set_title("BSP -> ASP switch")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "bench_engine.png"), dpi=120)
     print(f"wrote {csv_path}")
     return 0
 

@@ -84,23 +84,20 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
-        labels = [r["protocol"] for r in rows]
-        a1.barh(labels, [r["samples_per_s"] for r in rows], color="#4878a8")
-        a1.set_xlabel("samples/s (training)")
-        a2.barh(labels, [r["test_accuracy"] or 0 for r in rows], color="#55a868")
-        a2.set_xlim(min(r["test_accuracy"] or 0 for r in rows) - 0.02, 1.0)
-        a2.set_xlabel("test accuracy")
-        a2.set_yticklabels([])
-        fig.suptitle(f"{args.model}, batch sizes {sizes}, {total} samples each")
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, "bench_engine_protocols.png"), dpi=120)
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = [r["protocol"] for r in rows]
+    a1.barh(labels, [r["samples_per_s"] for r in rows], color="#4878a8")
+    a1.set_xlabel("samples/s (training)")
+    a2.barh(labels, [r["test_accuracy"] or 0 for r in rows], color="#55a868")
+    a2.set_xlim(min(r["test_accuracy"] or 0 for r in rows) - 0.02, 1.0)
+    a2.set_xlabel("test accuracy")
+    a2.set_yticklabels([])
+    fig.suptitle(f"{args.model}, batch sizes {sizes}, {total} samples each")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "bench_engine_protocols.png"), dpi=120)
     print(f"wrote {path}")
     return 0
 

@@ -165,13 +165,9 @@ def loss_curve(pushes: list[dict], bins: int = 30) -> tuple[np.ndarray, np.ndarr
 
 
 def plot(path: str, summary: list[dict], runs: dict, level: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.2))
     levels = list(dict.fromkeys(r["level"] for r in summary))
     width = 0.8 / len(PROTOCOLS)

@@ -309,13 +309,9 @@ def row_of(label, conf, worker, e, speeds, seconds=None) -> dict:
 
 
 def plot(path: str, results, preds, data, skip: int, window: int = 300) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     w = 1 if 1 in data else min(data)  # worker 1 shares its CPU with the trace-driven burner
     rows = data[w]
     lo, hi = skip, min(len(rows), skip + window)

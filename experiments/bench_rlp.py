@@ -160,13 +160,9 @@ def _norm(row: dict) -> dict:
 
 
 def _plot(table: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.2
     for i, (key, label) in enumerate([("bsp", "BSP"), ("asp", "ASP"), ("ssp", "best SSP"), ("rlp", "RLP")]):

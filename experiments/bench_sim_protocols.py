@@ -267,13 +267,9 @@ def write_csv(rows, path, fields):
 
 
 def plot(rows, curves, dpr_rows, workers, target, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     ncol = max(len(workers), 1)
     fig = plt.figure(figsize=(max(6 * ncol, 16), 10))
     cols = math.lcm(ncol, 3)  # top: one panel per n; bottom: DPR bars (1/3) and the Fig. 9 table (2/3)

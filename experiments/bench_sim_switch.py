@@ -180,13 +180,9 @@ def markdown(table) -> str:
 
 
 def plot(table, args, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     plans = list(next(iter(table.values())))
     ratio = {(k, p): v[0] / min(x[0] for x in cell.values()) for k, cell in table.items() for p, v in cell.items()}
     never = max([r for r in ratio.values() if not math.isinf(r)] + [1.0]) * 1.15 + 0.1  # the "never" row

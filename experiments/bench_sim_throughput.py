@@ -138,13 +138,9 @@ def write_csv(rows, path):
 
 
 def plot(rows, args, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, k in enumerate(args.policies):
         pts = sorted((r["n"], r["pushes_per_s"], r["wall_s_per_target_pushes"]) for r in rows if r["policy"] == k)

@@ -186,13 +186,9 @@ def sim_run(n: int, rounds: int, batch_size: int, step_s: float, weights: dict, 
 
 
 def plot(path: str, rows: list[dict]) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install -e '.[plots]')")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['setting']} n={r['workers']}" for r in rows]
     x = range(len(rows))

@@ -226,13 +226,9 @@ def part_cost(a):
 
 
 def plot(a, runs, threshold, fraction):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = {"BSP": "tab:blue", "ASP": "tab:orange"}
     for label, ss in runs.items():

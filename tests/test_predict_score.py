@@ -116,17 +116,11 @@ def test_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys, text, args, message
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_the_plot_or_one_line_saying_why_not(tmp_path, capsys):
+def test_the_plot_is_written(tmp_path, capsys):
     path, png = tmp_path / "s.csv", tmp_path / "s.png"
     path.write_text("speed\n" + "".join(f"{100 + k % 7}\n" for k in range(30)))
     assert tfsync("predict", "score", str(path), "--predictors", "ema", "--skip", "5", "--plot", str(png)) == 0
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert capsys.readouterr().err == "matplotlib not installed: no plot (pip install -e '.[plots]')\n"
-        assert not png.exists()
-    else:
-        assert png.stat().st_size > 1000
+    assert png.stat().st_size > 1000 and f"wrote {png}" in capsys.readouterr().out
 
 
 def test_narx_study_options_longer_look_back_and_the_residual_over_ema():

@@ -7,7 +7,6 @@ a recorded series, offline (tfsync.predict.score describes the inputs and the nu
 
 from __future__ import annotations
 
-import sys
 import time
 
 from ..base.exits import EXIT_BAD_INPUT, fail
@@ -105,8 +104,6 @@ def cmd_score(args) -> int:
         write_csv(args.csv, rows)
         print(f"wrote {args.csv}")
     if args.plot:
-        if plot(args.plot, rows, preds, series, args.skip):
-            print(f"wrote {args.plot}")
-        else:
-            print("matplotlib not installed: no plot (pip install -e '.[plots]')", file=sys.stderr)
+        plot(args.plot, rows, preds, series, args.skip)
+        print(f"wrote {args.plot}")
     return 0

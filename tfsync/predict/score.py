@@ -221,15 +221,11 @@ def write_csv(path: str, rows: list[dict]) -> None:
             out.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()})
 
 
-def plot(path: str, rows: list[dict], preds: dict, series: dict, skip: int, window: int = 300) -> bool:
-    """Actual vs predicted speeds of the first worker and the pooled RMSE per predictor;
-    False (nothing written) when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def plot(path: str, rows: list[dict], preds: dict, series: dict, skip: int, window: int = 300) -> None:
+    """Actual vs predicted speeds of the first worker and the pooled RMSE per predictor."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     w = min(series)
     speeds = series[w]["speed"]
     lo, hi = skip, min(len(speeds), skip + window)
@@ -249,4 +245,3 @@ def plot(path: str, rows: list[dict], preds: dict, series: dict, skip: int, wind
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
