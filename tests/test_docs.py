@@ -79,12 +79,6 @@ def test_every_toml_block_parses(page):
         tomllib.loads(block)   # raises, naming the line
 
 
-def test_every_page_is_in_the_navigation():
-    nav = (ROOT / "mkdocs.yml").read_text()
-    left_out = [str(p.relative_to(ROOT / "docs")) for p in PAGES if str(p.relative_to(ROOT / "docs")) not in nav]
-    assert not left_out, left_out
-
-
 def readme_commands() -> list[list[str]]:
     lines = [line.split("  #", 1)[0].strip() for block in blocks(README.read_text(), "bash") for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line.startswith("tfsync ")]

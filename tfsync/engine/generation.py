@@ -278,12 +278,10 @@ class Generation:
             self._undo_fn = tf.function(lambda: [v.assign(c) for v, c in self._kept], autograph=False)
         self._keep_fn()
 
-    def restore_kept(self) -> bool:
-        """Put the kept copy back (``Decision.undo``); False if none was kept."""
-        if self._kept is None:
-            return False
+    def restore_kept(self) -> None:
+        """Put the kept copy back (``Decision.undo``). The ledger asks for it only after
+        ``keep_weights`` in this generation (a new one forgets its mark)."""
         self._undo_fn()
-        return True
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]
