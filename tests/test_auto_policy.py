@@ -187,6 +187,37 @@ def test_asp_whose_training_loss_never_falls_gives_way_to_lbbsp(falls):
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
+@pytest.mark.parametrize("back_to", [2.3, 2.1])
+def test_asp_whose_training_loss_falls_then_goes_back_gives_way_to_lbbsp(back_to):
+    """A CNN on the testbed: ASP kept after its trial, its training loss first fell (1.8
+    against LB-BSP's 2.0 when it began), then went back to chance (2.3) 8 s in and stayed;
+    the check at ``progress_s`` had passed and the loss never reached twice its lowest, so
+    auto stayed in ASP to the end. Now a loss 10 % above its mean when ASP began for 2 s,
+    from ``progress_s`` on, brings LB-BSP back, saying so. Back to 2.1 only, ASP stays."""
+    import random
+
+    policy, rng = AutoPolicy(batch_size=32), random.Random(1)
+
+    def loss(now, state, began):
+        if state != "asp":
+            return 2.0 * first_second(now) * rng.uniform(0.98, 1.02)
+        return (1.8 if now < began + 8.0 else back_to) * rng.uniform(0.98, 1.02)
+
+    sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, loss)
+    sim.run(policy, time=20.0)
+    assert [t["kept"] for t in policy.trials] == [True]
+    if back_to < 2.2:
+        assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
+        return
+    assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
+    back = policy.moves[1]
+    assert back["why"].startswith("the training loss in ASP 2.") and "its mean when ASP began (2" in back["why"]
+    # over 2.2 as the second's mean passes it, half a second after 8 s, then held for 2 s
+    assert sim.model.began + 10.0 < back["time"] < sim.model.began + 11.0
+    assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
+
+
 def test_the_switchs_own_transient_does_not_send_asp_back():
     """The training loss three times its level for the first 2.5 s of ASP (the switch's
     transient: 2.1-2.7x on the testbed at four workers), then below where ASP found it:
@@ -365,7 +396,8 @@ def test_a_job_gives_auto_sgds_momentum_and_refuses_asp_momentum_where_tfsync_se
     """SGD's momentum is auto's (the engine sets it at each move); Adam has none tfsync sets,
     so an asp_momentum for it is refused with one line naming the field."""
     from tfsync.commands.jobrun import build_phases
-    from tfsync.job.config import ConfigError, load_job
+    from tfsync.job.config import load_job
+    from tfsync.job.errors import ConfigError
 
     job = tmp_path / "job.toml"
     job.write_text(f'[cluster]\nworkers = 3\n[train]\noptimizer = "{optimizer}"\n'
