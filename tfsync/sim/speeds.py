@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..base.traces import CpuTrace, TraceError, load_cpu_traces  # noqa: F401 - re-exported
+from ..base.traces import CpuTrace
 
 
 def _of(value, worker: int) -> float:
