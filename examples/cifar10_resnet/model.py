@@ -5,7 +5,7 @@ a data function and a model function of your own, named by file path in job.toml
 
 `data` reads a Keras-format CIFAR-10 .npz (x_train, y_train, x_test, y_test; uint8
 images): `path` if given (relative to this file), else ../shared/data/cifar10_subset.npz
-beside the repository (10 000 train / 2 000 test), else what tfsync.base.data.load("cifar10")
+beside the repository (10 000 train / 2 000 test), else what tfsync.load_dataset("cifar10")
 finds ($TFSYNC_DATA_DIR/cifar10.npz, ...). Images come back as float32 in [0, 1], which
 tfsync ships to the workers as 8-bit records; `subtract_mean=True` also subtracts the
 per-channel training mean (the arrays then travel as float32, 4x the bytes). The
@@ -42,13 +42,13 @@ DEFAULT_NPZ = os.path.join(HERE, "..", "..", "..", "shared", "data", "cifar10_su
 
 def data(path: str | None = None, limit: int | None = None, subtract_mean: bool = False, seed: int = 0):
     """((x_train, y_train), (x_test, y_test)): float32 images (N, 32, 32, 3), int64 labels."""
-    from tfsync.base.data import load
+    import tfsync
 
     if path is not None:
         path = os.path.join(HERE, os.path.expanduser(path))  # an absolute path stays as it is
     elif os.path.exists(DEFAULT_NPZ):
         path = DEFAULT_NPZ
-    d = load("cifar10", path)  # path None: $TFSYNC_DATA_DIR, then ../shared/data
+    d = tfsync.load_dataset("cifar10", path)  # path None: $TFSYNC_DATA_DIR, then ../shared/data
     x_train, y_train = np.asarray(d.x_train, np.float32), np.asarray(d.y_train, np.int64)
     x_test, y_test = np.asarray(d.x_test, np.float32), np.asarray(d.y_test, np.int64)
     order = np.random.default_rng(seed).permutation(len(y_train))[:limit]  # a fixed order, then the first N

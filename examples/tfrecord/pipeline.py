@@ -15,7 +15,6 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfsync
-from tfsync.base.data import load
 
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
@@ -41,7 +40,7 @@ def parse(record):
 
 def data(shards="shards", npz=None, num_shards=4):
     """(DatasetFactory over the TFRecord shards, x_test, y_test)."""
-    mnist = load("mnist", npz)
+    mnist = tfsync.load_dataset("mnist", npz)
     shards = os.path.join(os.path.dirname(os.path.abspath(__file__)), shards)  # relative to this file
     pattern = os.path.join(shards, "train-*.tfrecord")
     if len(tf.io.gfile.glob(pattern)) != num_shards:

@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 from tfsync.api import auth
+from tfsync.base.taskcmd import PACKAGE_ROOT
 from tfsync.hooks import node as hook
 
 
@@ -27,9 +28,7 @@ def needed() -> list[str]:
     """What this program runs from: the Python installation and the directory tfsync is
     imported from (an editable install's checkout). A node must still see them when they
     lie in a private directory (a checkout or virtual environment in /tmp)."""
-    import tfsync
-
-    return [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(tfsync.__file__)))]
+    return [sys.prefix, sys.base_prefix, PACKAGE_ROOT]
 
 
 def hide(d: str, keep: list[str]) -> None:
