@@ -106,7 +106,7 @@ def run_one(args, level: str, label: str, rep: int) -> tuple[dict, list[dict]]:
     if args.slow_by == "pause":  # the level's speed share, exactly: slowdown 1 / share
         import dataclasses
 
-        from tfsync.job.config import Inject
+        from tfsync.job.schema import Inject
         from tfsync.inject import level_plan
         cfg = dataclasses.replace(cfg, inject=tuple(
             Inject(worker=w, slowdown=1.0 / spec.share, start_s=0.0, duration_s=1e6)

@@ -11,7 +11,8 @@ import pytest
 
 from tfsync.cli import build_parser
 from tfsync.commands.jobrun import max_batch
-from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import JobConfig, load_job
+from tfsync.job.errors import ConfigError
 from tfsync.policy import ASP, BSP, LBBSP, BatchSizer, FixedSizer, Option, Policy, catalogue, register
 from tfsync.policy.rlp import teacher
 from tfsync.rl.evaluate import STATIC

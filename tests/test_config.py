@@ -1,11 +1,14 @@
-"""Tests of tfsync.job.config: the job file, defaults, round trips and one-line errors."""
+"""Tests of the job configuration (tfsync.job: config, schema, fields, rules, overrides): the job
+file, defaults, round trips and one-line errors."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from tfsync import policy
-from tfsync.job.config import ConfigError, JobConfig, ProtocolEntry, load_job
+from tfsync.job.config import JobConfig, load_job
+from tfsync.job.errors import ConfigError
+from tfsync.job.schema import ProtocolEntry
 from tfsync.policy import catalogue
 
 pytestmark = pytest.mark.unit
@@ -307,7 +310,7 @@ def test_malformed_set_is_one_line_naming_it(tmp_path, given, why):
 
 
 def test_set_values_are_toml_and_bare_words_are_strings():
-    from tfsync.job.config import parse_override
+    from tfsync.job.overrides import parse_override
     values = {"2": 2, "0.5": 0.5, "true": True, '"text"': "text", "'lit'": "lit", "[1, 2]": [1, 2],
               "{a = 1}": {"a": 1}, "adam": "adam", "runs/x-1": "runs/x-1", "m.py:f": "m.py:f", " 3 ": 3, "": ""}
     for text, value in values.items():

@@ -26,8 +26,10 @@ from tfsync.engine.cluster import free_ports
 from tfsync.hooks import node
 from tfsync.hooks import tasks as hook_tasks
 from tfsync.hooks.tasks import ENV_ALLOWLIST
-from tfsync.job import config as cfgmod
-from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import JobConfig, load_job
+from tfsync.job.errors import ConfigError
+from tfsync.job.fields import CHECKS
+from tfsync.job.schema import SECTIONS
 from tfsync.manager.daemon import StandaloneService
 from tfsync.manager.store import Store
 from tfsync.manager.store_types import EVENT_KINDS
@@ -308,7 +310,7 @@ def paths(d, prefix=()):
     return out
 
 
-KEY_NAMES = [f.split(".")[1] for f in cfgmod._CHECKS] + list(catalogue.option_names()) + \
+KEY_NAMES = [f.split(".")[1] for f in CHECKS] + list(catalogue.option_names()) + \
             ["batch_sizes", "until", "name", "unknown", "", "Name", "workerz"]
 
 
@@ -329,12 +331,12 @@ def spoil(rng: random.Random, job: dict) -> tuple[dict, str]:
         elif op == 1 and path and isinstance(parent, dict):  # drop a key
             del parent[path[-1]]
         elif op == 2 and isinstance(target, dict):  # a key it may or may not know
-            target[rng.choice(KEY_NAMES + list(cfgmod._SECTIONS) + ["protocol", "inject"])] = garbage(rng)
+            target[rng.choice(KEY_NAMES + list(SECTIONS) + ["protocol", "inject"])] = garbage(rng)
         elif op == 3 and isinstance(target, dict):  # a known key, garbage value
             key = rng.choice(KEY_NAMES)
             target[key] = garbage(rng)
         else:  # a whole section
-            sec = rng.choice(list(cfgmod._SECTIONS) + ["protocol", "inject", "nope"])
+            sec = rng.choice(list(SECTIONS) + ["protocol", "inject", "nope"])
             job[sec] = garbage(rng)
             path = (sec,)
         done.append(".".join(map(str, path)) or "<top>")

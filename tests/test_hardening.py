@@ -17,7 +17,8 @@ import pytest
 
 from helpers import job_manager
 from tfsync.api import auth
-from tfsync.job.config import ConfigError, JobConfig
+from tfsync.job.config import JobConfig
+from tfsync.job.errors import ConfigError
 from tfsync.job.limits import check_job
 from tfsync.manager.store import Store, StoreError
 

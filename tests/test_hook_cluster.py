@@ -4,7 +4,8 @@ specs HookNodes makes (round-robin over hooks, PS first; fresh ports every gener
 import pytest
 
 from tfsync.engine.hook_cluster import HookNodes, is_loopback
-from tfsync.job.config import ConfigError, JobConfig
+from tfsync.job.config import JobConfig
+from tfsync.job.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,8 @@ import pytest
 
 from tfsync.base import usercode
 from tfsync.base.usercode import UserCodeError
-from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import JobConfig, load_job
+from tfsync.job.errors import ConfigError
 
 MODULE = '''
 import numpy as np

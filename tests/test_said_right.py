@@ -54,7 +54,7 @@ def _job(tmp_path, text):
 
 def test_a_batch_larger_than_the_training_set_is_refused_with_the_numbers(tmp_path, caplog):
     from tfsync.commands.jobrun import check_batch_fits
-    from tfsync.job.config import ConfigError
+    from tfsync.job.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^train.batch_size: a worker's batch of 100,000 is larger than the "
                                           r"training set \(60,000 examples\); at most 60,000$"):

@@ -134,7 +134,7 @@ def test_what_commands_changed_in_a_phase_follows_the_count():
 
 
 def test_a_count_that_does_not_fit_the_machine_is_refused():
-    from tfsync.job.config import ConfigError
+    from tfsync.job.errors import ConfigError
 
     def fits(n):
         if n > 3:

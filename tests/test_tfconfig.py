@@ -45,7 +45,8 @@ def test_a_tf_config_tfsync_cannot_use_is_refused_naming_the_field(value, field)
     ("chief", ["switch.method=restart"], "switch.method"),
 ])
 def test_tfsync_run_refuses_what_it_cannot_honour_under_tf_config(tmp_path, monkeypatch, task, overrides, field):
-    from tfsync.job.config import ConfigError, load_job
+    from tfsync.job.config import load_job
+    from tfsync.job.errors import ConfigError
     from tfsync.commands.jobrun import platform_cluster
 
     job = tmp_path / "job.toml"

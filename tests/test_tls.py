@@ -17,7 +17,8 @@ from tfsync.commands.jobrun import hook_nodes
 from tfsync.engine.cluster import free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError
 from tfsync.hooks.node import serve as serve_hook
-from tfsync.job.config import ConfigError, JobConfig, load_job
+from tfsync.job.config import JobConfig, load_job
+from tfsync.job.errors import ConfigError
 from tfsync.manager.store import Store
 
 JOB = linear_job("ctl", "bsp", batch_size=16, epochs=1, checkpoint_every=0)

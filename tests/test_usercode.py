@@ -13,7 +13,8 @@ import pytest
 
 from helpers import DATA
 from tfsync.base.usercode import UserCodeError
-from tfsync.job.config import ConfigError, load_job
+from tfsync.job.config import load_job
+from tfsync.job.errors import ConfigError
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "regression")
 MODULE = os.path.join(EXAMPLE, "model.py")
@@ -252,7 +253,8 @@ def test_short_names_are_the_bundled_functions_called_as_user_code(tmp_path):
     :mnist, called on the path that data.fn and model.fn take: the same model and data as
     the references written out, and the job signature the search stores under is that of
     the short names, as before they were references."""
-    from tfsync.job.config import DATASETS, MODELS, JobConfig
+    from tfsync.job.config import JobConfig
+    from tfsync.job.schema import DATASETS, MODELS
     from tfsync.examples import images
     from tfsync.switch.trials import config_signature
 
@@ -284,9 +286,9 @@ def test_a_short_name_fails_as_a_reference_does_naming_its_field(tmp_path, monke
     """A short name goes through the checks of a reference: an entry of MODELS whose module
     is missing, data that is not there, or data that a bundled classifier cannot take is
     one line naming model.name or data.name."""
-    from tfsync.job import config
+    from tfsync.job import schema
 
-    monkeypatch.setitem(config.MODELS, "broken", "no_such_module_xyz:build")
+    monkeypatch.setitem(schema.MODELS, "broken", "no_such_module_xyz:build")
     cases = [
         (dict(model='name = "broken"', data=f'path = "{DATA}"'), "model.name",
          "module 'no_such_module_xyz' not found"),

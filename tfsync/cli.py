@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
         epilog=codes_help() + "\n`tfsync COMMAND --help` describes a command.")
     from . import __version__
-    from .job.config import OVERRIDE_HELP
+    from .job.overrides import OVERRIDE_HELP
     p.add_argument("--version", action="version", version=f"tfsync {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

@@ -7,7 +7,8 @@ import functools
 import logging
 import os
 
-from ..job.config import ConfigError, JobConfig
+from ..job.config import JobConfig
+from ..job.errors import ConfigError
 from ..job.limits import check_job, example_bytes
 from ..policy import catalogue
 from ..policy.auto import AutoPolicy

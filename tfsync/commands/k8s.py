@@ -66,7 +66,7 @@ def add_commands(sub) -> None:
     p.add_argument("--no-secret", action="store_true",
                    help="leave the Secret out: make <name>-tokens yourself, with keys hooks.token and "
                         "manager.token (default: one with new tokens)")
-    from ..job.config import OVERRIDE_HELP
+    from ..job.overrides import OVERRIDE_HELP
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=OVERRIDE_HELP + "; given to the chief's `tfsync run` as it is, so paths are the pod's")
     p.set_defaults(func=cmd_k8s)
@@ -94,7 +94,8 @@ def k8s_job(args) -> k8s.K8sJob:
     """The job as its pods will see it, from the parsed arguments; BadInput (one line,
     naming the option or the job file's field) for what the pods could not honour."""
     from ..api import auth
-    from ..job.config import load_job, parse_override
+    from ..job.config import load_job
+    from ..job.overrides import parse_override
 
     user_fields = [parse_override(text).field for text in args.set]
     owned = next((f for f in user_fields if f in k8s.OWNED), None)

@@ -39,7 +39,8 @@ def run_dirs(target: str) -> list[Path]:
     path = Path(target)
     if not path.is_file():
         return [path.absolute()]
-    from tfsync.job.config import ConfigError, load_job
+    from tfsync.job.config import load_job
+    from tfsync.job.errors import ConfigError
     try:
         job = load_job(str(path)).job
     except ConfigError as e:

@@ -253,7 +253,8 @@ def cmd_submit(args):
 
     from tfsync.api import auth, transport
     from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-    from tfsync.job.config import ConfigError, load_job
+    from tfsync.job.config import load_job
+    from tfsync.job.errors import ConfigError
 
     try:
         cfg = load_job(args.job, overrides=args.set)
@@ -371,7 +372,7 @@ def add_commands(sub) -> None:
     sb.add_argument("--token-file", help="the manager's token file (default $TFSYNC_HOME/manager.token, "
                                          "where `tfsync manager` puts it)")
     sb.add_argument("--data", help="data path (overrides data.path)")
-    from tfsync.job.config import OVERRIDE_HELP
+    from tfsync.job.overrides import OVERRIDE_HELP
     sb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     sb.add_argument("--json", action="store_true", help="print the job's status as JSON")
     tls_options(sb)

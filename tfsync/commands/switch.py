@@ -55,7 +55,7 @@ def add_commands(sub) -> None:
                    help="also train ASP only and answer the fastest acceptable plan (default); --no-ends: "
                         "Algorithm 1's switch point as printed, R trials fewer")
     s.add_argument("--data", help="data path (overrides data.path)")
-    from ..job.config import OVERRIDE_HELP
+    from ..job.overrides import OVERRIDE_HELP
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=OVERRIDE_HELP + " (the job's signature is that of the overridden job: give `tfsync run` "
                         "the same --set to use the answer)")
@@ -264,7 +264,8 @@ def _signed(config: dict) -> dict[str, str]:
 
 
 def cmd_search(args) -> int:
-    from ..job.config import ConfigError, load_job
+    from ..job.config import load_job
+    from ..job.errors import ConfigError
     from ..base.progress import progress_bar
     from ..switch.search import SearchSettings, binary_search
     from ..switch.trials import JobStoreTrials, TrialResult, config_signature

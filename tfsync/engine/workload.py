@@ -1,6 +1,6 @@
 """What a job trains, from its JobConfig: data, model, loss and optimizer, the user's own
 functions (``usercode`` references) or those a short name stands for (``data.name``,
-``model.name``: ``tfsync.job.config.DATASETS``, ``MODELS``), checked on one batch before any
+``model.name``: ``tfsync.job.schema.DATASETS``, ``MODELS``), checked on one batch before any
 task starts.
 
     work = Workload.from_config(cfg, data_path=None)
@@ -33,7 +33,8 @@ from typing import Callable
 import numpy as np
 
 from ..base import arrays, usercode
-from ..job.config import OPTIMIZER_CLASSES, JobConfig
+from ..job.config import JobConfig
+from ..job.schema import OPTIMIZER_CLASSES
 from ..base.pipeline import DatasetFactory
 from ..base.usercode import UserCodeError
 

@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 
 from ..base import arrays
-from .config import ConfigError
+from .errors import ConfigError
 
 TASK_BYTES = 300 * 2**20  # a TF task process at rest (measured: 250-320 MB RSS with TF 2.21 on CPU)
 BATCHES_HELD = 4  # per worker: the batch a step uses, two prefetched, one being decoded

@@ -115,7 +115,8 @@ class StandaloneService(ManagerService):
         self.coordinators: Coordinators | None = None
 
     def SubmitJob(self, request, context):
-        from tfsync.job.config import JobConfig, check_field
+        from tfsync.job.config import JobConfig
+        from tfsync.job.fields import check_field
         from tfsync.switch.trials import config_signature
 
         if len(request.request_id) > MAX_ID or len(request.signature) > MAX_NAME:

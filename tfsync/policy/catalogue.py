@@ -11,10 +11,10 @@ A policy class declares (defaults in :class:`~tfsync.policy.base.Policy`):
 - ``nameable``: job files and ``tfsync switch --to`` may name it;
 - ``max_batch(workers)``: the largest batch an instance can grant.
 
-``register(cls)`` records a class. Job-file validation (``tfsync.job.config``), ``tfsync
-switch`` (choices, help, option conversion), the configuration policy and RLP's static
-baselines read the catalogue, so a new protocol is one module defining its class and
-calling ``register``.
+``register(cls)`` records a class. Job-file validation (``tfsync.job.fields``,
+``tfsync.job.rules``), ``tfsync switch`` (choices, help, option conversion), the
+configuration policy and RLP's static baselines read the catalogue, so a new protocol is
+one module defining its class and calling ``register``.
 """
 
 from __future__ import annotations

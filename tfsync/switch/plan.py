@@ -81,8 +81,8 @@ class SwitchPlan:
         return out
 
     def to_phases(self) -> list:
-        """The plan as ``tfsync.job.config.ProtocolEntry`` objects (the job file's phase list)."""
-        from ..job.config import ProtocolEntry  # TF-free; imported here to keep this module standalone
+        """The plan as ``tfsync.job.schema.ProtocolEntry`` objects (the job file's phase list)."""
+        from ..job.schema import ProtocolEntry  # TF-free; imported here to keep this module standalone
         return [ProtocolEntry(name, until) for name, until in self.phases]
 
     def describe(self) -> list[dict]:
