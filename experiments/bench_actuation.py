@@ -33,7 +33,7 @@ import tempfile
 import time
 
 from tfsync.api import auth
-from tfsync.engine.cluster import free_ports
+from tfsync.base.ports import free_ports
 from tfsync.hooks import node
 from tfsync.hooks.tasks import port_open
 from tfsync.engine.launcher import HookLauncher

@@ -159,8 +159,8 @@ def stand_in_lifecycle(workers: int, block: int) -> SimpleNamespace:
                           cluster=SimpleNamespace(dead_tasks=lambda: []), set_hyper=lambda **kw: None)
     channel = SimpleNamespace(release=ps.release, barrier=ps.barrier, call=lambda fn: fn(), check=lambda: None,
                               sync=lambda: None)
-    return SimpleNamespace(current=gen, channel=channel, results=Results(ps, gen, blocks=False),
-                           dead_checked=time.monotonic(), recovering=None, monitor=SimpleNamespace(latest=lambda: {}),
+    return SimpleNamespace(current=gen, channel=channel, results=Results(ps, gen, blocks=True),
+                           recovering=None, monitor=SimpleNamespace(latest=lambda: {}),
                            returned=lambda: [], on_close=[], workers=workers, next_cluster=None, ps=ps,
                            sync=lambda: None)
 
@@ -176,7 +176,6 @@ def run_once(protocol: str, ps_rounds: bool, workers: int, pushes: int, block: i
         loop = Loop(life, log, lambda p, n: 1.0, Elastic("local", None, None, None), Controller(),
                     on_push=lambda push, line: callbacks.call("on_push", None, push, line),
                     on_step_done=callbacks.step_done, epoch_samples=10 ** 9, ps_rounds=ps_rounds)
-        life.results.blocks = hasattr(loop, "held")   # (the loop takes the links' batches whole)
         # the PS-run rounds' call, made at once (the real one runs in a thread of its own)
         loop.pilot._run = lambda gen, k, epoch, tokens, version: life.ps.rounds(k, epoch, tokens, version)
         policy = P.get(protocol, batch_size=batch) if protocol == "lbbsp" else \

@@ -95,7 +95,8 @@ def tfsync_run(data, workers: int, steps: int, protocol: str, out_dir: str) -> t
 
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
 
     work = linear_work(data)
     name, options = PROTOCOLS[protocol][:2]

@@ -80,7 +80,8 @@ def tfsync_run(data, model_name, workers, batch, steps, lr, phases_spec, out_dir
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
     from tfsync.examples import images
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
 
     setup = TrainSetup(
         lambda: getattr(images, model_name)(data.input_shape, data.num_classes),

@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     from tfsync.base.data import load
     from tfsync.engine.generation import TrainSetup
     from tfsync.examples import images
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
 
     data = load("mnist", args.data)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -104,7 +104,8 @@ def tfsync_rate(work, protocol: str, batch: int, steps: int, workers: int, out_d
     Policy already made) with ``work``'s model, data, loss and optimizer."""
     from tfsync import policy as P
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
 
     setup = TrainSetup(work.model_fn, work.optimizer_fn, work.loss_fn, work.x_train, work.y_train,
                        max_batch_size=batch)

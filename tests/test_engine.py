@@ -15,7 +15,8 @@ from tfsync.engine.callbacks import Callback
 from tfsync.engine.cluster import LocalCluster
 from tfsync.engine.generation import Generation, TrainSetup
 from tfsync.engine.lifecycle import STANDING_PER_WORKER, Lifecycle
-from tfsync.engine.trainer import Engine, EngineError, Phase
+from tfsync.engine.engine import Engine
+from tfsync.engine.phase import EngineError, Phase
 from tfsync.policy import ASP, BSP, NOTHING, SSP, FixedSizer
 
 pytestmark = pytest.mark.cluster
@@ -413,7 +414,7 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
         def on_push(self, eng, push, record):
             # The second kill waits for the first recovery: on a slow machine worker 0 can push
             # 20 more steps before the first loss is noticed, and a kill of the dead task is no loss.
-            if eng.ledger.pushes >= 20 * (len(killed) + 1) and len(eng.log.recoveries) == len(killed) < 2:
+            if eng.ledger.pushes >= 20 * (len(killed) + 1) and len(eng.runlog.recoveries) == len(killed) < 2:
                 eng.generation.cluster.kill_task("worker", 1)
                 killed.append(eng.generation.cluster.procs[("worker", 1)].pid)
 
@@ -421,8 +422,8 @@ def test_a_lost_worker_is_recovered_once_then_ends_the_run_with_a_clear_error_an
     with pytest.raises(EngineError, match=r"task worker:1 died"):
         engine.run([Phase(ASP())], total_samples=3000 * M)  # ends, so a missed loss fails in seconds
     assert len(killed) == 2
-    assert [e["task"] for e in engine.log.recoveries] == ["worker:1"]  # the first loss was recovered
-    assert engine.log.checkpoints[-1]["why"] == "worker_lost"
+    assert [e["task"] for e in engine.runlog.recoveries] == ["worker:1"]  # the first loss was recovered
+    assert engine.runlog.checkpoints[-1]["why"] == "worker_lost"
     for cluster in engine.lifecycle.clusters:
         assert all(p.poll() is not None for p in cluster.procs.values()), "a task process outlived the engine"
 

@@ -22,7 +22,7 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, manager_pb2, manager_pb2_grpc, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.engine.cluster import free_ports
+from tfsync.base.ports import free_ports
 from tfsync.hooks import node
 from tfsync.hooks import tasks as hook_tasks
 from tfsync.hooks.tasks import ENV_ALLOWLIST

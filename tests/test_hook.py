@@ -13,7 +13,7 @@ import pytest
 
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
-from tfsync.engine.cluster import free_ports
+from tfsync.base.ports import free_ports
 from tfsync.hooks import firewall, node
 from tfsync.hooks.tasks import port_open
 

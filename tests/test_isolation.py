@@ -87,7 +87,8 @@ def train_probing(problem, run_dir: str, probe):
     """BSP on a real engine (2 workers + 1 PS) with ``probe(engine)`` called once training
     starts; returns the run's summary."""
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
     from tfsync.policy import BSP
 
     x, y, model_fn, optimizer_fn, loss_fn = problem
@@ -242,7 +243,8 @@ def test_tasks_run_as_the_user_who_ran_sudo(tiny_problem, tmp_path, monkeypatch,
         pytest.skip(reason)
     from tfsync.base import taskcmd
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
     from tfsync.policy import BSP
     nobody = 65534
     if not readable_by(nobody, sys.executable, taskcmd.PACKAGE_ROOT):

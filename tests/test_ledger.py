@@ -161,7 +161,8 @@ def test_the_engine_and_the_simulator_count_one_schedule_the_same(tiny_problem, 
     counted the same (step, round, dropped; under BSP also the version read and the
     staleness) and so are the totals."""
     from tfsync.engine.generation import TrainSetup
-    from tfsync.engine.trainer import Engine, Phase
+    from tfsync.engine.engine import Engine
+    from tfsync.engine.phase import Phase
 
     def make():
         sizer = FixedSizer([4, 8, 12])

@@ -13,7 +13,7 @@ import pytest
 from helpers import (CHECKPOINTED_JOB, DATA, check_ps_recovered, start_hook, task_children, tasks_under, tfsync_run,
                      wait_for_checkpoints)
 from tfsync.api import auth
-from tfsync.engine.cluster import free_ports
+from tfsync.base.ports import free_ports
 
 pytestmark = pytest.mark.cluster
 

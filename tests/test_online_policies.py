@@ -167,9 +167,9 @@ def test_the_round_before_a_switch_to_asp_is_applied_at_bsps_rate():
     from tfsync.engine.pilot import Pilot
 
     loop = object.__new__(Loop)
-    loop.log, loop.wake_at = SimpleNamespace(ledger=Ledger(3)), None
+    loop.runlog, loop.wake_at, loop.draining = SimpleNamespace(ledger=Ledger(3)), None, False
     loop.lifecycle = SimpleNamespace(current=Gen(), channel=Channel())
-    loop.pilot, loop.phase_end, loop.checkpoint_every = Pilot(loop, enabled=False), None, 0
+    loop.pilot, loop.phase_end, loop.checkpoint_every = Pilot(loop.ledger, loop.lifecycle, enabled=False), None, 0
     loop.ledger.lr_scale, loop.ledger.pending_workers = 3.0, [0, 1, 2]
     loop.apply(Decision(tuple(Grant(w, 16) for w in range(3)), barrier=True, lr_scale=1.0))
     assert calls == [("barrier", 3, 0, 3.0), ("release", 3, 1.0)]

@@ -12,7 +12,8 @@ import tf_keras as keras
 
 from tfsync.base import arrays
 from tfsync.engine.generation import TrainSetup
-from tfsync.engine.trainer import Engine, Phase
+from tfsync.engine.engine import Engine
+from tfsync.engine.phase import Phase
 from tfsync.policy import ASP, BSP, FixedSizer
 
 pytestmark = pytest.mark.cluster

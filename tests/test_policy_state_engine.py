@@ -7,7 +7,8 @@ import json
 import pytest
 
 from tfsync.engine.generation import TrainSetup
-from tfsync.engine.trainer import Engine, Phase
+from tfsync.engine.engine import Engine
+from tfsync.engine.phase import Phase
 from tfsync.policy import LBBSP
 
 pytestmark = pytest.mark.cluster
@@ -43,7 +44,7 @@ def test_lbbsp_predictions_go_on_through_a_restart_switch(tiny_problem, tmp_path
 def test_resume_restores_lbbsp_state_and_the_clocks(tiny_problem, tmp_path):
     first = _engine(tiny_problem, tmp_path)
     done = first.run([Phase(_lbbsp())], total_samples=10 * ROUND)
-    checkpoint = first.log.checkpoints[-1]
+    checkpoint = first.runlog.checkpoints[-1]
     saved = json.loads(open(checkpoint["path"] + ".tfsync.json").read())
     assert saved["policy"]["protocol"] == "lbbsp" and saved["ledger"]["clocks"] == done["clocks"]
 
@@ -63,6 +64,6 @@ def test_a_saved_state_that_does_not_fit_is_refused_and_the_policy_starts_afresh
     first.run([Phase(_lbbsp())], total_samples=6 * ROUND)
     again = _engine(tiny_problem, tmp_path)
     other = LBBSP(batch_size=ROUND // 2, predictor="last", hi=ROUND)   # another predictor kind
-    again.run([Phase(other)], total_samples=12 * ROUND, resume=first.log.checkpoints[-1])
+    again.run([Phase(other)], total_samples=12 * ROUND, resume=first.runlog.checkpoints[-1])
     refused = [r for r in _lines(tmp_path) if r.get("event") == "policy_state"]
     assert refused and not refused[-1]["restored"] and "predictor" in refused[-1]["reason"]

@@ -100,7 +100,7 @@ def test_smoothing_and_gaps():
 def fake_engine(pushes, samples, started):
     state = types.SimpleNamespace(pushes=pushes, samples=samples, batch_sizes=[0, 0])
     log = types.SimpleNamespace(train_started=started, train_counts=(pushes, samples))
-    return types.SimpleNamespace(ledger=state, history=[], log=log, ps=1, workers=2, run_dir="r")
+    return types.SimpleNamespace(ledger=state, history=[], runlog=log, ps=1, workers=2, run_dir="r")
 
 
 def test_progress_of_a_resumed_run_shows_its_own_rate_the_sizes_in_force_and_ends_at_the_workload(monkeypatch):

@@ -71,8 +71,8 @@ def test_a_policy_state_that_is_not_strict_json_is_left_out_of_the_checkpoint():
             return {"protocol": "bsp", "version": 1, "weights": [float("inf")]}
 
     loop = object.__new__(Loop)
-    loop.log, loop.policy, loop.phase = _log(2), Diverged(), None
-    events = loop.log.events
+    loop.runlog, loop.policy, loop.phase = _log(2), Diverged(), None
+    events = loop.runlog.events
     state = loop.save_state()
     assert state["policy"] == {} and json.dumps(state, allow_nan=False)
     assert events and events[0][1]["saved"] is False

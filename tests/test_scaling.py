@@ -10,7 +10,8 @@ import tf_keras as keras
 
 from tfsync.engine.commands import Command, Controller
 from tfsync.engine.generation import TrainSetup
-from tfsync.engine.trainer import Engine, Phase
+from tfsync.engine.engine import Engine
+from tfsync.engine.phase import Phase
 from tfsync.policy import BSP, BatchSizer
 
 pytestmark = pytest.mark.cluster
@@ -40,7 +41,7 @@ class ScaleAt(Controller):
 
     def commands(self):
         e = self.engine_ref[0]
-        if self.counts and len(self.results) == len(e.log.scales) and e.ledger.updates >= self.since + self.every:
+        if self.counts and len(self.results) == len(e.runlog.scales) and e.ledger.updates >= self.since + self.every:
             self.since = e.ledger.updates + 1
             return [Command(f"s{len(self.results)}", "scale", workers=self.counts.pop(0))]
         return []

@@ -1,8 +1,6 @@
 """What a scale may do and what it does to the plan (tfsync.engine.scaling), without
 tasks: the refusals come before anything changes."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from tfsync.engine.phase import Phase
@@ -19,39 +17,36 @@ def paper_rule(protocol, n):
     return float(n) if aggregating(protocol) else 1.0
 
 
-def _loop(workers=2, restartable=True, active=None, bounds=(None, None), nodes=None):
-    """The parts of the engine's loop a scale's checks read (the real loop: test_scaling)."""
-    ledger = Ledger(workers)
-    if active is not None:
-        ledger.active = frozenset(active)
-    lifecycle = SimpleNamespace(current=SimpleNamespace(cluster=SimpleNamespace(restartable=restartable)),
-                                cluster_factory=nodes)
-    return SimpleNamespace(workers=workers, ledger=ledger, policy=BSP(BatchSizer(8)), lifecycle=lifecycle,
-                           elastic=Elastic(min_workers=bounds[0], max_workers=bounds[1]))
+def _checks(workers=2, restartable=True, active=None, bounds=(None, None), fits=None):
+    """A scale's checks of a job running ``workers`` workers (``active``: its members; the
+    real loop: test_scaling): ``check(n)`` for a scale to n."""
+    elastic = Elastic(min_workers=bounds[0], max_workers=bounds[1], fits=fits)
+    members = frozenset(range(workers) if active is None else active)
+    return lambda n: check_scale(n, workers, elastic, restartable, members, "bsp")
 
 
 def test_a_scale_is_refused_for_the_same_count_a_platforms_tasks_and_a_worker_held_out():
     with pytest.raises(ValueError, match="already runs 2 workers"):
-        check_scale(_loop(), 2)
+        _checks()(2)
     with pytest.raises(ValueError, match="the platform's \\(TF_CONFIG\\)"):
-        check_scale(_loop(restartable=False), 3)
-    with pytest.raises(ValueError, match=r"holds worker\(s\) \[1\] out"):
-        check_scale(_loop(active={0}), 3)
-    check_scale(_loop(), 3)
+        _checks(restartable=False)(3)
+    with pytest.raises(ValueError, match=r"^bsp holds worker\(s\) \[1\] out"):
+        _checks(active={0})(3)
+    _checks()(3)
 
 
 def test_a_scale_stays_within_the_jobs_bounds():
-    loop = _loop(3, bounds=(2, 4))
+    check = _checks(3, bounds=(2, 4))
     with pytest.raises(InvalidCommand, match=r"^workers = 1: below cluster.min_workers = 2$"):
-        check_scale(loop, 1)
+        check(1)
     with pytest.raises(InvalidCommand, match=r"^workers = 5: above cluster.max_workers = 4 \(raise it in the job file"):
-        check_scale(loop, 5)
-    check_scale(loop, 2)
-    check_scale(loop, 4)
+        check(5)
+    check(2)
+    check(4)
     with pytest.raises(InvalidCommand, match="^workers = 0: a job needs at least 1 worker$"):
-        check_scale(_loop(), 0)
+        _checks()(0)
     with pytest.raises(InvalidCommand, match="^workers = 1025: above 1024, the most"):
-        check_scale(_loop(), 1025)
+        _checks()(1025)
 
 
 def test_local_keeps_each_workers_batch_and_gives_every_phase_still_to_run_the_rate_for_the_new_count():
@@ -140,11 +135,10 @@ def test_a_count_that_does_not_fit_the_machine_is_refused():
         if n > 3:
             raise ConfigError(f"cluster.workers: {n} tasks need more memory than this machine has", "cluster.workers")
 
-    loop = _loop()
-    loop.elastic.fits = fits
-    check_scale(loop, 3)
+    check = _checks(fits=fits)
+    check(3)
     with pytest.raises(ValueError, match="4 workers do not fit: cluster.workers: 4 tasks need more memory"):
-        check_scale(loop, 4)
+        check(4)
 
 
 class _Nodes:
@@ -168,31 +162,35 @@ class _Nodes:
         self.hooks.remove(address)
 
 
-def _joining(workers=2, bounds=(None, None), nodes=None):
-    loop = _loop(workers, bounds=bounds, nodes=nodes)
-    loop.log = SimpleNamespace(events=[], event=lambda kind, **f: loop.log.events.append((kind, f)))
-    return loop
-
-
-def test_a_join_at_the_maximum_adds_the_node_only_and_a_refused_one_leaves_no_node(monkeypatch):
+def _join(nodes, address, workers=2, add=1, max_workers=None, scale=None):
+    """``scaling.join`` on a job of ``workers`` workers run by ``nodes``; returns its answer
+    and the events it recorded."""
     from tfsync.engine import scaling
+    events = []
+    said = scaling.join(nodes, address, workers, add, max_workers, scale or (lambda n, **detail: f"scaled to {n}"),
+                        lambda kind, **f: events.append((kind, f)))
+    return said, events
+
+
+def test_a_join_at_the_maximum_adds_the_node_only_and_a_refused_one_leaves_no_node():
     with pytest.raises(ValueError, match=r"not run by node hooks \(cluster.hooks\)"):
-        scaling.join(_joining(nodes=object()), [], "b:1", 1)
-    loop = _joining(3, bounds=(None, 3), nodes=_Nodes())
-    assert "already runs its maximum of 3 workers (cluster.max_workers)" in scaling.join(loop, [], "b:1", 1)
-    assert loop.lifecycle.cluster_factory.hooks == ["a:1", "b:1"]
-    assert loop.log.events == [("node_joined", {"node": "b:1", "workers": 3})]
-    assert scaling.join(loop, [], "b:1", 1) == "hook b:1 is already one of the job's nodes"   # it restarted
+        _join(object(), "b:1")
+    nodes = _Nodes()
+    said, events = _join(nodes, "b:1", workers=3, max_workers=3)
+    assert "already runs its maximum of 3 workers (cluster.max_workers)" in said
+    assert nodes.hooks == ["a:1", "b:1"]
+    assert events == [("node_joined", {"node": "b:1", "workers": 3})]
+    assert _join(nodes, "b:1", workers=3, max_workers=3)[0] == "hook b:1 is already one of the job's nodes"
     with pytest.raises(ValueError, match="does not answer"):   # nothing added
-        scaling.join(_joining(nodes=(nodes := _Nodes())), [], "silent:1", 1)
+        _join((nodes := _Nodes()), "silent:1")
     assert nodes.hooks == ["a:1"]
 
     asked = []
 
-    def refused(loop, phases, workers, rule, by, node):
+    def refused(workers, by, node):
         asked.append((workers, by, node))
         raise ValueError("3 workers could not be started")
-    monkeypatch.setattr(scaling, "scale", refused)
     with pytest.raises(ValueError, match="could not be started"):
-        scaling.join(_joining(nodes=(nodes := _Nodes()), bounds=(None, 5)), [], "b:1", 4)
+        _join((nodes := _Nodes()), "b:1", add=4, max_workers=5, scale=refused)
     assert asked == [(5, "join", "b:1")] and nodes.hooks == ["a:1"]   # up to the maximum; taken back
+    assert _join(_Nodes(), "b:1", add=1)[0] == "hook b:1 joined; scaled to 3"

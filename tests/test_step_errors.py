@@ -2,7 +2,6 @@
 cancels every closure once one fails, and the cancelled ones may be fetched first."""
 
 import queue
-from types import SimpleNamespace
 
 import pytest
 import tensorflow as tf
@@ -12,20 +11,21 @@ from tfsync.engine.results import error_line, root_error
 pytestmark = pytest.mark.unit
 
 
-def _loop(*results):
+def _results(*results):
+    """The lifecycle's queue of results, holding ``results``."""
     q = queue.Queue()
     for r in results:
         q.put(r)
-    return SimpleNamespace(lifecycle=SimpleNamespace(results=q))
+    return q
 
 
 def test_a_cancelled_closure_is_reported_with_the_error_that_failed_the_step():
     gen, old = object(), object()
     cancelled = tf.errors.CancelledError(None, None, "The corresponding function is cancelled.")
     cause = tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nlabels out of range")
-    loop = _loop((gen, [1.0], None), (old, None, ValueError("another generation's")),
+    results = _results((gen, [1.0], None), (old, None, ValueError("another generation's")),
                  (gen, None, cancelled), (gen, None, cause))
-    got = root_error(loop, gen, cancelled, wait_s=1.0)
+    got = root_error(results, gen, cancelled, wait_s=1.0)
     assert got is cause and error_line(got) == "labels out of range"
-    assert root_error(_loop(), gen, cancelled, wait_s=0.05) is cancelled   # none came: the cancellation
-    assert root_error(_loop((gen, None, cause)), gen, cause) is cause   # not a cancellation: as it is
+    assert root_error(_results(), gen, cancelled, wait_s=0.05) is cancelled   # none came: the cancellation
+    assert root_error(_results((gen, None, cause)), gen, cause) is cause   # not a cancellation: as it is

@@ -14,7 +14,7 @@ import pytest
 from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
-from tfsync.engine.cluster import free_ports
+from tfsync.base.ports import free_ports
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster

@@ -93,16 +93,15 @@ def test_a_job_trains_on_tasks_a_platform_started_from_their_tf_config(tmp_path)
 def test_a_restart_switch_command_is_refused_on_a_platforms_tasks():
     """The manager's `tfsync switch --method restart` on such a run is refused (the run goes
     on), not a failed run: tfsync cannot start new tasks there."""
-    from types import SimpleNamespace
-
     from tfsync.engine.cluster import PlatformCluster
-    from tfsync.engine.commands import Command, carry_out
+    from tfsync.engine.commands import Command, check, plan_switch
     from tfsync.engine.phase import Phase
     from tfsync.policy import BSP
 
-    loop = SimpleNamespace(workers=2, lifecycle=SimpleNamespace(current=SimpleNamespace(cluster=PlatformCluster(SPEC))))
+    cmd = Command("c1", "switch", protocol="asp", method="restart")
     with pytest.raises(ValueError, match="platform's"):
-        carry_out(loop, Phase(BSP()), Command("c1", "switch", protocol="asp", method="restart"), 64)
+        plan_switch(cmd, check(cmd, 2), Phase(BSP()), 2, 64, lambda protocol, n: 1.0,
+                    restartable=PlatformCluster(SPEC).restartable)
     with pytest.raises(Exception, match="TF_CONFIG's tasks are the platform's"):
         make = PlatformCluster.factory(SPEC)
         make(2, 1, "127.0.0.1"), make(2, 1, "127.0.0.1")   # a second generation

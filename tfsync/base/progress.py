@@ -55,8 +55,8 @@ class Progress:
         now = time.time()
         self._engine = engine
         if self.started is None:
-            began = engine.log.train_started or now   # a resumed run: from its own start
-            self.started = (began, *engine.log.train_counts) if began < now else \
+            began = engine.runlog.train_started or now   # a resumed run: from its own start
+            self.started = (began, *engine.runlog.train_counts) if began < now else \
                 (now, engine.ledger.pushes, engine.ledger.samples)
             self._say(f"cluster up; training {total:,} samples")
         if now - self._last < self.interval:

@@ -33,7 +33,7 @@ def lr_rule(cfg: JobConfig):
 
 def build_phases(cfg: JobConfig, num_train: int):
     """Engine phases for the job's protocol list, with the configuration policy applied."""
-    from ..engine.trainer import Phase
+    from ..engine.phase import Phase
 
     n, B = cfg.cluster.workers, cfg.train.batch_size
     conf = config_policy(cfg)
@@ -74,7 +74,7 @@ def straggler_phase(cfg: JobConfig, phases, bsp_samples: int | None):
     never: BSP to the end, ASP while a straggler is seen); BSP and ASP keep the learning
     rates of the configuration policy. The momentum rule after the switch does not apply
     here (the base momentum is kept)."""
-    from ..engine.trainer import Phase
+    from ..engine.phase import Phase
     from ..switch.online import ElasticStragglerPolicy, GreedyStragglerPolicy
     from ..switch.stragglers import StragglerDetector, too_few_to_detect
 
@@ -217,7 +217,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
     import tensorflow as tf
 
     from ..engine.generation import TrainSetup
-    from ..engine.trainer import Engine
+    from ..engine.engine import Engine
     from ..engine.workload import Workload
 
     tf.random.set_seed(cfg.job.seed)
@@ -262,7 +262,7 @@ def run_job(cfg: JobConfig, progress=None, data_path: str | None = None, control
         if injector is not None:
             injector.stop()
     if injector is not None:
-        log = engine.log
+        log = engine.runlog
         base = log.since(log.train_started) if log.train_started else 0.0  # the run's time base
         summary["injected"] = summary.get("injected", []) + [  # after the earlier runs' (a resumed job)
             {**x, "time": round(base + x["time"], 3)} for x in injector.entries()]

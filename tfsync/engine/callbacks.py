@@ -111,6 +111,6 @@ class Evaluations(Callback):
     def on_push(self, engine, push, record):
         ev, s = self.evaluator, engine.ledger
         for e in ev.drain():
-            engine.log.log_eval(e)
+            engine.runlog.log_eval(e)
         if ev.due(s.pushes):
-            ev.request(engine.generation, s.pushes, s.updates, s.samples, engine.log.since())
+            ev.request(engine.generation, s.pushes, s.updates, s.samples, engine.runlog.since())

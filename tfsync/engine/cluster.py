@@ -24,7 +24,7 @@ from typing import Protocol
 from ..base import forkserver, netns, safefile
 from ..base.exits import TfsyncError
 from ..base.forkserver import ForkedTask
-from ..base.ports import free_ports  # noqa: F401 - here too for callers of engine.cluster
+from ..base.ports import free_ports
 from ..base.taskcmd import PACKAGE_ROOT, SERVER, scoped_env, task_command, task_env
 
 logger = logging.getLogger(__name__)

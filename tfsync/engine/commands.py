@@ -5,23 +5,22 @@ A :class:`Controller` receives every push record (``record``: must be cheap, it 
 the engine's loop), hands over pending commands (``commands``) and learns each outcome
 (``result``). The manager's link (``tfsync.manager.link``) implements it over gRPC; the
 engine itself knows nothing of gRPC.
+
+What is here decides: ``check`` refuses a command that cannot be carried out, and
+``plan_switch`` makes the policy and phase a switch goes to (a :class:`SwitchPlan`); the
+engine's loop carries out every command (``Loop.obey``) and reports the outcome.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from .. import policy as policies
-from ..policy.base import BatchSizer, PolicyError
-from ..policy.commands import InvalidCommand, check_batch_sizes, check_switch, check_workers
-from .phase import EngineError
-from .scaling import join, phases_left, scale
-from .switching import switch
-
-if TYPE_CHECKING:
-    from .loop import Loop
+from ..policy.base import BatchSizer, Policy
+from ..policy.commands import check_batch_sizes, check_switch, check_workers
+from .phase import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -99,65 +98,43 @@ def check(cmd: Command, workers: int) -> dict:
     return {}
 
 
-def carry_out(loop: Loop, phase, cmd: Command, max_batch: int) -> tuple[str, str]:
-    """Apply ``cmd`` through the engine's ``loop`` inside ``phase`` (whose policy a switch
-    replaces); returns (message, checkpoint path). Raises StopRequested for ``stop``."""
-    options = check(cmd, loop.workers)
-    old = phase.policy
-    if cmd.kind == "batch_sizes":
-        phase.set_batch_sizes(cmd.batch_sizes, max_batch)
-        return f"batch sizes {list(cmd.batch_sizes)} from the next grant", ""
-    if cmd.kind == "checkpoint":
-        loop.drain(old)
-        path = loop.checkpoint("command")
-        loop.apply(old.start(loop.view()))
-        return f"checkpoint {path}", path
-    if cmd.kind == "stop":
-        loop.drain(old)
-        raise StopRequested(loop.checkpoint("stop") if cmd.save else "")
-    if cmd.kind == "scale":   # this phase and the plan's later ones
-        return scale(loop, phases_left(loop, phase), cmd.workers, loop.elastic.rule), ""
-    if cmd.kind == "join":
-        return join(loop, phases_left(loop, phase), cmd.hook, cmd.workers, loop.elastic.rule), ""
-    # a self-sizing protocol makes its own sizer; after one, the others size as it started
-    if cmd.method == "restart" and not getattr(loop.lifecycle.current.cluster, "restartable", True):
+@dataclass(frozen=True)
+class SwitchPlan:
+    """A switch command, decided: the phase to switch to (``target``: the new policy, the
+    method, the rate factor) and the options the new policy took."""
+
+    target: Phase
+    options: dict
+    asked_rate: bool   # the rate factor as the command asked (else the configuration policy's)
+
+    def message(self, old: str) -> str:
+        """The command's answer, once carried out, from the policy called ``old``."""
+        new, t = self.target.policy.name, self.target
+        rule = "as asked" if self.asked_rate else f"the configuration policy's for {new}"
+        return f"switched {old} -> {new} ({t.switch}), learning rate x{t.lr_scale:g} ({rule})"
+
+
+def plan_switch(cmd: Command, options: dict, phase: Phase, workers: int, max_batch: int,
+                lr_rule: Callable[[str, int], float], restartable: bool = True) -> SwitchPlan:
+    """What the switch command ``cmd`` (its ``options`` as ``check`` returned them) makes of
+    ``phase`` on ``workers`` workers: the new policy (no batch above ``max_batch``, the
+    input pipeline's largest; after a self-sizing protocol, the others size as it
+    started) at the rate the command asks, else ``lr_rule(protocol, workers)``. ValueError
+    where it cannot be carried out: a restart on tasks that are not tfsync's to restart
+    (not ``restartable``), batches too large."""
+    if cmd.method == "restart" and not restartable:
         raise ValueError("a restart switch needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
                          "switch hot")
+    old: Policy = phase.policy
+    # a self-sizing protocol makes its own sizer; after one, the others size as it started
     sizer = BatchSizer(old.sizer.batch_size) if old.self_sizing else old.sizer
     if policies.spec(cmd.protocol).self_sizing and "hi" in policies.spec(cmd.protocol).options:
         options.setdefault("hi", max_batch)  # no batch larger than the input pipeline's
     new = policies.make(cmd.protocol, sizer, **options)
-    if new.max_batch(loop.workers) > max_batch:
-        raise ValueError(f"{new.name} could grant batches of {new.max_batch(loop.workers)}, more than the input "
+    if new.max_batch(workers) > max_batch:
+        raise ValueError(f"{new.name} could grant batches of {new.max_batch(workers)}, more than the input "
                          f"pipeline's {max_batch}; set a larger batch size in the job to allow it")
     # the rate the new protocol runs at: as asked, else the configuration policy's for it
-    lr_scale = loop.lr_rule(new.name, loop.workers) if cmd.lr_scale is None else cmd.lr_scale
+    lr_scale = lr_rule(new.name, workers) if cmd.lr_scale is None else cmd.lr_scale
     target = type(phase)(new, until=phase.until, switch=cmd.method, lr_scale=lr_scale, momentum=phase.momentum)
-    switch(loop, old, target, len(loop.log.timeline), by="command")
-    old_stats = old.stats()
-    phase.switched(new, cmd.method, target.lr_scale, options)
-    loop.log.begin_phase(phase, loop.lifecycle.base_lr, stats_of_previous=old_stats)
-    loop.apply(new.start(loop.view()))
-    rule = "as asked" if cmd.lr_scale is not None else f"the configuration policy's for {new.name}"
-    return f"switched {old.name} -> {new.name} ({cmd.method}), learning rate x{lr_scale:g} ({rule})", ""
-
-
-def obey(loop: Loop, phase, cmd: Command) -> None:
-    """Carry out a manager's command at this step boundary and report the outcome."""
-    try:
-        message, path = carry_out(loop, phase, cmd, loop.lifecycle.setup.max_batch_size)
-    except StopRequested as stop:
-        loop.log.recorder.event("command", id=cmd.id, command=cmd.kind, message="stopping",
-                                **({"checkpoint": stop.checkpoint_path} if stop.checkpoint_path else {}))
-        loop.controller.result(CommandResult(cmd.id, True, "stopping", loop.ledger.updates, stop.checkpoint_path))
-        raise
-    except (ValueError, PolicyError) as e:
-        logger.warning("command %s (%s) refused: %s", cmd.id, cmd.kind, e)
-        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates,
-                                             invalid=isinstance(e, InvalidCommand)))
-        return
-    except EngineError as e:   # it failed halfway (a scale whose new tasks died): the run ends with it
-        loop.controller.result(CommandResult(cmd.id, False, str(e), loop.ledger.updates))
-        raise
-    loop.log.recorder.event("command", id=cmd.id, command=cmd.kind, message=message)
-    loop.controller.result(CommandResult(cmd.id, True, message, loop.ledger.updates, path))
+    return SwitchPlan(target, options, cmd.lr_scale is not None)

@@ -36,7 +36,8 @@ from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import isolation, netns
 from tfsync.base.netns import is_loopback
 from tfsync.base.procstats import worker_reading
-from tfsync.engine.cluster import ClusterError, NoNodes, free_ports
+from tfsync.base.ports import free_ports
+from tfsync.engine.cluster import ClusterError, NoNodes
 from tfsync.engine.launcher import HookLauncher, LaunchError, place
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ daemons never block the interpreter's exit).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -54,14 +55,14 @@ class Lifecycle:
         self.current: Generation | None = None
         self.channel: PSChannel | None = None
         self.results: queue.Queue = queue.Queue()   # (generation, rows as the links drained them, error)
-        self.drained = [0, 0]   # the links' batches of finished steps handed on, and their rows
+        self.drained_batches = 0   # the links' batches of finished steps handed on
+        self.drained_rows = 0      # ... and the rows in them
         self.records: dict | None = None
         self._fetch_q: queue.Queue | None = None
         self._lock = threading.Lock()   # the current generation, and closure counts
         self.next_cluster = None   # the tasks of the next generation, started ahead (a planned restart switch)
         self.max_recoveries = 3    # restarts after a lost task, per task
         self.recovering: set | None = None   # the lost workers while recovering from their loss
-        self.dead_checked = 0.0    # when the tasks were last looked at (monotonic)
         self.node_wait_s = 0.0     # how long a restart waits for a node when none answers (node hooks)
         self.on_pause = lambda kind, **fields: None   # the engine's events: "paused", then "unpaused"
 
@@ -117,6 +118,40 @@ class Lifecycle:
         gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale, momentum=self.ledger.momentum)
         self._stand()
         return timings
+
+    def start_next(self) -> None:
+        """Start the next generation's tasks ahead, while this one trains (a planned restart
+        switch: ``take_next``)."""
+        self.next_cluster = self.launch()
+
+    def take_next(self):
+        """The next generation's tasks: those started ahead, else new ones, starting."""
+        cluster, self.next_cluster = self.next_cluster or self.launch(), None
+        return cluster
+
+    def drop_next(self) -> None:
+        """Stop the tasks started ahead for a restart switch, if any (a scale starts another
+        count instead)."""
+        if self.next_cluster is not None:
+            self.next_cluster.stop()
+            self.next_cluster = None
+
+    @contextlib.contextmanager
+    def recovering_from(self, workers):
+        """While ``workers``' loss is recovered from: their closures' errors and deaths are
+        expected (``recovering``)."""
+        self.recovering = set(workers)
+        try:
+            yield
+        finally:
+            self.recovering = None
+
+    def reopen(self, workers: int, cluster=None, restore: str | None = None) -> dict:
+        """After this generation closed: go on with ``workers`` workers on ``cluster`` (new
+        tasks by default, waiting for a node where none answers), restored from
+        ``restore``; returns the timings of its parts (``open``)."""
+        self.workers = workers
+        return self.open(cluster or self.launch(wait=True), restore=restore)
 
     def restart(self, restore: str) -> None:
         """Replace every task: stop this generation's, start new ones restored from the
@@ -199,8 +234,8 @@ class Lifecycle:
                     self.results.put((gen, None, e))
 
     def _arrived(self, gen, rows) -> None:
-        self.drained[0] += 1
-        self.drained[1] += len(rows)
+        self.drained_batches += 1
+        self.drained_rows += len(rows)
         self.results.put((gen, rows, None))   # (one wake of the loop a batch, not a row)
 
     def _links_ended(self, gen, error: BaseException) -> None:

@@ -43,16 +43,13 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from ..policy.base import NOTHING, Decision
 from .control import BATCH, MARKER_SIZES, MODE, MODE_ROUND, ROUND, ROW_END, ROW_LANDED, ROW_START, SEQ, token_rows
-
-if TYPE_CHECKING:
-    from .loop import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +69,26 @@ def _total(grants) -> int:
     return sum(g.batch_size for g in grants)
 
 
-class Pilot:
-    """The engine's PS-run rounds: at most one ``rounds`` call at a time."""
+@dataclasses.dataclass(frozen=True)
+class RoundsEnded:
+    """The PS ran its last round: the loop carries out ``deferred`` (the decision that
+    halted the rounds, if one did: its barrier is the round the PS closed, its grants only
+    where training goes on) and, where training goes on with nothing in flight, has the
+    policy grant again."""
 
-    def __init__(self, loop: Loop, enabled: bool = True):
-        """``loop``: the engine's loop (tfsync.engine.loop), whose rounds these are."""
-        self.loop, self.enabled = loop, enabled
+    deferred: Decision | None
+
+
+class Pilot:
+    """The engine's PS-run rounds: at most one ``rounds`` call at a time. The engine's loop
+    (tfsync.engine.loop) asks it what a decision's tokens are (``rows``), tells it each
+    decision while it runs (``follow``) and each marker row (``observe``, which says when
+    the rounds ended and what the loop is to carry out then)."""
+
+    def __init__(self, ledger, lifecycle, enabled: bool = True):
+        """``ledger``: the run's counts, in which it mirrors the rounds the PS ran;
+        ``lifecycle``: the generation it calls and the channel it calls through."""
+        self.ledger, self.lifecycle, self.enabled = ledger, lifecycle, enabled
         self.active = False      # a rounds call runs, or its last marker is still to come
         self.epoch = 0           # the current (or last) call's number, for halt
         self.grants = ()         # the grants the PS makes at each round's end
@@ -88,30 +99,35 @@ class Pilot:
         self.sized: dict[int, tuple] = {}   # version -> the grants of those sizes
         self.released_at: dict[int, float] = {}   # round -> when the PS released it (its clock)
 
-    def take(self, decision: Decision) -> int:
+    def take(self, decision: Decision, room: int | None, updates_left: Callable[[], int | None],
+             steady: Callable[[], Decision | None]) -> int:
         """How many rounds the PS should run from this decision on (0: it should not):
-        the decision grants a steady round, every member one step, nothing else pending."""
-        e, s = self.loop, self.loop.ledger
-        if not self.enabled or self.active or e.draining or e.phase_end is None or not decision.grants \
+        the decision grants a steady round (``steady()``: the policy's), every member one
+        step, nothing else pending. ``room``: the samples the phase has still to train
+        (None: the loop grants no rounds ahead: it drains, or waits for a timer);
+        ``updates_left()``: those before the next periodic checkpoint (None: none due)."""
+        s = self.ledger
+        if not self.enabled or self.active or room is None or not decision.grants \
                 or {g.worker for g in decision.grants} != s.active:   # (ASP's push: no view built)
             return 0
-        steady = e.policy.steady_round(e.view())
-        if steady is None or _same(steady.grants) != _same(decision.grants) \
-                or s.pending_workers or decision.remove or decision.restore or e.wake_at is not None:
+        steady_round = steady()
+        if steady_round is None or _same(steady_round.grants) != _same(decision.grants) \
+                or s.pending_workers or decision.remove or decision.restore:
             return 0
-        k = math.ceil((e.phase_end - s.samples) / _total(decision.grants))
-        left = e.log.updates_to_checkpoint(e.checkpoint_every)   # (the loop takes it once they stop)
+        k = math.ceil(room / _total(decision.grants))
+        left = updates_left()   # (the loop takes it once they stop)
         return max(0, k if left is None else min(k, left))
 
-    def launch(self, k: int, first_rows: np.ndarray, decision: Decision) -> None:
-        """Run rounds 2..k of the round just granted (``first_rows``) on the PS."""
-        gen = self.loop.lifecycle.current
+    def launch(self, k: int, first_rows: np.ndarray, decision: Decision, self_sizing: bool) -> None:
+        """Run rounds 2..k of the round just granted (``first_rows``) on the PS; a
+        ``self_sizing`` policy's sizes go there first."""
+        gen = self.lifecycle.current
         self.epoch += 1
         self.active, self.halting, self.grants = True, False, tuple(decision.grants)
         self.deferred = None
         self.sized = {self.version: self.grants}   # (sizes the PS holds from an earlier call are older)
         self.released_at = {}
-        if self.loop.policy.self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
+        if self_sizing:   # (traced now, not when a round's end needs it: the PS goes on)
             self._set_sizes(gen)
         following = first_rows.copy()
         following[:, 1 + ROUND] += 1
@@ -123,18 +139,18 @@ class Pilot:
         try:
             gen.links.rounds(k, epoch, tokens, version)
         except Exception as e:   # the PS died, or the generation closed
-            if gen is self.loop.lifecycle.current:
-                self.loop.lifecycle.results.put((gen, None, e))
+            if gen is self.lifecycle.current:
+                self.lifecycle.results.put((gen, None, e))
 
     def halt(self) -> None:
         """The PS releases no round after the one in flight (asked in order with the
         engine's other PS calls)."""
         if self.active and not self.halting:
             self.halting = True
-            gen, epoch = self.loop.lifecycle.current, self.epoch
-            self.loop.lifecycle.channel.call(lambda: gen.control.halt(epoch))
+            gen, epoch = self.lifecycle.current, self.epoch
+            self.lifecycle.channel.call(lambda: gen.control.halt(epoch))
 
-    def follow(self, decision: Decision) -> None:
+    def follow(self, decision: Decision, name: str, steady: Callable[[], Decision | None]) -> None:
         """The policy's decision after a push while the PS runs the rounds: nothing within
         a round; at its end, the steady round again, whose new batch sizes go to the PS.
         New sizes of another total halt the rounds (their number was counted from the
@@ -142,14 +158,13 @@ class Pilot:
         A decision that changes more (members, modes, the rate: a straggler policy's
         detection or planned switch) halts them too, and is carried out once the round in
         flight has closed (``observe``); said with a warning where the policy's
-        ``steady_round`` still promises no change."""
+        ``steady_round`` (``steady()``) still promises no change; ``name``: the policy's."""
         if decision == NOTHING or self.halting:
             return
         if decision != Decision(decision.grants, barrier=True) or _same(decision.grants) != _same(self.grants):
-            e = self.loop
-            if e.policy.steady_round(e.view()) is not None:
+            if steady() is not None:
                 logger.warning("%s changed its steady round (%s): the PS's rounds stop after the one in flight",
-                               e.policy.name, decision)
+                               name, decision)
             self.deferred = decision
             self.halt()
             return
@@ -161,26 +176,26 @@ class Pilot:
             return
         self.version += 1
         self.sized[self.version] = tuple(decision.grants)
-        self._set_sizes(self.loop.lifecycle.current)
+        self._set_sizes(self.lifecycle.current)
 
     def _set_sizes(self, gen) -> None:
         """The sizes of the latest version to the PS, in order with the engine's other calls."""
-        sizes = np.zeros(self.loop.workers + 1, np.int64)
+        sizes = np.zeros(self.lifecycle.workers + 1, np.int64)
         sizes[0] = self.version
         for g in self.sized[self.version]:
             sizes[1 + g.worker] = g.batch_size
-        self.loop.lifecycle.channel.call(lambda: gen.control.set_sizes(tf.constant(sizes)))
+        self.lifecycle.channel.call(lambda: gen.control.set_sizes(tf.constant(sizes)))
 
-    def observe(self, marker) -> None:
-        """A marker row: mirror what the PS did at a round's end in the ledger."""
-        e = self.loop
+    def observe(self, marker) -> RoundsEnded | None:
+        """A marker row: mirror what the PS did at a round's end in the ledger. Returns None
+        while the rounds go on; after the last, what the loop carries out then."""
         released = bool(marker[1 + SEQ])
         version = int(marker[MARKER_SIZES])
         if released and version not in self.sized:
             logger.warning("the PS opened a round at sizes %d, which were not set: the ledger counts %s",
                            version, self.sized[self.version])
         grants = self.sized.get(version, self.sized[self.version]) if released else ()
-        applied = e.ledger.apply(Decision(grants, barrier=True), time.time())
+        applied = self.ledger.apply(Decision(grants, barrier=True), time.time())
         closed = int(marker[1 + ROUND])
         self.released_at = {r: t for r, t in self.released_at.items() if r > closed}
         if released:
@@ -189,17 +204,10 @@ class Pilot:
         if applied.closed != int(marker[1 + BATCH]):
             logger.warning("the PS closed a round of %d pushes, the ledger %d", int(marker[1 + BATCH]), applied.closed)
         if released:
-            return
+            return None
         self.active = False
         deferred, self.deferred = self.deferred, None
-        go_on = not e.draining and e.phase_end is not None and e.ledger.samples < e.phase_end \
-            and not e.log.checkpoint_due(e.checkpoint_every)
-        if deferred is not None:   # (its barrier is the round the PS closed; its grants only if training goes on)
-            e.apply(deferred if go_on else dataclasses.replace(deferred, grants=()))
-        if go_on and e.in_flight() == 0:
-            # halted for a command, or the halting decision granted nothing (it came within
-            # a round whose end, on the coordinator, would have granted): the policy grants again
-            e.apply(e.policy.start(e.view()))
+        return RoundsEnded(deferred)
 
     def turnaround(self, row) -> float | None:
         """A push of a round the PS released: from that release to the push's landing,
@@ -219,12 +227,14 @@ class Pilot:
         marker was not seen yet is closed in the ledger too; nothing more is expected (a
         halting decision not yet carried out goes with it: the recovery's policy start
         decides again)."""
-        if self.active and self.loop.ledger.pending_workers:
-            self.loop.ledger.apply(Decision(barrier=True), time.time())
+        if self.active and self.ledger.pending_workers:
+            self.ledger.apply(Decision(barrier=True), time.time())
         self.active, self.deferred = False, None
 
-    def rows(self, decision: Decision, seqs) -> tuple[np.ndarray, int]:
-        """The token rows for ``decision``'s grants, and the rounds the PS runs from them."""
-        k = self.take(decision)
-        return token_rows(decision.grants, self.loop.ledger.round, seqs, MODE_ROUND if k > 1 else None), \
+    def rows(self, decision: Decision, seqs, room: int | None, updates_left: Callable[[], int | None],
+             steady: Callable[[], Decision | None]) -> tuple[np.ndarray, int]:
+        """The token rows for ``decision``'s grants, and the rounds the PS runs from them
+        (``take``)."""
+        k = self.take(decision, room, updates_left, steady)
+        return token_rows(decision.grants, self.ledger.round, seqs, MODE_ROUND if k > 1 else None), \
             (k if k > 1 else 0)

@@ -5,8 +5,9 @@ tfsync.policy.ledger), the records (metrics.jsonl, TensorBoard, summary.json:
 ``records.RunRecorder``), the phase timeline, the switches, the checkpoints taken (the
 files: ``checkpoints.CheckpointDir``), the recoveries, the test curve, and the run's
 clock (when it started, when training began, and the counts then). The engine's loop
-counts through it; the switching, recovery, command and summary code read it and add to
-it. Nothing here talks to a cluster: a checkpoint is given the generation to save.
+counts through it and has it record what its parts decided (a switch, a scale, a
+recovery); the summary reads it. Nothing here talks to a cluster: a checkpoint is given
+the generation to save.
 """
 
 from __future__ import annotations
@@ -124,6 +125,14 @@ class RunLog:
     def scaled(self, event: dict) -> None:
         self.scales.append(event)
         self.event("scaled", **event)
+
+    def recovered(self, recovery: dict, kind: str | None = None, **fields) -> None:
+        """A restart after a lost task (``recovery``: the task, what was lost, the
+        checkpoint, the seconds); with ``kind``, the event that says so (its ``fields``,
+        default the recovery's)."""
+        self.recoveries.append(recovery)
+        if kind is not None:
+            self.event(kind, **(fields or recovery))
 
     # -- checkpoints ------------------------------------------------------------------------
     def updates_to_checkpoint(self, every: int) -> int | None:

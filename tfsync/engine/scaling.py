@@ -3,7 +3,7 @@
 A scale is a restart at a step boundary (as a restart switch is): ``n`` workers' tasks
 (and the PS) start, the job drains, checkpoints, stops the old tasks and goes on with the
 new ones, restored from the checkpoint. With elastic bounds, a lost worker shrinks the
-job the same way (``shrink_after_loss``) instead of being restarted. Workers
+job the same way (``after_loss``) instead of being restarted. Workers
 keep their numbers 0..n-1: a shrink drops the highest-numbered ones, a grow adds new ones.
 What counts per worker follows: the ledger's clocks (a new worker starts level with the
 slowest, ``Ledger.resize``) and the running policy's state (``Policy.resize``: LB-BSP's
@@ -24,21 +24,21 @@ A scale by command starts the new tasks while the old ones still train (as a pla
 restart switch does): a count the machine or the hooks cannot start is refused with
 nothing changed; what fails after the old tasks stopped ends the run in one line, with
 everything counted in the checkpoint the scale took (``tfsync resume``).
+
+What is here decides, from values: ``check_scale`` refuses, ``decide`` (a command, a join)
+and ``after_loss`` (a lost worker under elastic bounds) return a :class:`ScaleDecision`,
+and the engine's loop carries it out (``Loop.scale``, ``Loop.resize``): drain, checkpoint,
+new tasks, the decision's ``resize`` of the phases, the policy started again.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..policy.base import BatchSizer
 from ..policy.commands import MAX_WORKERS, check_workers
-from .phase import EngineError
-
-if TYPE_CHECKING:
-    from .loop import Loop
 
 logger = logging.getLogger(__name__)
 
@@ -58,30 +58,32 @@ class Elastic:
     fits: Callable[[int], None] | None = None
 
 
-def check_scale(loop: Loop, workers: int) -> None:
-    """Raise ValueError (one line) for a scale of the running job that cannot be carried
-    out, before touching anything (what the plan's phases allow: ``rescale``)."""
-    old = loop.workers
-    check_workers(workers, loop.elastic.min_workers, loop.elastic.max_workers)
+def check_scale(workers: int, old: int, elastic: Elastic, restartable: bool, members: frozenset,
+                policy: str) -> None:
+    """Raise ValueError (one line) for a scale from ``old`` to ``workers`` workers that
+    cannot be carried out, before touching anything: ``elastic``'s bounds and fit, tasks
+    that are not tfsync's to restart (not ``restartable``), a worker ``policy`` holds out
+    of the ``members`` now (what the plan's phases allow: ``rescale``)."""
+    check_workers(workers, elastic.min_workers, elastic.max_workers)
     if workers == old:
         raise ValueError(f"the job already runs {old} workers")
-    if not getattr(loop.lifecycle.current.cluster, "restartable", True):
+    if not restartable:
         raise ValueError("a scale needs new tasks, but this cluster's are the platform's (TF_CONFIG): "
                          "change the platform's worker count instead")
-    if loop.ledger.active != frozenset(range(old)):
-        out = sorted(frozenset(range(old)) - loop.ledger.active)
-        raise ValueError(f"{loop.policy.name} holds worker(s) {out} out of the membership now; scale once "
+    if members != frozenset(range(old)):
+        out = sorted(frozenset(range(old)) - members)
+        raise ValueError(f"{policy} holds worker(s) {out} out of the membership now; scale once "
                          "they are members again (one owner of membership at a time)")
-    if loop.elastic.fits is not None:   # memory and open files for that many tasks (tfsync.job.limits)
+    if elastic.fits is not None:   # memory and open files for that many tasks (tfsync.job.limits)
         try:
-            loop.elastic.fits(workers)
+            elastic.fits(workers)
         except Exception as e:   # noqa: BLE001 - a ConfigError naming what does not fit
             raise ValueError(f"{workers} workers do not fit: {e}") from None
 
 
-def phases_left(loop: Loop, phase) -> list:
-    """``phase`` (the one running) and the plan's phases after it: what a scale changes."""
-    return loop.phases[loop.phases.index(phase):] if phase in loop.phases else [phase]
+def phases_left(phases: list, phase) -> list:
+    """``phase`` (the one running) and the plan's ``phases`` after it: what a scale changes."""
+    return phases[phases.index(phase):] if phase in phases else [phase]
 
 
 def running_protocol(policy) -> str:
@@ -142,112 +144,96 @@ def rescale(phases, old: int, workers: int, rule: str, lr_rule, max_batch: int):
     return apply
 
 
-def scale(loop: Loop, phases, workers: int, rule: str = "local", by: str = "command", **detail) -> str:
-    """Go on with ``workers`` workers (``phases``: the current phase and those still to
-    run); returns what was done and what it cost, in a line. ValueError, having changed
-    nothing, where ``check_scale`` or ``rescale`` refuses or the new tasks cannot start;
-    EngineError where it fails after the old tasks stopped. ``by`` and ``detail`` go into
-    the ``scaled`` event."""
-    check_scale(loop, workers)
-    resized = rescale(phases, loop.workers, workers, rule, loop.lr_rule, loop.lifecycle.setup.max_batch_size)
-    t0 = time.time()
+@dataclass(frozen=True)
+class ScaleDecision:
+    """Go on with ``workers`` workers instead of ``old``: ``resize()`` makes the phases so
+    (``rescale``: their policies, rates and batches); the running phase's rate factor
+    follows the count under ``rule`` (``lr_scale``); ``by`` whom ("command", "join",
+    "loss") and ``detail`` go into the ``scaled`` event."""
+
+    old: int
+    workers: int
+    rule: str
+    resize: Callable[[], None]
+    lr_rule: Callable[[str, int], float]
+    by: str = "command"
+    detail: dict = field(default_factory=dict)
+
+    def lr_scale(self, now: float, policy) -> float:
+        """The rate factor at the new count, from the one in force ``now`` under ``policy``
+        (the protocol it runs now: ``running_protocol``)."""
+        if self.rule != "local":
+            return now
+        running = running_protocol(policy)
+        return now * (self.lr_rule(running, self.workers) / self.lr_rule(running, self.old))
+
+    def event(self, lr_scale: float, samples: int, updates: int, checkpoint: str, seconds: dict) -> dict:
+        """The ``scaled`` event the run log records: counts, checkpoint, what it cost."""
+        return {"from": self.old, "to": self.workers, "by": self.by, "rule": self.rule, **self.detail,
+                "samples": samples, "updates": updates, "checkpoint": checkpoint, "lr_scale": lr_scale,
+                **{k: round(v, 3) for k, v in seconds.items()}}
+
+
+def decide(phases, old: int, workers: int, elastic: Elastic, lr_rule, max_batch: int, by: str = "command",
+           rule: str | None = None, **detail) -> ScaleDecision:
+    """The scale of ``phases`` (the one running and those still to run) from ``old`` to
+    ``workers`` workers under ``rule`` (default ``elastic``'s); ValueError, having changed
+    nothing, where ``rescale`` refuses. ``by`` and ``detail`` go into the ``scaled`` event."""
+    rule = elastic.rule if rule is None else rule
+    resize = rescale(phases, old, workers, rule, lr_rule, max_batch)
+    return ScaleDecision(old, workers, rule, resize, lr_rule, by, dict(detail))
+
+
+def after_loss(phases, old: int, lost: list[int], elastic: Elastic, lr_rule, max_batch: int) -> ScaleDecision | None:
+    """Workers ``lost`` (their tasks died): go on without them where the job has elastic
+    bounds (``min_workers``) that allow it, instead of restarting their tasks. The
+    survivors take the numbers 0..n-1 (their per-worker state kept by position, relearnt
+    where it was a lost worker's). None where the job restarts the lost tasks as before
+    (no bounds, too few left, a plan that cannot go on with fewer: said in a warning)."""
+    workers = old - len(lost)
+    if elastic.min_workers is None or workers < elastic.min_workers:
+        return None
     try:
-        cluster = loop.lifecycle.launch(workers)   # the new tasks start while the old ones train
-    except Exception as e:   # noqa: BLE001 - e.g. the hooks' task ports are fewer than the tasks
-        raise ValueError(f"{workers} workers could not be started: {e}") from None
-    path = None
-    try:
-        loop.drain(loop.policy)
-        path = loop.checkpoint("scale")
-        event = relaunch(loop, phases, workers, resized, path, t0, by=by, cluster=cluster, rule=rule, **detail)
-    except Exception as e:
-        cluster.stop()
-        where = f"; everything counted is in {path}: `tfsync resume`" if path else ""
-        raise EngineError(f"the scale to {workers} workers failed: {e}{where}") from e
-    detector = getattr(loop.policy, "detector", None)   # a straggler policy's
+        return decide(phases, old, workers, elastic, lr_rule, max_batch, by="loss", lost=sorted(lost))
+    except ValueError as e:
+        logger.warning("the job cannot go on with %d workers (%s): the lost tasks are restarted", workers, e)
+        return None
+
+
+def scaled_line(event: dict, policy) -> str:
+    """What a scale did and cost, in a line (a command's answer); ``policy``: the one
+    running at the new count."""
+    detector = getattr(policy, "detector", None)   # a straggler policy's
+    workers = event["to"]
     off = (f"; straggler detection is off below {detector.min_workers} workers"
            if detector is not None and workers < detector.min_workers else "")
     return (f"scaled {event['from']} -> {workers} workers in {event['seconds']:.1f} s (learning rate "
-            f"x{event['lr_scale']:g}, {rule}){off}")
+            f"x{event['lr_scale']:g}, {event['rule']}){off}")
 
 
-def join(loop: Loop, phases, address: str, add: int, rule: str = "local") -> str:
+def join(nodes, address: str, workers: int, add: int, max_workers: int | None, scale: Callable[..., str],
+         event: Callable[..., None]) -> str:
     """The node hook at ``address`` joins the running job (``tfsync hook --join``): it
-    becomes one of the job's nodes and the job grows by ``add`` workers, up to its
-    ``max_workers``, by a scale whose new generation places tasks on it (round-robin over
-    the nodes, the joined one last). At the maximum the node is only added: the job's next
-    restart places tasks on it; a hook that is a node already (it restarted) is told so.
-    ValueError, with nothing changed, where the job does not run on node hooks, the hook
-    does not answer or refuses the job's token, or the scale is refused."""
-    nodes = loop.lifecycle.cluster_factory
+    becomes one of ``nodes`` (the lifecycle's cluster factory) and the job grows from
+    ``workers`` by ``add`` workers, up to ``max_workers``, by ``scale(target, by="join",
+    node=address)``, whose new generation places tasks on it (round-robin over the nodes,
+    the joined one last). At the maximum the node is only added (said by ``event``): the
+    job's next restart places tasks on it; a hook that is a node already (it restarted)
+    is told so. ValueError, with nothing changed, where the job does not run on node hooks,
+    the hook does not answer or refuses the job's token, or the scale is refused."""
     if not getattr(nodes, "joinable", False):
         raise ValueError("this job's tasks are not run by node hooks (cluster.hooks): a hook cannot join it")
     if nodes.has_hook(address):   # a joined hook that restarted and announces itself again
         return f"hook {address} is already one of the job's nodes"
-    target = min(loop.workers + add, loop.elastic.max_workers or MAX_WORKERS)
+    target = min(workers + add, max_workers or MAX_WORKERS)
     nodes.add_hook(address)
-    if target == loop.workers:
-        loop.log.event("node_joined", node=address, workers=loop.workers)
-        return (f"hook {address} joined; the job already runs its maximum of {loop.workers} workers "
+    if target == workers:
+        event("node_joined", node=address, workers=workers)
+        return (f"hook {address} joined; the job already runs its maximum of {workers} workers "
                 "(cluster.max_workers): its next restart places tasks there too")
     try:
-        done = scale(loop, phases, target, rule, by="join", node=address)
+        done = scale(target, by="join", node=address)
     except ValueError:
         nodes.remove_hook(address)
         raise
     return f"hook {address} joined; {done}"
-
-
-def shrink_after_loss(loop: Loop, lost: list[int], path: str, t0: float) -> dict | None:
-    """Workers ``lost`` (their tasks died; the job drained and checkpointed at ``path``):
-    go on without them where the job has elastic bounds (``min_workers``) that allow it,
-    instead of restarting their tasks. The survivors take the numbers 0..n-1 (their
-    per-worker state kept by position, relearnt where it was a lost worker's). Returns the
-    ``scaled`` event, or None where the job restarts the lost tasks as before (no bounds,
-    too few left, a plan that cannot go on with fewer: said in a warning)."""
-    workers = loop.workers - len(lost)
-    if loop.elastic.min_workers is None or workers < loop.elastic.min_workers:
-        return None
-    phases = phases_left(loop, loop.phase)
-    try:
-        resized = rescale(phases, loop.workers, workers, loop.elastic.rule, loop.lr_rule,
-                          loop.lifecycle.setup.max_batch_size)
-    except ValueError as e:
-        logger.warning("the job cannot go on with %d workers (%s): the lost tasks are restarted", workers, e)
-        return None
-    return relaunch(loop, phases, workers, resized, path, t0, by="loss", rule=loop.elastic.rule,
-                    lost=sorted(lost))
-
-
-def relaunch(loop: Loop, phases, workers: int, resized, path: str, t0: float, by: str, cluster=None,
-             rule: str = "local", **detail) -> dict:
-    """Stop the drained job's tasks, make ``workers`` the count (ledger, ``resized``: the
-    phases' policies, rates and batches), open ``cluster`` (or new tasks) restored from
-    ``path`` and start the policy; returns the ``scaled`` event it records."""
-    old, policy, t_saved = loop.workers, loop.policy, time.time()
-    running = running_protocol(policy)
-    rate = loop.ledger.lr_scale * (loop.lr_rule(running, workers) / loop.lr_rule(running, old)
-                                   if rule == "local" else 1.0)
-    lifecycle = loop.lifecycle
-    if lifecycle.next_cluster is not None:   # started ahead for a restart switch: the old count
-        lifecycle.next_cluster.stop()
-        lifecycle.next_cluster = None
-    loop.stop_generation()
-    loop.ledger.forget_grants()   # (after a loss: the steps the killed tasks held)
-    lifecycle.workers = workers
-    loop.ledger.resize(workers)
-    resized()
-    t_stopped = time.time()
-    opened = lifecycle.open(cluster or lifecycle.launch(wait=True), restore=path)   # its parts' seconds
-    loop.ledger.lr_scale = rate
-    loop.lifecycle.current.set_hyper(lr_scale=rate)
-    t1 = time.time()
-    event = {"from": old, "to": workers, "by": by, "rule": rule, **detail, "samples": loop.ledger.samples,
-             "updates": loop.ledger.updates, "checkpoint": path, "lr_scale": rate,
-             "drain_save_s": round(t_saved - t0, 3), "restart_s": round(t1 - t_stopped, 3),
-             **{k: round(v, 3) for k, v in opened.items()}, "seconds": round(t1 - t0, 3)}
-    loop.log.scaled(event)
-    if not loop.draining and (loop.phase_end is None or loop.ledger.samples < loop.phase_end):
-        loop.apply(policy.start(loop.view()))
-    logger.info("scaled %d -> %d workers (%s) in %.1f s", old, workers, by, t1 - t0)
-    return event

@@ -32,7 +32,7 @@ def test_scores(engine) -> dict:
 def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resume: dict | None = None) -> dict:
     """``stopped``: the StopRequested that ended the run early; ``resume``: the checkpoint
     event it resumed from."""
-    log, gen, ev = engine.log, engine.generation, engine.evaluator
+    log, gen, ev = engine.runlog, engine.generation, engine.evaluator
     s = log.ledger
     train = max(wall - t_init, 1e-9)
     final = test_scores(engine)
@@ -51,9 +51,9 @@ def summarize(engine, wall: float, t_init: float, total: int, stopped=None, resu
         "ps_rounds": engine.loop.pilot.rounds,   # BSP rounds the PS closed and opened itself (tfsync.engine.pilot)
         "pushes_per_s": round((s.pushes - log.train_counts[0]) / train, 3),
         # finished steps' rows (a PS round's marker too) per drain of the PS's queue (tfsync.engine.links)
-        "rows_per_drain": round(engine.lifecycle.drained[1] / max(engine.lifecycle.drained[0], 1), 3),
+        "rows_per_drain": round(engine.lifecycle.drained_rows / max(engine.lifecycle.drained_batches, 1), 3),
         "coordinator": coordinator_load(log.train_cpu_s, train, s.pushes - log.train_counts[0],
-                                        engine.loop.backlog),
+                                        engine.loop.arrivals.backlog),
         "test_accuracy": acc, "test_loss": final["loss"],
         **{f"test_{k}": v for k, v in final["metrics"].items()},
         # time the loop spent with the manager's link: its records and events, and taking commands
@@ -102,9 +102,9 @@ def coordinator_load(cpu_s: float, train_s: float, pushes: int, backlog) -> dict
 def failure_summary(engine, wall: float, total: int, error: BaseException, resume: dict | None = None) -> dict:
     """What a run that failed (a full disk) had done: its counters, phases and checkpoints,
     without the test evaluation a finished run gets; ``failed`` says why it ended."""
-    began = engine.log.train_started
+    began = engine.runlog.train_started
     train = time.time() - began if began else 0.0
-    return {"failed": str(error), **_counts(engine.log, wall, train, engine.workers, engine.ps, total),
+    return {"failed": str(error), **_counts(engine.runlog, wall, train, engine.workers, engine.ps, total),
             "stopped": False, **({"resumed_from": resume} if resume else {})}
 
 

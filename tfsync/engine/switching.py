@@ -1,52 +1,32 @@
 """Between phases: drain, switch hot (same tasks) or by restart (checkpoint, new tasks,
 restore), set the phase's rate factor and momentum, and hand what the old policy learned
-to a new one of its kind (state saved beside checkpoints: tfsync.engine.checkpoints)."""
+to a new one of its kind (state saved beside checkpoints: tfsync.engine.checkpoints).
+
+The engine's loop carries a switch out (``Loop.switch``); what is here works on the values
+it is given: the ledger and generation a phase's rate is set on (``set_config``), the run
+log a policy's state is handed over through (``hand_over``, ``resume_*``), a phase as the
+commands of an earlier run left it (``carry_changes``)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, Decision
 from .checkpoints import load_state
 
-if TYPE_CHECKING:
-    from .loop import Loop
-
 logger = logging.getLogger(__name__)
 
 
-def switch(loop: Loop, old, phase, index: int, carry: bool = True, by: str = "plan") -> None:
-    """Drain ``old``, switch to ``phase``; with ``carry``, a policy of the same protocol
-    takes over what ``old`` learned (``hand_over``). Records a switch event with timings
-    and ``by`` whom: the job's "plan" or a "command"."""
-    t0 = time.time()
-    loop.drain(old)
-    t_drained = time.time()
-    parts = {}
-    if phase.switch == "restart":
-        path = loop.checkpoint("switch")
-        parts["save_s"] = time.time() - t_drained
-        lifecycle = loop.lifecycle
-        cluster, lifecycle.next_cluster = lifecycle.next_cluster or lifecycle.launch(), None
-        t = time.time()
-        loop.stop_generation()
-        parts["stop_old_s"] = time.time() - t
-        t = time.time()
-        parts.update(loop.lifecycle.open(cluster, restore=path))
-        parts["start_new_s"] = time.time() - t
-    if carry and phase.policy is not old:
-        hand_over(loop.log, old.save_state(), phase.policy, "switch")
-    set_config(loop.ledger, loop.lifecycle.current, phase)
-    t1 = time.time()
-    event = {"index": index, "from": old.name, "to": phase.policy.name, "method": phase.switch, "by": by,
-             "samples": loop.ledger.samples, "updates": loop.ledger.updates,
-             "drain_s": round(t_drained - t0, 4), "switch_s": round(t1 - t_drained, 4),
-             "overhead_s": round(t1 - t0, 4), **{k: round(v, 4) for k, v in parts.items()}}
-    loop.log.switched(event)
-    logger.info("switched %s -> %s by %s in %.3f s", old.name, phase.policy.name, phase.switch, t1 - t0)
+def switch_event(index: int, old: str, phase, by: str, ledger, seconds: dict) -> dict:
+    """The ``switch`` event the run log records: from policy ``old`` to ``phase``'s (the
+    ``index``-th phase begun), ``by`` whom (the job's "plan" or a "command"), the counts of
+    ``ledger`` then, and the ``seconds`` its parts took (``drain_s``, ``switch_s``,
+    ``overhead_s``, and a restart's ``save_s``, ``stop_old_s``, ...)."""
+    head = {"index": index, "from": old, "to": phase.policy.name, "method": phase.switch, "by": by,
+            "samples": ledger.samples, "updates": ledger.updates}
+    return {**head, **{k: round(v, 4) for k, v in seconds.items()}}
 
 
 def set_config(ledger, gen, phase) -> None:
@@ -59,49 +39,49 @@ def set_config(ledger, gen, phase) -> None:
     gen.set_hyper(lr_scale=phase.lr_scale, momentum=momentum)
 
 
-def hand_over(log, state: dict, policy, why: str) -> bool:
+def hand_over(runlog, state: dict, policy, why: str) -> bool:
     """Give ``policy`` (fresh, before its start) a saved policy state of the same protocol;
-    a state that does not fit it is refused, said in an event of run log ``log``, and the
+    a state that does not fit it is refused, said in an event of ``runlog``, and the
     policy starts afresh. Returns whether it took the state."""
     if not state or state.get("protocol") != policy.name:
         return False
     try:
-        policy.restore_state(state, workers=log.ledger.num_workers)
+        policy.restore_state(state, workers=runlog.ledger.num_workers)
     except ValueError as e:
         logger.warning("%s: %s starts afresh: %s", why, policy.name, e)
-        log.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
+        runlog.event("policy_state", protocol=policy.name, restored=False, why=why, reason=str(e))
         return False
-    log.event("policy_state", protocol=policy.name, restored=True, why=why)
+    runlog.event("policy_state", protocol=policy.name, restored=True, why=why)
     return True
 
 
-def resume_from(log, resume: dict) -> dict | None:
-    """Continue run log ``log`` from an earlier run's checkpoint event ``resume``: the
+def resume_from(runlog, resume: dict) -> dict | None:
+    """Continue ``runlog`` from an earlier run's checkpoint event ``resume``: the
     counters, and where the checkpoint has the state beside it (and the same number of
     workers), the clocks too. Returns that saved state (its policy part is handed over
     when the phase it was taken in begins: ``resume_policy``), or None."""
-    log.ledger.round = int(resume.get("round", 0))
-    log.rewind(resume, "resume")
-    log.recorder.event("resume", **resume)
+    runlog.ledger.round = int(resume.get("round", 0))
+    runlog.rewind(resume, "resume")
+    runlog.recorder.event("resume", **resume)
     try:
         saved = load_state(resume["path"])
         if saved is None:
             return None
-        log.ledger.restore_state(saved["ledger"])
+        runlog.ledger.restore_state(saved["ledger"])
     except (KeyError, TypeError, ValueError) as e:   # another worker count, a damaged file: the counters go on
         logger.warning("resume: the clocks start afresh: %s", e)
-        log.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
+        runlog.event("policy_state", restored=False, why="resume", reason=f"ledger: {e}")
         return None
     return saved
 
 
-def resume_policy(log, gen, saved: dict, policy) -> None:
+def resume_policy(runlog, gen, saved: dict, policy) -> None:
     """The resumed phase's policy takes its saved state; with it, the rate factor (set on
     generation ``gen``) and the membership it had (a straggler policy in ASP, a worker it
     had removed). Without it (refused, another protocol) the policy starts afresh: every
     worker a member, the phase's rate factor."""
-    ledger = log.ledger
-    if hand_over(log, saved["policy"], policy, "resume"):
+    ledger = runlog.ledger
+    if hand_over(runlog, saved["policy"], policy, "resume"):
         ledger.lr_scale = float(saved["ledger"]["lr_scale"])
         gen.set_hyper(lr_scale=ledger.lr_scale, momentum=ledger.momentum)
     else:

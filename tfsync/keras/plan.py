@@ -34,7 +34,7 @@ from ..policy import catalogue
 
 RUNS = ("bsp", "asp")
 KEYS = ("name", "until")
-ENGINE = "run it with `tfsync run` or the Engine (tfsync.engine.trainer.Phase)"
+ENGINE = "run it with `tfsync run` or the Engine (tfsync.Engine, tfsync.Phase)"
 SSP_REFUSED = ("ssp cannot be honoured inside model.fit: ParameterServerStrategy gives each step to "
                "whichever worker is idle and no step knows its worker, so no worker can be held "
                "`staleness` steps ahead of the slowest (and one held there could wait for steps fit "

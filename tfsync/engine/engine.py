@@ -28,11 +28,11 @@ from .evaluator import Evaluator
 from .generation import Generation, TrainSetup
 from .lifecycle import Lifecycle
 from .loop import Loop
-from .phase import EngineError, Phase  # noqa: F401 - the engine's public names
+from .phase import EngineError, Phase
 from .runlog import RunLog
 from .scaling import Elastic, rescale
 from .summary import failure_summary, summarize, whole_job
-from .switching import carry_changes, resume_from, resume_policy, set_config, switch
+from .switching import carry_changes, resume_from, resume_policy, set_config
 from .tfcompat import quiet_resource_deleters
 
 logger = logging.getLogger(__name__)
@@ -66,12 +66,12 @@ class Engine:
         quiet_tf_loggers()  # nor a log line per closure a teardown cancels (tfsync.base.quiet)
         self.setup, self.ps, self.host, self.run_dir = setup, ps, host, run_dir
         # the ledger, records, timeline, checkpoints, recoveries, test curve (tfsync.engine.runlog)
-        self.log = RunLog(run_dir, workers, tensorboard=tensorboard,
+        self.runlog = RunLog(run_dir, workers, tensorboard=tensorboard,
                           on_event=lambda kind, fields: self.callbacks.call("on_event", self, kind, fields))
-        self.lifecycle = Lifecycle(setup, self.log.ledger, workers, ps, host, run_dir, start_timeout,
+        self.lifecycle = Lifecycle(setup, self.runlog.ledger, workers, ps, host, run_dir, start_timeout,
                                    cluster_factory, base_lr=base_lr)
         self.lifecycle.node_wait_s = float(node_wait_s)
-        self.lifecycle.on_pause = lambda kind, **fields: self.log.event(kind, **fields)
+        self.lifecycle.on_pause = lambda kind, **fields: self.runlog.event(kind, **fields)
         self.controller = controller or Controller()
         self._link = ControllerLink(self.controller)
         self.total_samples = 0
@@ -83,7 +83,7 @@ class Engine:
         self.on_start = on_start
         self.callbacks = CallbackList([self._link, *([ProgressDisplay(progress)] if progress else []),
                                        *([Evaluations(self.evaluator)] if self.evaluator else []), *callbacks])
-        self.loop = Loop(self.lifecycle, self.log,
+        self.loop = Loop(self.lifecycle, self.runlog,
                          lr_rule or (lambda protocol, n: float(n) if aggregating(protocol) else 1.0),
                          Elastic(scale_rule, min_workers, max_workers, fits), self.controller,
                          on_push=lambda push, line: self.callbacks.call("on_push", self, push, line),
@@ -94,8 +94,8 @@ class Engine:
     # -- what observers read (callbacks, the progress display) ----------------------------
     @property
     def ledger(self):
-        """The run's counts (``log.ledger``): pushes, updates, samples, clocks, grants."""
-        return self.log.ledger
+        """The run's counts (``runlog.ledger``): pushes, updates, samples, clocks, grants."""
+        return self.runlog.ledger
 
     @property
     def history(self):
@@ -127,14 +127,14 @@ class Engine:
         if not phases:
             raise ValueError("run() needs at least one phase")
         self.total_samples, self.loop.phases = total_samples, phases
-        self.log.begin(self.workers, self.ps, resume=resume is not None)
-        saved = resume_from(self.log, resume) if resume else None
+        self.runlog.begin(self.workers, self.ps, resume=resume is not None)
+        saved = resume_from(self.runlog, resume) if resume else None
         restore = resume["path"] if resume else restore
         try:
             self.callbacks.call("on_train_begin", self)
             self.lifecycle.open(self.lifecycle.launch(), restore=restore)
-            self.log.training_began()
-            t_init = self.log.train_started - self.log.started_at
+            self.runlog.training_began()
+            t_init = self.runlog.train_started - self.runlog.started_at
             if self.on_start is not None:
                 self.on_start()
             # the phase the checkpoint was taken in gets its policy's saved state
@@ -157,33 +157,33 @@ class Engine:
                 if i < first:
                     continue
                 if i > first:
-                    switch(self.loop, phases[i - 1].policy, phase, len(self.log.timeline), carry=phase is not resumed)
+                    self.loop.switch(phases[i - 1].policy, phase, len(self.runlog.timeline), carry=phase is not resumed)
                 if phase is resumed:
-                    resume_policy(self.log, self.generation, saved, phase.policy)
+                    resume_policy(self.runlog, self.generation, saved, phase.policy)
                 if i + 1 < len(phases) and phases[i + 1].switch == "restart" and self.lifecycle.next_cluster is None:
-                    self.lifecycle.next_cluster = self.lifecycle.launch()  # new tasks start while this phase trains
-                self.log.begin_phase(phase, self.lifecycle.base_lr)
+                    self.lifecycle.start_next()  # new tasks start while this phase trains
+                self.runlog.begin_phase(phase, self.lifecycle.base_lr)
                 try:
                     self.loop.run_phase(phase, int(round(phase.until * total_samples)))
                 except StopRequested as stop:
                     stopped = stop
                 finally:
-                    self.log.timeline[-1]["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
+                    self.runlog.timeline[-1]["stats"] = phase.policy.stats()  # e.g. FluentPS's delayed pulls
                 if stopped:
                     break
-            wall = time.time() - self.log.started_at
-            self.log.training_ended()
+            wall = time.time() - self.runlog.started_at
+            self.runlog.training_ended()
             if stopped is None:
                 self.loop.checkpoint("final")
             self._final_weights = self.generation.weights()
             summary = summarize(self, wall, t_init, total_samples, stopped, resume)
-            self.log.recorder.summary(summary)
+            self.runlog.recorder.summary(summary)
             self.close()
             return summary
         except nospace.NoSpaceError as e:   # what was done, if the disk still takes that much
             try:
-                self.log.recorder.summary(whole_job(self.run_dir, resume, failure_summary(
-                    self, time.time() - self.log.started_at, total_samples, e, resume)))
+                self.runlog.recorder.summary(whole_job(self.run_dir, resume, failure_summary(
+                    self, time.time() - self.runlog.started_at, total_samples, e, resume)))
             except nospace.NoSpaceError:
                 logger.warning("no summary.json: the disk is full")
             raise
@@ -208,4 +208,4 @@ class Engine:
                     logger.debug("closing generation: %s", e)
         finally:
             self.lifecycle.stop_all()
-            self.log.recorder.close(strict=graceful)   # a failing run keeps its own error
+            self.runlog.recorder.close(strict=graceful)   # a failing run keeps its own error
