@@ -957,8 +957,7 @@ def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_
     """Batch sizes are int32 and steps int64 in the API: a number past them, or below the
     least, is refused in one line by the command line, before any call; a batch size the API
     carries but no worker can take, by the manager, in the line the engine would give."""
-    from helpers import job_manager
-    from tfsync.cli import build_parser
+    from helpers import job_manager, tfsync_here
 
     rng = random.Random(11)
     numbers = [0, 1, -1, 16, 2**31 - 1, 2**31, -2**31, 2**63 - 1, 2**63, -2**63 - 1, 2**64, 10**30, -10**30,
@@ -971,12 +970,10 @@ def test_command_line_numbers_beyond_the_api_range_are_one_line_naming_them(tmp_
                                         "batch size"),
                                        (["metrics", str(runs["done"]), "--from-step", str(n)], 0, 2**63 - 1,
                                         "--from-step")):
-                args = build_parser().parse_args(argv)
                 try:
-                    code = args.func(args)
+                    code, _, err = tfsync_here(capsys, *argv)   # through the command line's one error handler
                 except Exception as e:  # noqa: BLE001
-                    code = f"{type(e).__name__}: {str(e)[:100]}"
-                err = capsys.readouterr().err
+                    code, err = f"{type(e).__name__}: {str(e)[:100]}", capsys.readouterr().err
                 lines = err.splitlines()
                 if argv[0] == "batch-sizes" and lo <= n < 1:
                     if not (code == 2 and lines == [f"tfsync: error: INVALID_ARGUMENT: batch sizes [{n}, 16]: "

@@ -221,3 +221,21 @@ def test_every_failure_derives_from_one_base_with_its_exit_code():
 
     loose = sorted(n for n in bases if n not in NOT_FAILURES | {"TfsyncError", "BadInput"} and not derives(n))
     assert not loose, loose
+
+
+def test_an_exit_code_comes_from_the_base_a_class_derives_from():
+    """``exit_code`` is set in ``tfsync.base.exits`` only (TfsyncError: 1, BadInput: 2): a
+    failure of bad input derives from BadInput rather than setting 2 by hand, in its class
+    or on an instance."""
+    by_hand = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "base" / "exits.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+                if name == "exit_code":
+                    by_hand.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not by_hand, by_hand

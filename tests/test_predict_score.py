@@ -5,11 +5,12 @@ line and exit 2."""
 import csv
 import math
 import random
+import signal
 
 import numpy as np
 import pytest
 
-from tfsync.cli import build_parser
+from tfsync.cli import main
 from tfsync.policy.lbbsp import LBBSP
 from tfsync.predict import NarxTrainer, Predictor, get
 from tfsync.sim import CpuTrace, Simulator, SpeedModel
@@ -18,8 +19,12 @@ pytestmark = pytest.mark.unit
 
 
 def tfsync(*argv) -> int:
-    args = build_parser().parse_args(list(argv))
-    return args.func(args)
+    """``tfsync ARGV`` in this process, through the command line's one error handler."""
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        return main(list(argv))
+    finally:
+        signal.signal(signal.SIGTERM, saved)
 
 
 class Recording(Predictor):

@@ -15,7 +15,7 @@ import sys
 import time
 
 from .base import rundir
-from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, TfsyncError, codes_help, fail, interrupt
+from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, codes_help, fail, interrupt, report
 from .base.quiet import ENV_VERBOSE, end_process, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
@@ -421,23 +421,7 @@ def _main(argv: list, from_command_line: bool) -> int:
     try:
         return args.func(args)
     except Exception as e:
-        code = known_error(e)
-        if code is None:
-            raise
-        return fail(f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e),
-                    code)
-
-
-def known_error(e: BaseException) -> int | None:
-    """The exit code of an error tfsync reports in one line (a ``TfsyncError``, whose
-    message says what and what to do; a file-system error naming its path), or None for
-    a bug, which keeps its traceback."""
-    if isinstance(e, TfsyncError):
-        return e.exit_code
-    if isinstance(e, OSError) and e.filename:  # the file system: a path not writable, full, too long
-        return EXIT_FAILED
-    return None
-
+        return report(e)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ import grpc
 
 from tfsync.api import auth
 from tfsync.base import safefile
-from tfsync.base.exits import TfsyncError
+from tfsync.base.exits import BadInput, TfsyncError
 from tfsync.base.netns import is_loopback
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,13 @@ MAX_UNIX_PATH = 107   # bytes of a Unix socket's path (sockaddr_un.sun_path, les
 
 
 class TransportError(TfsyncError, RuntimeError):
-    """A server could not bind, or a TLS file could not be read."""
+    """A server could not bind, or could not be reached (exit 1). A failed call's errors are
+    ``tfsync.api.client``'s."""
+
+
+class TransportInputError(BadInput, TransportError, ValueError):
+    """What was given cannot be used (exit 2): a TLS file, an address, a non-loopback address
+    without ``allow_remote``, TLS settings the server does not share."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,15 @@ _OPTION = {"cert_file": "a certificate (--tls-cert)", "key_file": "a private key
 
 def _read(path: str | None, what: str) -> bytes:
     if not path:
-        raise TransportError(f"TLS needs {_OPTION[what]}, got none; pass a PEM file (TlsConfig({what}=PATH))")
+        raise TransportInputError(f"TLS needs {_OPTION[what]}, got none; pass a PEM file (TlsConfig({what}=PATH))")
     try:
         if what == "key_file":
             _check_key_mode(path)
         return safefile.read_regular(path, MAX_PEM_FILE, f"TLS {what}")
     except safefile.NotRegularFileError as e:
-        raise TransportError(f"TLS {what} {e}; expected a PEM file") from None
+        raise TransportInputError(f"TLS {what} {e}; expected a PEM file") from None
     except OSError as e:
-        raise TransportError(f"cannot read TLS {what} {path!r}: {e.strerror}; expected a PEM file") from None
+        raise TransportInputError(f"cannot read TLS {what} {path!r}: {e.strerror}; expected a PEM file") from None
 
 
 def _check_key_mode(path: str) -> None:
@@ -69,7 +75,7 @@ def _check_key_mode(path: str) -> None:
     whoever read it can pose as this server. Certificates are public."""
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077:
-        raise TransportError(f"TLS key_file {path!r} has mode {mode:04o}: group or others can read it; expected "
+        raise TransportInputError(f"TLS key_file {path!r} has mode {mode:04o}: group or others can read it; expected "
                              f"0600; fix: chmod 600 {path!r}, or better, make a new key since this one may have "
                              "been read")
 
@@ -78,7 +84,8 @@ def _check_ca(path: str, what: str = "ca_file") -> None:
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
     except ssl.SSLError:
-        raise TransportError(f"TLS {what} {path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+        raise TransportInputError(f"TLS {what} {path!r} holds no PEM certificate "
+                                  "(-----BEGIN CERTIFICATE-----)") from None
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -89,9 +96,9 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls.cert_file, tls.key_file)
     except ssl.SSLError as e:
         if e.reason == "KEY_VALUES_MISMATCH":
-            raise TransportError(f"TLS key_file {tls.key_file!r} does not match cert_file {tls.cert_file!r}; "
+            raise TransportInputError(f"TLS key_file {tls.key_file!r} does not match cert_file {tls.cert_file!r}; "
                                  "pass the key the certificate was made for") from None
-        raise TransportError(f"TLS key_file {tls.key_file!r} is not an unencrypted PEM private key "
+        raise TransportInputError(f"TLS key_file {tls.key_file!r} is not an unencrypted PEM private key "
                              f"(-----BEGIN PRIVATE KEY-----): {e.reason or e}") from None
     return grpc.ssl_server_credentials([(key, cert)])
 
@@ -106,7 +113,7 @@ def split_address(address: str) -> tuple[str, int]:
     """``"host:port"`` or ``"[v6]:port"`` -> (host, port)."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"address {address!r} is not HOST:PORT with a port in 0..65535; e.g. 127.0.0.1:0")
+        raise TransportInputError(f"address {address!r} is not HOST:PORT with a port in 0..65535; e.g. 127.0.0.1:0")
     return host.strip("[]"), int(port)
 
 
@@ -141,7 +148,7 @@ def check_listen(listen: str, allow_remote: bool, tls: TlsConfig | None, warn: b
     host, _ = split_address(listen)
     if not is_loopback(host):
         if not allow_remote:
-            raise TransportError(f"refusing to listen on {listen!r}: not a loopback address; expected "
+            raise TransportInputError(f"refusing to listen on {listen!r}: not a loopback address; expected "
                                  f"{DEFAULT_HOST}:PORT, or pass allow_remote=True (and TLS) to serve other machines")
         if tls is None and warn:
             logger.warning("listening on %s without TLS: tokens and commands cross the network in "
@@ -187,13 +194,15 @@ def make_channel(target: str, *, token: str, tls: TlsConfig | None = None, optio
 def wait_ready(channel: grpc.Channel, timeout: float, what: str = "server", *, target: str | None = None,
                tls: TlsConfig | None = None, options: tuple[str, str] = ("--ca", "--server-name")) -> None:
     """Block until ``channel`` connects, or raise TransportError after ``timeout`` seconds;
-    given the channel's ``target`` and ``tls``, the error names a TLS mismatch as the cause."""
+    given the channel's ``target`` and ``tls``, the error names a TLS mismatch as the cause
+    (then a TransportInputError: the client's TLS settings are not the server's)."""
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
         cause = diagnose(target, tls, options) if target else ""
-        raise TransportError(f"{what} not reachable within {timeout:.1f} s; "
-                             + (cause or "check that it runs and the address, or raise the timeout")) from None
+        error = TransportInputError if cause else TransportError
+        raise error(f"{what} not reachable within {timeout:.1f} s; "
+                    + (cause or "check that it runs and the address, or raise the timeout")) from None
 
 
 def diagnose(target: str, tls: TlsConfig | None, options: tuple[str, str] = ("--ca", "--server-name")) -> str:

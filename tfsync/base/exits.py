@@ -31,7 +31,8 @@ class TfsyncError(Exception):
     the environment) unless the class says ``EXIT_BAD_INPUT`` (what was asked cannot
     be); ``field``: the job-file field or option it is about, where there is one. The
     command line turns any of them into ``tfsync: error: <message>`` and the code
-    (``tfsync.cli.main``); nothing else maps exception types to codes."""
+    (``report``, which ``tfsync.cli.main`` and the hook's main call); nothing else maps
+    exception types to codes."""
 
     exit_code = EXIT_FAILED
     field: str | None = None
@@ -47,6 +48,26 @@ def shown(value, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, for one-line messages about what a caller sent."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 4] + "...'"
+
+
+def known_error(e: BaseException) -> int | None:
+    """The exit code of an error tfsync reports in one line (a ``TfsyncError``, whose
+    message says what and what to do; a file-system error naming its path), or None for
+    a bug, which keeps its traceback."""
+    if isinstance(e, TfsyncError):
+        return e.exit_code
+    if isinstance(e, OSError) and e.filename:  # the file system: a path not writable, full, too long
+        return EXIT_FAILED
+    return None
+
+
+def report(e: BaseException) -> int:
+    """A command's end by the error ``e``: its one line on stderr and its exit code
+    (``known_error``); a bug is raised again, with its traceback."""
+    code = known_error(e)
+    if code is None:
+        raise e
+    return fail(f"cannot use {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e), code)
 
 
 def fail(message: str, code: int) -> int:

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import inspect
 
+from .exits import BadInput
+
+
+class RegistryError(BadInput, ValueError):
+    """A name or an option no registry entry has (exit 2); the message lists the valid ones."""
+
 
 def split(spec, options: dict) -> tuple:
     """(name, options) of a name or of a dict with ``name`` and options (``options`` win)."""
@@ -28,14 +34,14 @@ def build(registry: dict, spec, base: type, what: str, **options):
     instance (returned as is, with no options allowed)."""
     if isinstance(spec, base):
         if options:
-            raise ValueError(f"options {sorted(options)} given with a ready {what} instance")
+            raise RegistryError(f"options {sorted(options)} given with a ready {what} instance")
         return spec
     name, options = split(spec, options)
     cls = registry.get(str(name).lower()) if name is not None else None
     if cls is None:
-        raise ValueError(f"unknown {what} {name!r}; valid: {', '.join(sorted(registry))}")
+        raise RegistryError(f"unknown {what} {name!r}; valid: {', '.join(sorted(registry))}")
     takes = params(cls)
     unknown = sorted(set(options) - takes)
     if unknown:
-        raise ValueError(f"{what} {name!r} takes no option {unknown[0]!r}; valid: {', '.join(sorted(takes))}")
+        raise RegistryError(f"{what} {name!r} takes no option {unknown[0]!r}; valid: {', '.join(sorted(takes))}")
     return cls(**options)

@@ -30,19 +30,19 @@ import os
 import stat
 import time
 from . import safefile
-from .exits import TfsyncError
+from .exits import BadInput, TfsyncError
 
 FIELD = "job.run_dir"
 LOCK = ".tfsync.lock"
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/proc", "/sys", "/dev")
 
 
-class RunDirError(TfsyncError):
-    """A run directory tfsync will not use; ``exit_code``: 2 for a bad path, 1 for one in use."""
+class RunDirError(BadInput):
+    """A run directory tfsync will not use: a link, a system directory, another user's (exit 2)."""
 
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code
+
+class RunDirInUse(TfsyncError):
+    """A run directory another tfsync process holds (exit 1): it may be free later."""
 
 
 def resolve(path: str, field: str = FIELD) -> str:
@@ -119,8 +119,8 @@ class RunLock:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
-            raise RunDirError(f"{os.path.dirname(self.path)} is in use by {holder}; wait for it to end, "
-                              f"or give this run another {FIELD}", exit_code=1) from None
+            raise RunDirInUse(f"{os.path.dirname(self.path)} is in use by {holder}; wait for it to end, "
+                              f"or give this run another {FIELD}") from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "what": self.what, "started": time.time()}).encode())
         self.fd = fd

@@ -27,6 +27,10 @@ class UnsafePathError(TfsyncError, OSError):
     """A path tfsync would write through is a symbolic link."""
 
 
+class NotPrivateError(BadInput, UnsafePathError):
+    """A folder given to tfsync is not this user's alone (exit 2: choose another)."""
+
+
 class NotRegularFileError(BadInput, ValueError):
     """A file to be read whole is not a regular file (a FIFO, device, socket or
     directory), or is larger than its limit; the message names the path."""
@@ -96,7 +100,7 @@ def others_may_replace(st: os.stat_result) -> bool:
 
 def private_dir(path: str | os.PathLike) -> str:
     """The folder ``path``, made 0700 where missing; an existing one that is not this
-    user's alone (:func:`not_private`) raises UnsafePathError naming it. Nothing is
+    user's alone (:func:`not_private`) raises NotPrivateError naming it. Nothing is
     followed: a link there is refused."""
     path = os.path.abspath(os.fspath(path))
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -104,7 +108,7 @@ def private_dir(path: str | os.PathLike) -> str:
         os.mkdir(path, 0o700)
     problem = not_private(path, os.lstat(path))
     if problem:
-        raise UnsafePathError(f"{problem}; tfsync keeps its files in folders of its own user's only: remove it or "
+        raise NotPrivateError(f"{problem}; tfsync keeps its files in folders of its own user's only: remove it or "
                               "choose another")
     return path
 

@@ -10,7 +10,7 @@ import os
 import uuid
 from pathlib import Path
 
-from tfsync.base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
+from tfsync.base.exits import EXIT_INTERRUPTED, BadInput
 from tfsync.commands.lookup import ControlError, NotRunning, locate
 
 
@@ -41,9 +41,10 @@ def client_tls(args, info: dict | None = None):
 
 
 def _stub(args):
-    import grpc
-
-    from tfsync.api import transport
+    """The job's manager (a ``tfsync.api.client.Client``: its calls raise tfsync errors) and
+    its manager.json; NotRunning where it does not answer, a TransportInputError (exit 2)
+    where it answers TLS this client does not speak."""
+    from tfsync.api import client, transport
     from tfsync.api.v1 import manager_pb2_grpc
 
     info, token = locate(args.target)
@@ -52,33 +53,33 @@ def _stub(args):
         channel = transport.make_channel(info["address"], token=token, tls=tls)
         transport.wait_ready(channel, 5.0, f"the manager of job {info['job_id']} at {info['address']}",
                              target=info["address"], tls=tls)
+    except transport.TransportInputError:
+        raise
     except transport.TransportError as e:
-        if "TLS" in str(e):
-            raise ControlError(str(e)) from None
         raise NotRunning(f"{e} (the run may have ended)", info) from None
-    return manager_pb2_grpc.ManagerStub(channel), info, grpc
+    return client.Client(manager_pb2_grpc.ManagerStub(channel)), info
 
 
 def _call(args, make, ended=None):
     """Send one control call; print the answer (JSON with --json). ``ended(args, NotRunning)``
-    answers instead where no manager does (default: one line, exit 2)."""
+    answers instead where no manager does (default: NotRunning, one line, exit 2); a refused
+    call raises the manager's own line (``tfsync.api.client``)."""
     from google.protobuf.json_format import MessageToDict
+
+    from tfsync.api import client
 
     info = {}
     try:
-        stub, info, grpc = _stub(args)
+        stub, info = _stub(args)
         reply = make(stub, info["job_id"])
     except NotRunning as e:
-        return ended(args, e) if ended else fail(str(e), EXIT_BAD_INPUT)
-    except ControlError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    except Exception as e:  # grpc.RpcError: the manager's own message
-        if hasattr(e, "code"):
-            if ended and e.code().name == "UNAVAILABLE":  # it ended after it answered wait_ready
-                return ended(args, NotRunning(f"the manager of job {info['job_id']} has gone: {e.details()}", info))
-            return fail(f"{e.code().name}: {e.details()}", EXIT_BAD_INPUT if e.code().name in
-                        ("INVALID_ARGUMENT", "NOT_FOUND") else EXIT_FAILED)
-        raise
+        if ended is None:
+            raise
+        return ended(args, e)
+    except client.Unreachable as e:
+        if ended is None or e.code != "UNAVAILABLE":
+            raise
+        return ended(args, NotRunning(f"the manager of job {info['job_id']} has gone: {e.details}", info))
     d = MessageToDict(reply, preserving_proto_field_name=True)
     print(json.dumps(d, indent=2) if args.json else _text(d))
     return 0
@@ -106,7 +107,7 @@ def _option(text: str) -> tuple[str, object]:
 
     name, sep, value = text.partition("=")
     if not sep or not name.strip():
-        raise ValueError(f"--option {text!r}: expected NAME=VALUE, e.g. depth=3")
+        raise BadInput(f"--option {text!r}: expected NAME=VALUE, e.g. depth=3")
     try:
         return name.strip(), tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -118,13 +119,10 @@ def cmd_switch(args):
     from tfsync.policy import catalogue
 
     method = manager_pb2.SWITCH_METHOD_RESTART if args.method == "restart" else manager_pb2.SWITCH_METHOD_HOT
-    try:
-        given = dict(_option(text) for text in args.option)
-        if args.staleness is not None:
-            given["staleness"] = args.staleness
-        options = catalogue.to_numbers(given)
-    except ValueError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    given = dict(_option(text) for text in args.option)
+    if args.staleness is not None:
+        given["staleness"] = args.staleness
+    options = catalogue.to_numbers(given)
     if args.lr_scale is not None:
         options["lr_scale"] = float(args.lr_scale)
     return _call(args, lambda s, j: s.Switch(manager_pb2.SwitchRequest(
@@ -147,26 +145,22 @@ def cmd_checkpoint(args):
 def cmd_scale(args):
     from tfsync.api.v1 import manager_pb2
     from tfsync.policy.commands import check_workers
-    try:
-        check_workers(args.workers)   # the manager's and the engine's check
-    except ValueError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    check_workers(args.workers)   # the manager's and the engine's check
     return _call(args, lambda s, j: s.Scale(manager_pb2.ScaleRequest(
         request_id=uuid.uuid4().hex, job_id=j, workers=args.workers), timeout=SLOW_COMMAND_S))
 
 
-def out_of_range(name: str, values, lo: int, hi: int) -> str | None:
-    """Why an integer argument is refused before any call (the message request fields
-    would otherwise raise past their 32 or 64 bits), or None."""
+def check_range(name: str, values, lo: int, hi: int, why: str = "") -> None:
+    """BadInput where an integer argument is refused before any call (the message's request
+    fields would otherwise raise past their 32 or 64 bits)."""
     bad = next((v for v in values if not lo <= v <= hi), None)
-    return None if bad is None else f"{name} {bad}: expected an integer from {lo} to {hi}"
+    if bad is not None:
+        raise BadInput(f"{name} {bad}: expected an integer from {lo} to {hi}{why}")
 
 
 def cmd_batch_sizes(args):
     from tfsync.api.v1 import manager_pb2
-    problem = out_of_range("batch size", args.sizes, -INT32_MAX - 1, INT32_MAX)   # what the request can carry
-    if problem:
-        return fail(f"{problem} (one per worker)", EXIT_BAD_INPUT)
+    check_range("batch size", args.sizes, -INT32_MAX - 1, INT32_MAX, " (one per worker)")   # what the request carries
     return _call(args, lambda s, j: s.SetBatchSizes(manager_pb2.SetBatchSizesRequest(
         request_id=uuid.uuid4().hex, job_id=j, batch_sizes=args.sizes), timeout=COMMAND_S))
 
@@ -177,11 +171,11 @@ def cmd_metrics(args):
 
     from tfsync.api.v1 import manager_pb2
 
-    problem = out_of_range("--from-step", [args.from_step], 0, INT64_MAX)
-    if problem:
-        return fail(problem, EXIT_BAD_INPUT)
+    from tfsync.api import client
+
+    check_range("--from-step", [args.from_step], 0, INT64_MAX)
     try:
-        stub, info, grpc = _stub(args)
+        stub, info = _stub(args)
         for rec in stub.StreamMetrics(manager_pb2.StreamMetricsRequest(job_id=info["job_id"],
                                                                        from_step=args.from_step)):
             if args.json:
@@ -192,16 +186,12 @@ def cmd_metrics(args):
                 speed = rec.batch_size / max(rec.end - rec.start, 1e-9)
                 print(f"step {rec.step:>7}  worker {rec.worker}  batch {rec.batch_size:>4}  {speed:>9,.0f} samples/s  "
                       f"loss {rec.loss:.4f}  {rec.protocol}  samples {rec.samples}", flush=True)
-    except ControlError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except Exception as e:  # grpc.RpcError: the manager's own message
-        if hasattr(e, "code"):
-            if e.code().name == "UNAVAILABLE":
-                return 0  # the run ended and its manager with it
-            return fail(f"{e.code().name}: {e.details()}", EXIT_FAILED)
-        raise
+    except client.Unreachable as e:
+        if e.code != "UNAVAILABLE":
+            raise
+        return 0  # the run ended and its manager with it
     return 0
 
 
@@ -215,22 +205,19 @@ def cmd_manager(args):
     from tfsync.manager.home import default_store, home
 
     token_file = Path(args.token_file or home() / "manager.token").expanduser()
-    try:
-        token = auth.read_token(token_file) if token_file.exists() else auth.write_token(token_file)
-        tls = None
-        if args.tls_cert or args.tls_key:  # its coordinators check the certificate with --tls-ca
-            ca = args.tls_ca or args.tls_cert
-            tls = transport.TlsConfig(args.tls_cert, args.tls_key, ca and os.path.abspath(ca), args.tls_server_name)
-            transport.server_credentials(tls)
-            transport.channel_credentials(tls)
-        elif args.tls_ca or args.tls_server_name:
-            raise transport.TransportError("--tls-ca and --tls-server-name need --tls-cert and --tls-key")
-        store = args.store or default_store()
-        Path(store).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
-                                             home=home(), tls=tls, allow_remote=args.allow_remote)
-    except (auth.TokenFileError, transport.TransportError, ValueError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    token = auth.read_token(token_file) if token_file.exists() else auth.write_token(token_file)
+    tls = None
+    if args.tls_cert or args.tls_key:  # its coordinators check the certificate with --tls-ca
+        ca = args.tls_ca or args.tls_cert
+        tls = transport.TlsConfig(args.tls_cert, args.tls_key, ca and os.path.abspath(ca), args.tls_server_name)
+        transport.server_credentials(tls)
+        transport.channel_credentials(tls)
+    elif args.tls_ca or args.tls_server_name:
+        raise BadInput("--tls-ca and --tls-server-name need --tls-cert and --tls-key")
+    store = args.store or default_store()
+    Path(store).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    server, service, port = daemon.serve(args.listen, token=token, token_file=str(token_file), store_path=store,
+                                         home=home(), tls=tls, allow_remote=args.allow_remote)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the banner: whoever read it may stop us at once
         signal.signal(sig, lambda *_: done.set())
@@ -249,35 +236,22 @@ def cmd_submit(args):
     import dataclasses
     import os
 
-    import grpc
-
-    from tfsync.api import auth, transport
+    from tfsync.api import auth, client, transport
     from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
     from tfsync.job.config import load_job
-    from tfsync.job.errors import ConfigError
+    from tfsync.manager.home import home
 
-    try:
-        cfg = load_job(args.job, overrides=args.set)
-        paths = {"run_dir": os.path.abspath(cfg.job.run_dir)}
-        data = dataclasses.replace(cfg.data, path=os.path.abspath(args.data or cfg.data.path)) \
-            if (args.data or cfg.data.path) else cfg.data
-        cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, **paths), data=data)
-        from tfsync.manager.home import home
-        token = auth.read_token(os.path.expanduser(args.token_file or home() / "manager.token"))
-        tls = client_tls(args)
-        channel = transport.make_channel(args.manager, token=token, tls=tls)  # a bad --ca: bad input
-    except (ConfigError, auth.TokenFileError, transport.TransportError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    try:
-        transport.wait_ready(channel, 10.0, f"the manager at {args.manager}", target=args.manager, tls=tls)
-    except transport.TransportError as e:
-        return fail(str(e), EXIT_FAILED)
-    try:
-        status = manager_pb2_grpc.ManagerStub(channel).SubmitJob(manager_pb2.SubmitJobRequest(
-            request_id=uuid.uuid4().hex, name=cfg.job.name, config_json=json.dumps(cfg.to_dict())), timeout=30)
-    except grpc.RpcError as e:
-        return fail(f"{e.code().name}: {e.details()}",
-                    EXIT_BAD_INPUT if e.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED)
+    cfg = load_job(args.job, overrides=args.set)
+    paths = {"run_dir": os.path.abspath(cfg.job.run_dir)}
+    data = dataclasses.replace(cfg.data, path=os.path.abspath(args.data or cfg.data.path)) \
+        if (args.data or cfg.data.path) else cfg.data
+    cfg = dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, **paths), data=data)
+    token = auth.read_token(os.path.expanduser(args.token_file or home() / "manager.token"))
+    tls = client_tls(args)
+    channel = transport.make_channel(args.manager, token=token, tls=tls)  # a bad --ca: bad input
+    transport.wait_ready(channel, 10.0, f"the manager at {args.manager}", target=args.manager, tls=tls)
+    status = client.Client(manager_pb2_grpc.ManagerStub(channel)).SubmitJob(manager_pb2.SubmitJobRequest(
+        request_id=uuid.uuid4().hex, name=cfg.job.name, config_json=json.dumps(cfg.to_dict())), timeout=30)
     if args.json:
         from google.protobuf.json_format import MessageToDict
         print(json.dumps(MessageToDict(status, preserving_proto_field_name=True), indent=2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..base.exits import EXIT_BAD_INPUT, fail
+from ..base.exits import EXIT_BAD_INPUT, BadInput, fail
 from ..predict.score import COLUMNS
 
 
@@ -50,17 +50,23 @@ def add_commands(sub) -> None:
 
 
 def load_input(args) -> dict:
-    """``{worker: {"speed", "cpu", "mem"}}`` from a series or a trace (args as parsed)."""
+    """``{worker: {"speed", "cpu", "mem"}}`` from a series or a trace (args as parsed);
+    BadInput for an input that cannot be read."""
     import os
 
     from ..base.traces import load_cpu_traces
     from ..predict.score import is_series, load_series, series_from_trace
 
-    if not os.path.isdir(args.input) and is_series(args.input):
-        series = load_series(args.input)
-    else:
-        traces = load_cpu_traces(args.input, args.workers, format=args.format, step=args.step,
-                                 gaps=args.gaps, max_gap=args.max_gap)
+    try:
+        if not os.path.isdir(args.input) and is_series(args.input):
+            series = load_series(args.input)
+            traces = None
+        else:
+            traces = load_cpu_traces(args.input, args.workers, format=args.format, step=args.step,
+                                     gaps=args.gaps, max_gap=args.max_gap)
+    except OSError as e:   # the file named on the command line: bad input
+        raise BadInput(f"cannot read {e.filename or args.input}: {e.strerror or e}") from None
+    if traces is not None:
         series = {w: series_from_trace(t, every=args.every, jitter=args.jitter, readings=args.readings,
                                        steps=args.steps, seed=args.seed + w) for w, t in enumerate(traces)}
     if args.workers:
@@ -80,17 +86,12 @@ def cmd_score(args) -> int:
                         ("--steps", args.steps)):
         if value is not None and value < (0 if name == "--skip" else 1):
             return fail(f"{name} must be >= {0 if name == '--skip' else 1}, got {value}", EXIT_BAD_INPUT)
-    try:
-        series = load_input(args)
-        t0 = time.perf_counter()
-        rows, preds = score(series, specs, skip=args.skip, warmup=args.warmup,
-                            progress=lambda r: print(f"  {r['predictor']:24s} RMSE {r['rmse']:10.4g}  "
-                                                     f"({r['nrmse_pct']:.2f} % of the mean) "
-                                                     f"{time.perf_counter() - t0:7.1f} s", flush=True))
-    except OSError as e:
-        return fail(f"cannot read {e.filename or args.input}: {e.strerror or e}", EXIT_BAD_INPUT)
-    except ValueError as e:  # TraceError, SeriesError, bad predictor names or options
-        return fail(str(e), EXIT_BAD_INPUT)
+    series = load_input(args)
+    t0 = time.perf_counter()
+    rows, preds = score(series, specs, skip=args.skip, warmup=args.warmup,
+                        progress=lambda r: print(f"  {r['predictor']:24s} RMSE {r['rmse']:10.4g}  "
+                                                 f"({r['nrmse_pct']:.2f} % of the mean) "
+                                                 f"{time.perf_counter() - t0:7.1f} s", flush=True))
     steps = {w: len(d["speed"]) for w, d in series.items()}
     print(f"{len(steps)} worker(s), {sum(steps.values())} steps, scored from step {args.skip}")
     width = max(len("predictor"), *(len(s) for s in specs))

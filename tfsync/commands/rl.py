@@ -104,10 +104,7 @@ def cmd_eval(args) -> int:
                     EXIT_BAD_INPUT)
     if "rlp" in policies:
         from ..policy.rlp import QNetwork
-        try:
-            QNetwork.load(args.model)
-        except (ValueError, FileNotFoundError) as e:
-            return fail(str(e), EXIT_BAD_INPUT)
+        QNetwork.load(args.model)   # a file that is not a policy: one line, before any work
     bar = None if (args.quiet or args.json) else progress_bar()
     rows = evaluate(policies, _spec(args), range(args.first_seed, args.first_seed + args.seeds),
                     args.model, processes=args.processes, progress=bar)

@@ -23,7 +23,7 @@ import sys
 import time
 
 from ..base import rundir
-from ..base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, fail
+from ..base.exits import EXIT_FAILED, EXIT_INTERRUPTED, BadInput, TfsyncError, fail
 from ..switch.plan import SwitchPlan
 
 EVALS_PER_RUN = 20  # when the job file sets no train.eval_every: the curve's resolution
@@ -107,10 +107,18 @@ def trial_config(cfg, fraction: float, run: int):
                                switch=switch)
 
 
+class TrialScoreError(BadInput, ValueError):
+    """A trial reports nothing the search can compare (exit 2): no test accuracy, no test loss > 0."""
+
+
+class TrialFailed(TfsyncError, RuntimeError):
+    """A trial's process failed (exit 1); the trials done before it are stored."""
+
+
 def trial_score(summary: dict) -> tuple[float, str]:
     """(score, metric) of a trial: its converged test accuracy ("accuracy") where the job
     reports one; else -ln of its converged test loss ("neg_log_loss": higher is better, and
-    a margin beta on it is a relative margin exp(beta) on the loss). ValueError when
+    a margin beta on it is a relative margin exp(beta) on the loss). TrialScoreError when
     neither can be had."""
     from ..base.curves import converged_accuracy
     if summary.get("converged_accuracy") is not None:
@@ -118,16 +126,16 @@ def trial_score(summary: dict) -> tuple[float, str]:
     losses = [e["loss"] for e in summary.get("evals", []) if e.get("loss") is not None]
     loss = converged_accuracy(losses) if losses else summary.get("test_loss")  # the same convergence rule
     if loss is None:
-        raise ValueError("tfsync search compares test accuracy, or the test loss where there is none, and this "
+        raise TrialScoreError("tfsync search compares test accuracy, or the test loss where there is none, and this "
                          "job reports neither (give the data function test arrays, or [data] validation)")
     if not (math.isfinite(loss) and loss > 0):
-        raise ValueError(f"tfsync search compares -ln(test loss) where a job has no accuracy, and a trial's "
-                         f"converged test loss is {loss!r} (not > 0)")
+        raise TrialScoreError(f"tfsync search compares -ln(test loss) where a job has no accuracy, and a trial's "
+                              f"converged test loss is {loss!r} (not > 0)")
     return -math.log(loss), "neg_log_loss"
 
 
 def run_trial_process(cfg, data_path: str | None) -> dict:
-    """Train ``cfg`` in a child process; its summary. Raises RuntimeError on failure."""
+    """Train ``cfg`` in a child process; its summary. TrialFailed on failure."""
     request = {"config": cfg.to_dict(), "data": data_path, "evals_per_run": EVALS_PER_RUN}
     out = os.path.join(cfg.job.run_dir + ".summary.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -147,7 +155,8 @@ def run_trial_process(cfg, data_path: str | None) -> dict:
         raise
     if proc.returncode != 0:
         tail = (err.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"trial in {cfg.job.run_dir} failed (exit {proc.returncode}): {tail}")
+        raise TrialFailed(f"trial in {cfg.job.run_dir} failed (exit {proc.returncode}): {tail}; the trials done "
+                          "so far are stored: run the same command to resume")
     with open(out) as f:
         return json.load(f)
 
@@ -265,20 +274,16 @@ def _signed(config: dict) -> dict[str, str]:
 
 def cmd_search(args) -> int:
     from ..job.config import load_job
-    from ..job.errors import ConfigError
     from ..base.progress import progress_bar
     from ..switch.search import SearchSettings, binary_search
     from ..switch.trials import JobStoreTrials, TrialResult, config_signature
 
-    try:
-        cfg = load_job(args.job, overrides=args.set)
-        if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
-            raise ValueError(f"--target-loss {args.target_loss}: must be a test loss > 0")
-        target = args.target if args.target_loss is None else -math.log(args.target_loss)  # on the score's scale
-        settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0,
-                                  ends=args.ends)
-    except (ConfigError, ValueError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    cfg = load_job(args.job, overrides=args.set)
+    if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
+        raise BadInput(f"--target-loss {args.target_loss}: must be a test loss > 0")
+    target = args.target if args.target_loss is None else -math.log(args.target_loss)  # on the score's scale
+    settings = SearchSettings(beta=args.beta, settings=args.settings, runs=args.runs, target=target, seed=0,
+                              ends=args.ends)
     signature = config_signature(cfg.to_dict())
     with open_store(args.store) as store, contextlib.ExitStack() as held:
         if args.show:
@@ -313,12 +318,12 @@ def cmd_search(args) -> int:
             summary = run_trial_process(tcfg, args.data)
             try:
                 score, metric = trial_score(summary)
-            except ValueError as e:
-                raise ValueError(f"{args.job}: {e}") from None
+            except TrialScoreError as e:
+                raise TrialScoreError(f"{args.job}: {e}") from None
             if expect and metric != expect:
-                raise ValueError(f"{args.job}: " + ("this job reports no test accuracy: give --target-loss, not "
-                                                    "--target" if expect == "accuracy" else "this job reports a test "
-                                                    "accuracy: give --target, not --target-loss"))
+                raise TrialScoreError(f"{args.job}: " + (
+                    "this job reports no test accuracy: give --target-loss, not --target" if expect == "accuracy"
+                    else "this job reports a test accuracy: give --target, not --target-loss"))
             key = "accuracy" if metric == "accuracy" else "loss"
             curve = [[e["time"], e[key]] for e in summary.get("evals", []) if e.get(key) is not None]
             return TrialResult(score, float(summary["wall_s"]),
@@ -344,12 +349,9 @@ def cmd_search(args) -> int:
             store.set_job_state(job.id, "stopped")
             return fail(f"search interrupted; {done['n']} trials are stored. Run the same command to resume",
                         EXIT_INTERRUPTED)
-        except ValueError as e:
+        except BaseException:
             store.set_job_state(job.id, "failed")
-            return fail(str(e), EXIT_BAD_INPUT)
-        except RuntimeError as e:
-            store.set_job_state(job.id, "failed")
-            return fail(f"{e}; the trials done so far are stored: run the same command to resume", EXIT_FAILED)
+            raise
         detail = {**describe(result, settings, done["metric"] or "accuracy"), "scaled": done["scaled"]}
         store.set_switch_point(signature, result.fraction, detail)
         store.set_job_state(job.id, "done")

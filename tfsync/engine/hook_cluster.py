@@ -29,9 +29,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
-from tfsync.api import transport
+from tfsync.api import client, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import isolation, netns
 from tfsync.base.netns import is_loopback
@@ -96,7 +94,7 @@ class HookNodes:
         """A NodeHook stub of ``hook`` on a channel of its own, closed after the block."""
         channel = transport.make_channel(self.hooks[hook][0], token=self.hooks[hook][1], tls=self.tls)
         try:
-            yield node_hook_pb2_grpc.NodeHookStub(channel)
+            yield client.Client(node_hook_pb2_grpc.NodeHookStub(channel))
         finally:
             channel.close()
 
@@ -109,11 +107,10 @@ class HookNodes:
                 reply = stub.FreePorts(node_hook_pb2.FreePortsRequest(first=self.ports[0], last=self.ports[1],
                                                                       count=count), timeout=HEALTH_TIMEOUT_S)
             return list(reply.ports)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise ClusterError(f"hook {self.hooks[hook][0]}: FreePorts failed: {e.code().name}: "
-                                   f"{e.details()}") from None
+        except client.Unsupported:
             return self._remote_ports(hook, host, count)
+        except client.CallFailed as e:
+            raise ClusterError(f"hook {self.hooks[hook][0]}: FreePorts failed: {e}") from None
 
     def _remote_ports(self, hook: int, host: str, count: int) -> list[int]:
         first, last = self.ports
@@ -163,13 +160,13 @@ class HookNodes:
             with self._stub(hook) as stub:
                 stub.Health(node_hook_pb2.HealthRequest(), timeout=timeout)
             return True
-        except grpc.RpcError as e:
-            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                return True   # it answered (a wrong token, TLS...): the launch says what is wrong
+        except client.Unreachable as e:
             if say:
                 logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
-                               self.hooks[hook][0], e.code().name)
+                               self.hooks[hook][0], e.code)
             return False
+        except client.CallFailed:
+            return True   # it answered (a wrong token, TLS...): the launch says what is wrong
 
     def has_hook(self, address: str) -> bool:
         return any(a == address for a, _ in self.hooks)
@@ -194,11 +191,10 @@ class HookNodes:
         try:   # (with cluster.tls_ca, the hook's certificate is checked before the token is sent)
             with self._stub(len(self.hooks) - 1) as stub:
                 stub.Health(node_hook_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
-        except grpc.RpcError as e:
+        except client.CallFailed as e:
             self.remove_hook(address)
             why = ("refused the job's hook token (cluster.token_file): start it with the same --token-file"
-                   if e.code() == grpc.StatusCode.UNAUTHENTICATED else
-                   f"does not answer from here ({e.code().name}: {e.details()})")
+                   if isinstance(e, client.TokenRefused) else f"does not answer from here ({e})")
             raise ValueError(f"hook {address} {why}") from None
         logger.info("hook %s joined the job's nodes", address)
 
@@ -270,9 +266,8 @@ class HookNodes:
                 with self._stub(hook) as stub:
                     stub.StopTasks(node_hook_pb2.StopTasksRequest(job_id=job_id), timeout=30.0)
                 logger.info("stopped the tasks %s had left on %s", job_id, self.hooks[hook][0])
-            except grpc.RpcError as e:
-                logger.warning("could not stop the tasks %s left on %s: %s", job_id, self.hooks[hook][0],
-                               e.code().name)
+            except client.CallFailed as e:
+                logger.warning("could not stop the tasks %s left on %s: %s", job_id, self.hooks[hook][0], e.code)
 
     def close(self) -> None:
         """End the background probe (the engine's end), waiting out a probe call in flight."""
@@ -465,9 +460,9 @@ class HookCluster:
                     readings = workers_of(sample)
                     with self._readings_lock:
                         self._readings.update(readings)
-            except Exception as e:  # noqa: BLE001 - cancelled at stop, or the node is gone: no more readings
-                if hasattr(e, "code") and e.code() == grpc.StatusCode.CANCELLED:
-                    return
+            except client.Cancelled:
+                return   # at stop
+            except Exception as e:  # noqa: BLE001 - the node is gone: no more readings
                 logger.debug("resource stream of %s ended: %s", self.job_id, e)
             if stub is None or self._stopped.wait(1.0):
                 return

@@ -26,9 +26,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
-
-from tfsync.api import transport
+from tfsync.api import client, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import safefile
 from tfsync.base.exits import TfsyncError
@@ -144,7 +142,7 @@ class HookLauncher:
             raise ValueError("files to stage need a stage_id (the job's stage directory on each node)")
         self.tls = tls
         self._channels = [transport.make_channel(a, token=t, tls=tls) for a, t in hooks]
-        self._stubs = [node_hook_pb2_grpc.NodeHookStub(c) for c in self._channels]
+        self._stubs = [client.Client(node_hook_pb2_grpc.NodeHookStub(c)) for c in self._channels]
         self.spec: dict | None = None
         self.assignment: dict[tuple[str, int], int] = {}       # task -> hook index
         self.status: dict[tuple[str, int], common_pb2.TaskStatus] = {}
@@ -198,20 +196,17 @@ class HookLauncher:
             raise errors[0]
         return [r for r, _ in outcomes]
 
-    def _rpc_error(self, hook: int, what: str, tasks, e: grpc.RpcError) -> LaunchError:
-        code = e.code() if hasattr(e, "code") else None
-        details = e.details() if hasattr(e, "details") else str(e)
+    def _rpc_error(self, hook: int, what: str, tasks, e: client.CallFailed) -> LaunchError:
         names = ", ".join(_name(t) for t in tasks) or "all tasks"
         hint = ""
-        if code == grpc.StatusCode.UNAUTHENTICATED:
+        if isinstance(e, client.TokenRefused):
             hint = "; the launcher's token for this hook is not the job token the hook was started with"
-        elif code == grpc.StatusCode.UNAVAILABLE:
+        elif e.code == "UNAVAILABLE":
             cause = transport.diagnose(self.addresses[hook], self.tls, ("cluster.tls_ca", "cluster.tls_server_name"))
             hint = f"; {cause}" if cause else "; is the hook running at that address (python -m tfsync.hooks.node)?"
-        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        elif e.code == "DEADLINE_EXCEEDED":
             hint = f"; raise timeout (now {self.timeout:.0f} s) on a loaded machine"
-        return LaunchError(f"hook {self.addresses[hook]}: {what} of {names} (job {self.job_id}) failed: "
-                           f"{code.name if code else 'error'}: {details}{hint}")
+        return LaunchError(f"hook {self.addresses[hook]}: {what} of {names} (job {self.job_id}) failed: {e}{hint}")
 
     def _check(self, hook: int, statuses, deadline: float, what: str) -> list[common_pb2.TaskStatus]:
         """Statuses of ``hook``'s tasks once all are RUNNING (polling Health while some are
@@ -238,7 +233,7 @@ class HookLauncher:
             wanted = {(s.task.job, s.task.index) for s in statuses}
             try:
                 health = self._stubs[hook].Health(node_hook_pb2.HealthRequest(), timeout=RPC_MARGIN_S)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, "Health", sorted(wanted), e) from None
             now = {(t.task.job, t.task.index): t for t in health.tasks if t.job_id == self.job_id}
             statuses = [now.get((s.task.job, s.task.index), s) for s in statuses]
@@ -250,7 +245,7 @@ class HookLauncher:
         def one(hook):
             try:
                 return self._stubs[hook].Health(node_hook_pb2.HealthRequest(), timeout=RPC_MARGIN_S)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, "Health", self.tasks_of(hook), e) from None
         used = sorted(set(self.assignment.values())) or list(range(len(self._stubs)))
         return self._run(one, used)
@@ -268,7 +263,7 @@ class HookLauncher:
             t0 = time.monotonic()
             try:
                 reply = self._stubs[hook].StageFile(chunks(), timeout=RPC_MARGIN_S + 60 + size / STAGE_MIN_RATE)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, f"StageFile of {name} for", self.tasks_of(hook), e) from None
             if not reply.existed:
                 logger.info("staged %s (%d bytes) on %s in %.2f s", name, size, self.addresses[hook],
@@ -303,7 +298,7 @@ class HookLauncher:
                 stage_id=self.stage_id, workdir=self.workdir)
             try:
                 reply = self._stubs[hook].StartTasks(request, timeout=self.timeout + RPC_MARGIN_S)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, "StartTasks", mine, e) from None
             for s in reply.tasks:   # recorded before the readiness check so stop() can see them
                 self.status[(s.task.job, s.task.index)] = s
@@ -368,7 +363,7 @@ class HookLauncher:
                 expected_pid=old.pid if old is not None else 0, wait_ready_s=self.timeout)
             try:
                 s = self._stubs[hook].RestartTask(request, timeout=self.timeout + RPC_MARGIN_S)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, "RestartTask", [task], e) from None
             self.status[task] = s
             s, = self._check(hook, [s], t0 + self.timeout, "RestartTask")
@@ -389,7 +384,7 @@ class HookLauncher:
             try:
                 reply = self._stubs[hook].StopTasks(node_hook_pb2.StopTasksRequest(job_id=self.job_id),
                                                     timeout=30.0 + RPC_MARGIN_S)
-            except grpc.RpcError as e:
+            except client.CallFailed as e:
                 raise self._rpc_error(hook, "StopTasks", self.tasks_of(hook), e) from None
             self.calls.append(CallTiming("stop", self.addresses[hook], ",".join(map(_name, self.tasks_of(hook))),
                                          time.monotonic() - t0))

@@ -13,19 +13,15 @@ from __future__ import annotations
 import time
 import uuid
 
-import grpc
-
-from tfsync.api import transport
+from tfsync.api import client, transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.base.exits import BadInput, TfsyncError
 
 REACH_S = 60.0      # how long a manager that does not answer yet is retried
 ANSWER_S = 330.0    # the manager waits 5 x 60 s for a scale to be carried out, a little less than this
 
-
 # what the manager answers when the job, or the manager itself, said no: the hook is not taken
-REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
-            grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+REFUSALS = (client.InvalidArgument, client.NotFound, client.Refused, client.TokenRefused)   # Refused: Unsupported too
 
 
 class JoinRefused(BadInput):
@@ -50,18 +46,18 @@ def announce(manager: str, token: str, hook_address: str, job_id: str = "", work
     channel = transport.make_channel(manager, token=token, tls=tls)
     deadline = time.monotonic() + reach_s
     try:
-        stub = manager_pb2_grpc.ManagerStub(channel)
+        stub = client.Client(manager_pb2_grpc.ManagerStub(channel))
         while True:
             try:
                 return stub.Join(request, timeout=ANSWER_S).message
-            except grpc.RpcError as e:
-                if e.code() in REFUSALS:
-                    raise JoinRefused(f"{e.code().name}: {e.details()}") from None
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise JoinUnknown(f"{e.code().name}: {e.details()}") from None
+            except REFUSALS as e:
+                raise JoinRefused(str(e)) from None
+            except client.CallFailed as e:
+                if e.code != "UNAVAILABLE":
+                    raise JoinUnknown(str(e)) from None
                 if time.monotonic() > deadline:
                     raise transport.TransportError(f"the manager at {manager} does not answer "
-                                                   f"({e.details()})") from None
+                                                   f"({e.details})") from None
                 time.sleep(1.0)
     finally:
         channel.close()

@@ -30,7 +30,7 @@ import psutil
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import forkserver, isolation, safefile
-from tfsync.base.exits import EXIT_BAD_INPUT, EXIT_FAILED, fail, interrupt
+from tfsync.base.exits import BadInput, fail, interrupt, report
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
@@ -280,7 +280,7 @@ def check_task_allow(task_allow) -> None:
         try:
             ipaddress.ip_network(a, strict=False)
         except ValueError:
-            raise ValueError(f"--task-allow {a!r} is not an IP address or network") from None
+            raise BadInput(f"--task-allow {a!r} is not an IP address or network") from None
 
 
 JOINED_ENV = "TFSYNC_HOOK_JOINED"   # set once this hook's --join was answered
@@ -292,26 +292,26 @@ def check_arguments(args, tls: transport.TlsConfig | None) -> None:
     leave a token behind for a hook that never starts."""
     try:
         transport.check_listen(args.listen, args.allow_remote, tls, warn=False)
-    except ValueError as e:
-        raise ValueError(f"--listen: {e}") from None
+    except transport.TransportInputError as e:
+        raise BadInput(f"--listen: {e}") from None
     check_task_allow(args.task_allow)
     if tls is not None:
         transport.server_credentials(tls)
     if not args.join:
         given = [f for f in ("job", "manager_token_file", "manager_ca", "advertise") if getattr(args, f)]
         if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} is for --join MANAGER")
+            raise BadInput(f"--{given[0].replace('_', '-')} is for --join MANAGER")
         return
     transport.split_address(args.join)
     if args.advertise:
         transport.split_address(args.advertise)
     elif transport.split_address(args.listen)[0] in ("0.0.0.0", "::"):
-        raise ValueError("--join: the hook tells the job its --listen address; listen on the address the job's "
+        raise BadInput("--join: the hook tells the job its --listen address; listen on the address the job's "
                          f"coordinator reaches, not {args.listen}, or give --advertise HOST:PORT")
     if not args.manager_token_file:
-        raise ValueError("--join needs --manager-token-file: the token of the manager it joins through")
+        raise BadInput("--join needs --manager-token-file: the token of the manager it joins through")
     if not 1 <= args.join_workers <= MAX_JOIN_WORKERS:
-        raise ValueError(f"--join-workers {args.join_workers}: expected 1..{MAX_JOIN_WORKERS}")
+        raise BadInput(f"--join-workers {args.join_workers}: expected 1..{MAX_JOIN_WORKERS}")
 
 
 def join_job(args, port: int, manager_token: str) -> int:
@@ -328,9 +328,9 @@ def join_job(args, port: int, manager_token: str) -> int:
     try:
         message = announce(args.join, manager_token, address, args.job or "", args.join_workers, manager_tls)
     except JoinRefused as e:
-        return fail(f"--join: the job did not take this hook: {e}", EXIT_BAD_INPUT)
+        return fail(f"--join: the job did not take this hook: {e}", e.exit_code)
     except transport.TransportError as e:
-        return fail(f"--join: {e}", EXIT_FAILED)
+        return fail(f"--join: {e}", e.exit_code)
     except JoinUnknown as e:   # the job may still take it: serve on
         print(f"tfsync hook: warning: --join: no answer from the job ({e}); serving on: see `tfsync status`",
               flush=True)
@@ -388,8 +388,8 @@ def main(argv=None) -> int:
             adopt.reap_leftovers({row["pid"] for row in rows})
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
                              node=args.node, task_allow=args.task_allow, adopt_rows=rows)
-    except (auth.TokenFileError, transport.TransportError, ValueError, OSError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
+    except Exception as e:  # a TfsyncError, a path: one line (tfsync.base.exits.report); a bug: its traceback
+        return report(e)
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C

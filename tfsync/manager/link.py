@@ -17,6 +17,7 @@ import time
 
 import grpc
 
+from tfsync.api import client
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.engine.commands import Command, CommandResult, Controller
 from tfsync.manager.service import switch_fields
@@ -54,7 +55,7 @@ class ManagerLink(Controller):
         hello = manager_pb2.CoordinatorMessage(hello=manager_pb2.AttachHello(
             job_id=job_id, run_id=run_id, workers=workers, protocol=protocol))
         self._out.put(hello)
-        self._stream = manager_pb2_grpc.ManagerStub(channel).Attach(self._outgoing())
+        self._stream = client.Client(manager_pb2_grpc.ManagerStub(channel)).Attach(self._outgoing())
         self._reader = threading.Thread(target=self._read, daemon=True, name="tfsync-manager-link")
         self._reader.start()
 
@@ -77,9 +78,10 @@ class ManagerLink(Controller):
         try:
             for msg in self._stream:
                 self._in.put(to_command(msg))
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                logger.warning("manager link closed: %s", e.details())
+        except client.Cancelled:
+            pass   # closed by this side
+        except client.CallFailed as e:
+            logger.warning("manager link closed: %s", e.details)
 
     # -- Controller ------------------------------------------------------------------------
     def record(self, record: dict) -> None:

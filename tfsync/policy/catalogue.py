@@ -25,6 +25,7 @@ import numbers
 from types import MappingProxyType
 from typing import Mapping
 
+from ..base.exits import BadInput
 from ..base.registry import build, params, split
 from .base import BatchSizer, Policy
 from .options import FROM_SIGNATURE, Option, OptionError
@@ -153,7 +154,7 @@ def to_numbers(options: Mapping) -> dict[str, float]:
     out = {}
     for key, value in options.items():
         if isinstance(value, str) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{key} = {value!r}: a switch carries numbers only; set text options in the job file")
+            raise BadInput(f"{key} = {value!r}: a switch carries numbers only; set text options in the job file")
         out[key] = float(value)
     return out
 

@@ -42,6 +42,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..base import plainstate
+from ..base.exits import BadInput
 from . import catalogue
 from .actions import ACTIONS, ALL, NONE, SUBMITTER, Teacher
 from .base import BatchSizer, ClusterView, Decision, Policy, Push
@@ -56,6 +57,10 @@ FEATURES = 4  # (n, L, dL, l_n)
 
 class Agent(Protocol):
     def act(self, state: np.ndarray) -> int: ...
+
+
+class PolicyFileError(BadInput, ValueError):
+    """A file that is not a policy of `tfsync policy train`, or not one for this state and these actions."""
 
 
 class QNetwork:
@@ -90,11 +95,11 @@ class QNetwork:
                 meta = json.loads(str(f["meta"]))
                 weights = [f[f"w{i}"] for i in range(sum(k.startswith("w") for k in f.files))]
         except (OSError, KeyError, ValueError) as e:
-            raise ValueError(f"{path}: not a tfsync policy file ({e}); make one with "
-                             "`tfsync policy train`") from None
+            raise PolicyFileError(f"{path}: not a tfsync policy file ({e}); make one with "
+                                  "`tfsync policy train`") from None
         if not weights or weights[0].shape[0] != HISTORY * FEATURES or weights[-1].shape[-1] != len(ACTIONS):
-            raise ValueError(f"{path}: network shape {[w.shape for w in weights]} does not take "
-                             f"{HISTORY * FEATURES} state features to {len(ACTIONS)} actions")
+            raise PolicyFileError(f"{path}: network shape {[w.shape for w in weights]} does not take "
+                                  f"{HISTORY * FEATURES} state features to {len(ACTIONS)} actions")
         return cls(weights, meta.pop("alpha", 0.3), meta)
 
 

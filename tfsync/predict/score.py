@@ -34,6 +34,7 @@ import random
 
 import numpy as np
 
+from ..base.exits import BadInput
 from ..base.traces import TraceError, number
 from . import get
 from .trainer import NarxTrainer
@@ -46,6 +47,11 @@ COLUMNS = ["predictor", "worker", "steps", "rmse", "nrmse_pct", "mean_speed", "r
 
 class SeriesError(TraceError):
     """A series file cannot be scored: one line ``file:line: problem``."""
+
+
+class ScoreError(BadInput, ValueError):
+    """What was asked of the scoring cannot be (exit 2): a predictor's spec or options, a
+    series too short for ``skip``, a trace's step settings."""
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -100,10 +106,10 @@ def series_from_trace(trace, *, every: float | None = None, speed: float = 1000.
                       seed: int = 0) -> dict[str, list]:
     """One worker's steps under ``trace`` (a ``CpuTrace``); see the module docstring."""
     if readings not in ("last", "next"):
-        raise ValueError(f"readings must be 'last' or 'next', got {readings!r}")
+        raise ScoreError(f"readings must be 'last' or 'next', got {readings!r}")
     every = trace.step if every is None else float(every)
     if not every > 0:
-        raise ValueError(f"every must be > 0 trace seconds, got {every!r}")
+        raise ScoreError(f"every must be > 0 trace seconds, got {every!r}")
     n = int(trace.end // every)
     n = min(n, steps + (readings == "next")) if steps else n
     shares = [max(1.0 - trace.at(k * every) / 100.0, min_share) for k in range(n)]
@@ -125,7 +131,7 @@ def parse_spec(text: str) -> tuple[str, dict]:
     for o in opts:
         key, sep, raw = o.partition("=")
         if not sep or not key:
-            raise ValueError(f"predictor {text!r}: options are key=value, got {o!r}")
+            raise ScoreError(f"predictor {text!r}: options are key=value, got {o!r}")
         options[key.strip()] = _literal(raw.strip())
     return name, options
 
@@ -148,8 +154,10 @@ def make(spec: str, warmup: int | None = None):
             options.setdefault("warmup", int(warmup))
     try:
         return get(name, **options)
-    except TypeError as e:  # an option of the wrong kind, e.g. a number where a tuple is meant
-        raise ValueError(f"predictor {spec!r}: {e}") from None
+    except BadInput:
+        raise
+    except (TypeError, ValueError) as e:  # an option out of range, or of the wrong kind (a number for a tuple)
+        raise ScoreError(f"predictor {spec!r}: {e}") from None
 
 
 def one_step_ahead(predictor, speeds, cpus, mems) -> np.ndarray:
@@ -179,7 +187,7 @@ def score(series: dict, predictors=NAMES, *, skip: int = 500, warmup: int | None
         make(spec, warmup)  # unknown names and options fail before any work
     short = {w: len(d["speed"]) for w, d in series.items() if len(d["speed"]) <= skip}
     if short:
-        raise ValueError(f"worker(s) {sorted(short)} have {min(short.values())} steps or fewer, nothing to "
+        raise ScoreError(f"worker(s) {sorted(short)} have {min(short.values())} steps or fewer, nothing to "
                          f"score from step {skip}: lower skip or give a longer series")
     rows, preds = [], {}
     for spec in predictors:

@@ -36,11 +36,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from ..base.exits import BadInput
 from .trials import MemoryTrials, TrialKey, TrialResult
 
 logger = logging.getLogger(__name__)
 
 ACCEPT_RULES = ("at_least", "interval")
+
+
+class SettingsError(BadInput, ValueError):
+    """A search setting out of its range (exit 2: `tfsync search`'s options)."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,11 @@ class SearchSettings:
 
     def __post_init__(self):
         if not self.beta >= 0:
-            raise ValueError(f"beta = {self.beta!r}: must be >= 0 (an accuracy margin, e.g. 0.01)")
+            raise SettingsError(f"beta = {self.beta!r}: must be >= 0 (an accuracy margin, e.g. 0.01)")
         if int(self.settings) < 1 or int(self.runs) < 1:
-            raise ValueError(f"settings = {self.settings!r}, runs = {self.runs!r}: both must be >= 1")
+            raise SettingsError(f"settings = {self.settings!r}, runs = {self.runs!r}: both must be >= 1")
         if self.accept not in ACCEPT_RULES:
-            raise ValueError(f"accept = {self.accept!r}: must be one of {', '.join(ACCEPT_RULES)}")
+            raise SettingsError(f"accept = {self.accept!r}: must be one of {', '.join(ACCEPT_RULES)}")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from tfsync.base import safefile
 from tfsync.base.netns import pid_alive
 from tfsync.base.taskcmd import task_env
 from tfsync.testbed import cpushare
-from ..base.exits import EXIT_BAD_INPUT, TfsyncError
+from ..base.exits import BadInput, TfsyncError
 
 HOOK_PORT = 7070
 TASK_PORTS = (20000, 20099)   # the job file's cluster.task_ports; the relay listens on all of them
@@ -71,10 +71,8 @@ class TestbedError(TfsyncError, RuntimeError):
     """A testbed could not be made, found or changed (the message says why, in one line)."""
 
 
-class TestbedInputError(TestbedError, ValueError):
-    """What was asked cannot be: a bad name, size, latency or rate, a node or testbed not there."""
-
-    exit_code = EXIT_BAD_INPUT
+class TestbedInputError(BadInput, TestbedError, ValueError):
+    """What was asked cannot be (exit 2): a bad name, size, latency or rate, a node or testbed not there."""
 
 
 @dataclass
