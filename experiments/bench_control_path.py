@@ -228,7 +228,13 @@ def main(argv=None) -> int:
     p.add_argument("--fit-chief", help=argparse.SUPPRESS)
     p.add_argument("--spe", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--replot", action="store_true", help="draw OUT.png again from OUT.csv")
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the pages' control-path tables (results/bench_control_path_final.md, _8w.md)")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("bench_control_path.py"))
+        return 0
     if args.fit_chief:
         return fit_chief(args.fit_chief, args.steps, args.spe)
     if args.replot:

@@ -203,7 +203,13 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_coord_call"))
     p.add_argument("--chief", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the page's table (results/bench_coord_call.md) from the CSV")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("bench_coord_call.py"))
+        return 0
     if args.chief:
         print(json.dumps(chief(args.chief[0], int(args.chief[1]))), flush=True)
         return 0

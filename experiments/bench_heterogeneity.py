@@ -58,8 +58,9 @@ from bench_lbbsp import analyse  # noqa: E402
 from bench_predictors import read_pushes  # noqa: E402
 import testbed_bench  # noqa: E402
 from testbed_bench import FITS, fit_dir, read_csv, run_fit, run_on_testbed, training_started, write_csv  # noqa: E402
+from heterogeneity_summary import SCENARIOS, median, summarise_scenario, summary_text  # noqa: E402
+import tables  # noqa: E402
 
-SCENARIOS = ("homogeneous", "cpu", "bandwidth", "transient", "trace")
 SLOW = "n3"   # worker 1's node
 RLP_MODEL = os.path.join(ROOT, "results", "rlp", "policy_stable.npz")
 PROTOCOLS = {
@@ -253,114 +254,22 @@ def measure(args) -> None:
         bed.down()
 
 
-# -- the summary ------------------------------------------------------------------------------------------------
-def parse_curve(text) -> list[tuple[float, float]]:
-    if not text:
-        return []
-    return [tuple(map(float, p.split(":"))) for p in str(text).split(";")]
-
-
-def time_to(curve, target: float) -> float | None:
-    """When ``curve`` first reaches ``target`` (linear between the evaluations around it)."""
-    prev = (0.0, 0.0)
-    for t, a in curve:
-        if a >= target:
-            t0, a0 = prev
-            return t0 + (t - t0) * (target - a0) / (a - a0) if a > a0 else t
-        prev = (t, a)
-    return None
-
-
-def accuracy_at(curve, t_fixed: float) -> float | None:
-    before = [a for t, a in curve if t <= t_fixed]
-    return before[-1] if before else None
-
-
-def summarise_scenario(rows: list[dict]) -> dict:
-    """config -> {"time": [per seed], "acc_at": [...], "final": [...], "per_update": [...]}."""
-    out: dict = {}
-    for seed in sorted({r["seed"] for r in rows}):
-        runs = {r["config"]: r for r in rows if r["seed"] == seed and not r.get("error")}
-        if "BSP" not in runs:
-            continue
-        bsp = parse_curve(runs["BSP"]["curve"])
-        target = bsp[-1][1] - 0.005
-        t_fixed = min(r["train_s"] for r in runs.values())
-        for config, r in runs.items():
-            curve = parse_curve(r["curve"])
-            o = out.setdefault(config, {"time": [], "acc_at": [], "final": [], "per_update": [], "target": []})
-            o["time"].append(time_to(curve, target))
-            o["acc_at"].append(accuracy_at(curve, t_fixed))
-            o["final"].append(r["test_accuracy"])
-            o["per_update"].append(r.get("per_update_s"))
-            o["target"].append(target)
-    return out
-
-
-def median(values):
-    """The median, counting a run that never reached the target (None) as slower than any."""
-    if not values:
-        return None
-    vs = sorted(values, key=lambda v: float("inf") if v is None else v)
-    return vs[(len(vs) - 1) // 2] if len(vs) % 2 else (
-        None if vs[len(vs) // 2] is None else (vs[len(vs) // 2 - 1] + vs[len(vs) // 2]) / 2)
-
-
+# -- the summary (heterogeneity_summary.py: the tables; experiments/tables.py: the pages' files) ---------------------
 def summarise(args) -> None:
     scenarios = {s: read_csv(csv_path(args, s)) for s in SCENARIOS if os.path.exists(csv_path(args, s))}
     if not scenarios:
         raise SystemExit(f"no {args.out}_{args.model}_{args.workers}w_*.csv yet: run a --scenario first")
-    tables = {s: summarise_scenario(rows) for s, rows in scenarios.items()}
-    lines = [f"Time to target accuracy (BSP's final less 0.5 point), seconds, median over seeds "
-             f"[min-max]; {args.model}, {args.workers} workers ({args.latency:g} ms one way, {args.cpu:g} CPU each).",
-             "", "| configuration | " + " | ".join(tables) + " |", "|---|" + "---|" * len(tables)]
-    configs = [c for c in CONFIGS if any(c in t for t in tables.values())]
-    for c in configs:
-        cells = []
-        for s, t in tables.items():
-            if c not in t:
-                cells.append("")
-                continue
-            times = t[c]["time"]
-            m = median(times)
-            done = [v for v in times if v is not None]
-            spread = f" [{min(done):.1f}-{max(done):.1f}]" if len(done) > 1 else ""
-            cells.append("not reached" if m is None else f"{m:.1f}{spread}" +
-                         (f" ({len(times) - len(done)}/{len(times)} not)" if len(done) < len(times) else ""))
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "Speed-up of tfsync's best configuration over native fit (the faster of 1 and 32 steps per "
-              "execution), over tfsync BSP, and auto's time over the best's, by median time to target.", "",
-              "| scenario | best | x native fit | x BSP | auto / best | seeds | date |", "|---|---|---|---|---|---|---|"]
-    for s, t in tables.items():
-        tf_ = {c: median(v["time"]) for c, v in t.items() if c in PROTOCOLS and median(v["time"]) is not None}
-        if not tf_:
-            continue
-        best = min(tf_, key=tf_.get)
-        fits = [median(t[c]["time"]) for c in FITS if c in t]
-        fit = min((v for v in fits if v is not None), default="not reached" if fits else "not run")
-        bsp = median(t["BSP"]["time"])
-        auto = f"{tf_['auto'] / tf_[best]:.2f}" if "auto" in tf_ else "not reached" if "auto" in t else ""
-        lines.append(f"| {s} | {best} {tf_[best]:.1f} s | "
-                     + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit)
-                     + f" | {bsp / tf_[best]:.2f} | {auto} | {len(t['BSP']['time'])} | "
-                     + ", ".join(sorted({str(r['date']) for r in scenarios[s]})) + " |")
-    lines += ["", "Seconds per update (X = n x B samples; after the first 10 %) and the smallest batch LB-BSP gave, "
-              "median over seeds.", "", "| scenario | BSP | LB-BSP | LB-BSP / BSP | auto | smallest LB-BSP batch |",
-              "|---|---|---|---|---|---|"]
-    for s, t in tables.items():
-        per = {c: median([v for v in t[c]["per_update"] if v is not None]) if c in t else None
-               for c in ("BSP", "LB-BSP", "auto")}
-        small = [r["min_batch"] for r in scenarios[s] if r["config"] == "LB-BSP" and r.get("min_batch") is not None]
-        cell = (lambda v: "" if v is None else f"{v:.4f}")
-        ratio = f"{per['LB-BSP'] / per['BSP']:.2f}" if per["LB-BSP"] and per["BSP"] else ""
-        lines.append(f"| {s} | {cell(per['BSP'])} | {cell(per['LB-BSP'])} | {ratio} | {cell(per['auto'])} | "
-                     f"{min(small) if small else ''} |")
-    text = "\n".join(lines) + "\n"
     base = f"{args.out}_{args.model}_{args.workers}w"
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    print(text)
-    plot(tables, configs, base + ".png", args)
+    name = os.path.basename(base)
+    if name in tables.TABLES and os.path.dirname(os.path.abspath(base)) == str(tables.RESULTS):
+        tables.write([name])   # a page's table: with the command that made the CSVs and their dates
+    else:
+        with open(base + ".md", "w") as f:
+            f.write(summary_text(scenarios, args.model, args.workers, args.latency, args.cpu))
+    print(open(base + ".md").read())
+    summaries = {s: summarise_scenario(rows) for s, rows in scenarios.items()}
+    configs = [c for c in CONFIGS if any(c in t for t in summaries.values())]
+    plot(summaries, configs, base + ".png", args)
     print(f"wrote {base}.md and .png")
 
 

@@ -128,7 +128,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "results", "bench_testbed"))
     p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
     p.add_argument("--replot", action="store_true", help="only draw OUT.png again from OUT.csv")
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the pages' whole-job tables (results/bench_testbed_*.md) from the CSVs")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("bench_testbed.py"))
+        return 0
     if args.replot:
         plot(testbed_bench.read_csv(args.out + ".csv"), args.out + ".png", args)
         return 0

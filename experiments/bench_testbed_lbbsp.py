@@ -111,7 +111,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "bench_testbed_lbbsp"))
     p.add_argument("--keep", default=None, metavar="DIR", help="keep each run's directory in DIR")
     p.add_argument("--fits", default=",".join(FITS), help="native fits beside tfsync, comma-separated ('' for none)")
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the page's table (results/bench_testbed_lbbsp_links.md) from the CSV")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("bench_testbed_lbbsp.py"))
+        return 0
     rows = []
     bed = testbed_bench.up("benchlb", nodes=3, log=print, cpu=args.cpu)
     try:

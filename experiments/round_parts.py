@@ -77,11 +77,19 @@ def parts_of(run_dir: str) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    p.add_argument("runs", nargs="*", help="run directories (each with metrics.jsonl)")
     p.add_argument("--rtt", type=float, help="the round trip between two nodes, ms")
     p.add_argument("--label", default="", help="what the runs were (a latency, a model)")
     p.add_argument("--out", default="results/round_parts.csv")
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the page's table (results/round_parts.md) from the CSV")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("round_parts.py"))
+        return 0
+    if not args.runs:
+        p.error("name the kept runs' directories (or --summarise)")
     found = []
     for run in args.runs:
         kind, parts = parts_of(run)

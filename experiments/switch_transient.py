@@ -100,7 +100,13 @@ def main(argv=None) -> int:
     p.add_argument("--asp-pushes", type=int, default=400)
     p.add_argument("--ramp", type=int, default=100, help="pushes the ramps take")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "switch_transient.csv"))
+    p.add_argument("--summarise", action="store_true",
+                   help="only write the page's table (results/switch_transient.md) from the CSV")
     args = p.parse_args(argv)
+    if args.summarise:   # experiments/tables.py: the table, the command that made the CSV, its date
+        import tables
+        tables.write(tables.of_script("switch_transient.py"))
+        return 0
     for v in args.variants.split(","):
         if v not in VARIANTS:
             p.error(f"--variants {v!r}: one of {', '.join(VARIANTS)}")
