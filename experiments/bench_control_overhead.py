@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
     from tfsync.job.config import load_job
-    from tfsync.commands.jobrun import run_job
+    from tfsync.cli.jobrun import run_job
     from tfsync.manager import embedded
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """Issue-4 benchmark: LB-BSP's hardware and statistical efficiency (LB-BSP §5.2, Fig. 8).
 
 Per-update time of BSP, LB-BSP and ASP at the heterogeneity levels Homo, Hetero-L2 and
-Hetero-L3 on the local cluster: 2 workers + 1 PS, real Engine (tfsync.commands.jobrun.run_job
+Hetero-L3 on the local cluster: 2 workers + 1 PS, real Engine (tfsync.cli.jobrun.run_job
 with a job config: LB-BSP is ``tfsync.policy.LBBSP`` with X = n * B and the learning
 rate scaled like BSP's, n * eta; ASP runs eta on B). Worker i is pinned to CPU i; the
 burners of ``tfsync.inject.level_plan`` are pinned to the slowed worker's CPU (the PS
@@ -96,7 +96,7 @@ def analyse(pushes: list[dict], X: int, skip: float) -> dict:
 
 
 def run_one(args, level: str, label: str, rep: int) -> tuple[dict, list[dict]]:
-    from tfsync.commands.jobrun import run_job
+    from tfsync.cli.jobrun import run_job
 
     run_dir = os.path.join(args.out, "bench_lbbsp_runs", f"{level}_{label.lower()}_{rep}")
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -3,7 +3,7 @@
 Records real per-worker speed series, then predicts them one step ahead with every
 predictor and reports RMSE (samples/s) and the NARX / EMA ratio (target <= 0.6).
 
-Recording: the local cluster (2 workers + 1 PS, real Engine via tfsync.commands.jobrun, BSP,
+Recording: the local cluster (2 workers + 1 PS, real Engine via tfsync.cli.jobrun, BSP,
 MNIST) trains for --seconds. Worker i's task process is pinned to CPU i (of this
 process's CPUs) and a CpuBurner on worker 1's CPU replays a CPU trace (TraceDriver,
 duty = util / 100, time-compressed --time-scale times so the load changes within the
@@ -159,7 +159,7 @@ class Deadline(Controller):
 
 def job_config(name: str, run_dir: str, protocol: dict, *, model: str, batch_size: int, samples: float,
                lr: float, workers: int = 2, seed: int = 0):
-    """A JobConfig for tfsync.commands.jobrun.run_job (its model, data and lr rules are reused)."""
+    """A JobConfig for tfsync.cli.jobrun.run_job (its model, data and lr rules are reused)."""
     from tfsync.job.config import JobConfig
 
     return JobConfig.from_dict({
@@ -190,7 +190,7 @@ def progress_printer(every: float = 10.0, extra=lambda: ""):
 # -- recording ---------------------------------------------------------------------------------
 def record(args, run_dir: str) -> list[dict]:
     from tfsync.inject import CpuBurner, TraceDriver, load_trace_csv
-    from tfsync.commands.jobrun import run_job
+    from tfsync.cli.jobrun import run_job
 
     trace = load_trace_csv(args.trace, args.trace_index, gaps="hold", wrap=True)  # as before issue 19
     driver = TraceDriver(CpuBurner(0.0, cpus={cpu_of(1)}, processes=args.burners), trace,

@@ -25,7 +25,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
 from tfsync.base.progress import progress_bar  # noqa: E402
-from tfsync.commands.rl import summarize, write_csv  # noqa: E402
+from tfsync.cli.rl import summarize, write_csv  # noqa: E402
 from tfsync.rl.evaluate import evaluate  # noqa: E402
 from tfsync.rl.instances import InstanceSpec  # noqa: E402
 

@@ -2,7 +2,7 @@
 of the iteration time (LB-BSP §5.6, Fig. 14: < 1.1 % at 96 workers; our target < 0.5 %).
 
 Real cluster: 4 workers + 1 PS on this machine (worker i pinned to CPU i % CPUs), the
-real Engine (tfsync.commands.jobrun.run_job) running LB-BSP with NARX for --rounds rounds (the
+real Engine (tfsync.cli.jobrun.run_job) running LB-BSP with NARX for --rounds rounds (the
 paper's 1000 iterations; NARX predicts from round 500 on, EMA before, §4.2), once per
 NARX fit in --narx-fits, one after the other in this invocation: "lbfgs" (the default)
 and "adam" (the paper's tf_keras fit), whose background training competes with the run
@@ -108,7 +108,7 @@ def real_run(args, fit: str) -> tuple[dict, list[dict]]:
     """The real cluster with NARX fitted by ``fit`` (bench-only: the job file's "narx" is
     pointed at a NARX with that fit for this run, as a job file cannot pass the option)."""
     from tfsync import predict
-    from tfsync.commands.jobrun import run_job
+    from tfsync.cli.jobrun import run_job
 
     class Fitted(predict.NARX):
         def __init__(self, **options):

@@ -395,7 +395,7 @@ def test_a_slow_worker_under_a_cpu_quota_is_seen_at_once_and_asp_stays(seed):
 def test_a_job_gives_auto_sgds_momentum_and_refuses_asp_momentum_where_tfsync_sets_none(tmp_path, optimizer):
     """SGD's momentum is auto's (the engine sets it at each move); Adam has none tfsync sets,
     so an asp_momentum for it is refused with one line naming the field."""
-    from tfsync.commands.jobrun import build_phases
+    from tfsync.cli.jobrun import build_phases
     from tfsync.job.config import load_job
     from tfsync.job.errors import ConfigError
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tfsync.cli import build_parser
-from tfsync.commands.jobrun import max_batch
+from tfsync.cli.jobrun import max_batch
 from tfsync.job.config import JobConfig, load_job
 from tfsync.job.errors import ConfigError
 from tfsync.policy import ASP, BSP, LBBSP, BatchSizer, FixedSizer, Option, Policy, catalogue, register
@@ -95,7 +95,7 @@ def test_a_protocol_in_one_file_is_nameable_in_a_job_file(toy, tmp_path):
 
 
 def test_build_phases_builds_the_new_protocol(toy, tmp_path):
-    from tfsync.commands.jobrun import build_phases
+    from tfsync.cli.jobrun import build_phases
 
     bsp, phase = build_phases(load_job(job_file(tmp_path, "burst = 3\n")), num_train=1000)
     assert isinstance(phase.policy, toy.Toy) and phase.policy.burst == 3
@@ -123,7 +123,7 @@ def test_straggler_policies_are_registered_but_not_nameable():
 
 
 def test_switch_options_travel_as_numbers_and_come_back_typed(toy):
-    from tfsync.policy.commands import check_switch
+    from tfsync.policy.checks import check_switch
 
     sent = catalogue.to_numbers({"staleness": 2, "probability": 1, "average": True})
     assert sent == {"staleness": 2.0, "probability": 1.0, "average": 1.0}
@@ -189,7 +189,7 @@ def test_a_straggler_jobs_switch_point_of_0_or_1_runs(fraction):
     BSP to the end, still straggler-aware (ASP while one is seen), or plain ASP; both were
     refused as a protocol list the straggler policy could not take."""
     from tfsync.job.config import JobConfig
-    from tfsync.commands.jobrun import build_phases, with_switch_point
+    from tfsync.cli.jobrun import build_phases, with_switch_point
     from tfsync.switch.online import GreedyStragglerPolicy
 
     cfg = JobConfig.from_dict({"cluster": {"workers": 3}, "switch": {"stragglers": "greedy"},

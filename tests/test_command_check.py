@@ -1,6 +1,6 @@
 """One command check: a bad switch or bad batch sizes get the same one line whether they
 are sent with `tfsync switch` / `tfsync batch-sizes`, to the manager's gRPC API, or to the
-engine's Python API (a Controller's Command): all three ask tfsync.policy.commands."""
+engine's Python API (a Controller's Command): all three ask tfsync.policy.checks."""
 
 import json
 import math

@@ -89,7 +89,7 @@ def test_importing_tensorflow_leaves_the_environment_a_fork_server_is_chosen_by(
     code = textwrap.dedent("""
         from tfsync.base import forkserver, taskcmd
         before = forkserver.env_key(taskcmd.task_env())
-        import tfsync.commands.jobrun
+        import tfsync.cli.jobrun
         from tfsync.engine import cut
         cut.bound_redials()
         after = forkserver.env_key(taskcmd.task_env())

@@ -99,7 +99,7 @@ def test_the_manager_and_the_store_commands_start_without_tensorflow():
     """A standalone manager, `tfsync jobs|runs|status` and the CLI's parser never import
     TensorFlow (seconds of start-up and hundreds of MB for a process that trains nothing;
     a manager that took 7 s to start and over a second to exit)."""
-    code = ("import sys, tfsync.cli, tfsync.commands.manager, tfsync.manager.daemon, tfsync.commands.jobs; "
+    code = ("import sys, tfsync.cli, tfsync.cli.manager, tfsync.manager.daemon, tfsync.cli.jobs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""`tfsync k8s` (tfsync.deploy.k8s, tfsync.deploy.manifests, tfsync.commands.k8s): the
+"""`tfsync k8s` (tfsync.deploy.k8s, tfsync.deploy.manifests, tfsync.cli.k8s): the
 manifests of a job validate against the Kubernetes API's schema (kubernetes-validate's
 copy of it, offline), and say what matters: the chief runs `tfsync run` with its manager
 on the port it declares, each joining node pod joins at the chief's Service name, the
@@ -21,7 +21,7 @@ from tfsync.deploy import k8s
 from tfsync.deploy.manifests import manifests
 from tfsync.deploy.yamltext import dump_all
 from tfsync.cli import build_parser, main
-from tfsync.commands.k8s import DEFAULT_IMAGE, k8s_job
+from tfsync.cli.k8s import DEFAULT_IMAGE, k8s_job
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ import pytest
 from helpers import records, tasks_under
 from kubelet import Kubelet
 from tfsync.cli import build_parser
-from tfsync.commands.k8s import k8s_job
+from tfsync.cli.k8s import k8s_job
 from tfsync.deploy import k8s
 from tfsync.deploy.manifests import manifests
 from tfsync.testbed import bed as testbed

@@ -101,7 +101,7 @@ def test_training_records_control_files_and_tokens_never_follow_links(tmp_path, 
 def test_jsonl_trials_csv_and_task_logs_never_follow_links(tmp_path, victim):
     from tfsync.hooks.tasks import TaskSupervisor
     from tfsync.policy.pushlog import write_jsonl
-    from tfsync.commands.rl import write_csv
+    from tfsync.cli.rl import write_csv
     from tfsync.switch.trials import JsonTrials, TrialKey, TrialResult
 
     write_jsonl(str(plant(tmp_path / "a.jsonl", victim)), [{"a": 1}])

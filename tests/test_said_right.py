@@ -6,7 +6,7 @@ import io
 import pytest
 
 from tfsync.base.progress import progress_bar
-from tfsync.commands.switch import format_result
+from tfsync.cli.search import format_result
 from tfsync.switch.plan import SwitchPlan
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def _job(tmp_path, text):
 
 
 def test_a_batch_larger_than_the_training_set_is_refused_with_the_numbers(tmp_path, caplog):
-    from tfsync.commands.jobrun import check_batch_fits
+    from tfsync.cli.jobrun import check_batch_fits
     from tfsync.job.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^train.batch_size: a worker's batch of 100,000 is larger than the "

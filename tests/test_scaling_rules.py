@@ -7,7 +7,7 @@ from tfsync.engine.phase import Phase
 from tfsync.engine.scaling import Elastic, check_scale, rescale
 from tfsync.policy import ASP, BSP, BatchSizer, FixedSizer
 from tfsync.policy.catalogue import aggregating
-from tfsync.policy.commands import InvalidCommand
+from tfsync.policy.checks import InvalidCommand
 from tfsync.policy.ledger import Ledger
 
 pytestmark = pytest.mark.unit

@@ -182,7 +182,7 @@ def test_config_signature_ignores_what_a_search_varies():
 def test_a_trial_scores_its_accuracy_or_else_minus_log_of_its_converged_test_loss():
     import math
 
-    from tfsync.commands.switch import trial_score
+    from tfsync.cli.search import trial_score
 
     assert trial_score({"converged_accuracy": 0.9, "test_loss": 0.3}) == (0.9, "accuracy")
     evals = [{"loss": v} for v in (2.0, 1.0, 0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.3)]

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from helpers import DATA, default_sigint, linear_job, tfsync
-from tfsync.commands.switch import stored_switch_point
+from tfsync.cli.search import stored_switch_point
 from tfsync.job.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature

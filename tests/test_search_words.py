@@ -36,7 +36,7 @@ def stand_in(score_of, wall_of=lambda f: 1.0):
 
 def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monkeypatch, capsys):
     # only BSP reaches the target: the answer is BSP only, and the last line must say so
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": 0.9 if f >= 1.0 else 0.5}))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "2")
     assert code == 0, err
@@ -50,13 +50,13 @@ def test_a_search_says_each_trial_as_it_starts_and_ends_on_its_answer(job, monke
     assert code == 0, err
     assert "now runs BSP with the greedy straggler policy to the end" in out.strip().splitlines()[-1], out
     from tfsync.job.config import load_job
-    from tfsync.commands.switch import stored_switch_point
+    from tfsync.cli.search import stored_switch_point
     cfg, found = stored_switch_point(load_job(str(job), overrides=["cluster.workers=3", "switch.stragglers=greedy"]))
     assert found["fraction"] == 1.0 and [p.name for p in cfg.protocol] == ["bsp"]   # what `tfsync run` now runs
 
 
 def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": None, "test_loss": 0.25 if f >= 0.5 else 2.0}))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target-loss", "0.3")
     assert code == 0, err
@@ -65,7 +65,7 @@ def test_a_loss_searchs_trials_show_as_losses(job, monkeypatch, capsys):
 
 
 def test_show_without_the_searchs_settings_names_the_set_that_finds_it(job, monkeypatch, capsys):
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process", stand_in(lambda f: {"converged_accuracy": 0.9}))
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process", stand_in(lambda f: {"converged_accuracy": 0.9}))
     code, _, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target", "0.8",
                           "--set", "train.learning_rate=0.1")
     assert code == 0, err
@@ -82,7 +82,7 @@ def test_a_search_says_which_trials_changed_their_worker_count_and_keeps_it_with
     def score(f):
         scales = [{"from": 2, "to": 1, "by": "loss", "samples": 300}] if f == 0.5 else []
         return {"converged_accuracy": 0.9, "workload_samples": 1000, "scales": scales}
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process", stand_in(score))
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process", stand_in(score))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--target", "0.8")
     assert code == 0, err
     said = "scaled during the search: BSP 0.5 run 0: 2 -> 1 workers (loss, at 30 % of its workload)"
@@ -93,7 +93,7 @@ def test_a_search_says_which_trials_changed_their_worker_count_and_keeps_it_with
 
 def test_a_search_answers_asp_only_or_bsp_only_when_they_train_fastest(job, monkeypatch, capsys):
     # every plan acceptable, ASP fastest: the answer is ASP only, and `tfsync run` then runs ASP alone
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": 0.9}, lambda f: 100.0 + 60.0 * f))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1")
     assert code == 0, err
@@ -101,11 +101,11 @@ def test_a_search_answers_asp_only_or_bsp_only_when_they_train_fastest(job, monk
             "switch at 0.5 130 s, BSP only 160 s of training on average)" in out), out
     assert "now runs ASP alone" in out.strip().splitlines()[-1], out
     from tfsync.job.config import load_job
-    from tfsync.commands.switch import stored_switch_point
+    from tfsync.cli.search import stored_switch_point
     cfg, found = stored_switch_point(load_job(str(job)))
     assert found["fraction"] == 0.0 and found["searched"] == 0.5 and [p.name for p in cfg.protocol] == ["asp"]
     # the switch's restart costs more than ASP saves: BSP only
-    monkeypatch.setattr("tfsync.commands.switch.run_trial_process",
+    monkeypatch.setattr("tfsync.cli.search.run_trial_process",
                         stand_in(lambda f: {"converged_accuracy": 0.9}, lambda f: 100.0 + (50.0 if f < 1 else 0.0)))
     code, out, err = tfsync(capsys, "search", str(job), "--runs", "1", "--settings", "1", "--set", "train.learning_rate=0.02")
     assert code == 0, err

@@ -98,4 +98,4 @@ def test_bsp_and_lbbsp_take_the_same_batch_size_option():
 
 
 def test_the_simulator_traces_and_offline_scoring_import_no_tensorflow():
-    check_imports_no_tensorflow("tfsync.sim", "tfsync.base.traces", "tfsync.predict.score", "tfsync.commands.predict")
+    check_imports_no_tensorflow("tfsync.sim", "tfsync.base.traces", "tfsync.predict.score", "tfsync.cli.predict")

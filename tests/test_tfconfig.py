@@ -47,7 +47,7 @@ def test_a_tf_config_tfsync_cannot_use_is_refused_naming_the_field(value, field)
 def test_tfsync_run_refuses_what_it_cannot_honour_under_tf_config(tmp_path, monkeypatch, task, overrides, field):
     from tfsync.job.config import load_job
     from tfsync.job.errors import ConfigError
-    from tfsync.commands.jobrun import platform_cluster
+    from tfsync.cli.jobrun import platform_cluster
 
     job = tmp_path / "job.toml"
     job.write_text(linear_job("tc", "bsp").format(run_dir=tmp_path / "run"))

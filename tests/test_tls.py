@@ -13,7 +13,7 @@ import pytest
 
 from helpers import DATA, interrupt, linear_job, tfsync, wait_for
 from tfsync.api import auth, transport
-from tfsync.commands.jobrun import hook_nodes
+from tfsync.cli.jobrun import hook_nodes
 from tfsync.base.ports import free_ports
 from tfsync.engine.launcher import HookLauncher, LaunchError
 from tfsync.hooks.node import serve as serve_hook

@@ -52,7 +52,7 @@ def run(job, overrides=(), *, data: str | None = None, progress: bool = True) ->
     :class:`JobConfig` (``overrides`` then refused); ``overrides``: ``"field=value"`` as
     ``--set`` takes them; ``data``: the data set's path, as ``--data``. A previous run's
     outputs in the run directory are moved aside first, as the command line does."""
-    from .commands.jobrun import run_job
+    from .cli.jobrun import run_job
     from .engine.records import set_aside_previous_run
     from .job.config import JobConfig, load_job
     from .job.errors import ConfigError

@@ -169,7 +169,7 @@ class K8sJob:
     files: tuple[tuple[str, bytes], ...]
     workers: int
     ps: int
-    image: str                            # what the Dockerfile builds: tfsync:VERSION (tfsync.commands.k8s)
+    image: str                            # what the Dockerfile builds: tfsync:VERSION (tfsync.cli.k8s)
     namespace: str = "default"
     mode: str = "hooks"
     nodes: int | None = None              # hooks: node pods the job starts on (None: ps + workers)

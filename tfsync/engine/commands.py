@@ -19,7 +19,7 @@ from typing import Callable
 
 from .. import policy as policies
 from ..policy.base import BatchSizer, Policy
-from ..policy.commands import check_batch_sizes, check_switch, check_workers
+from ..policy.checks import check_batch_sizes, check_switch, check_workers
 from .phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class CommandResult:
     message: str
     updates: int  # the step boundary (model updates so far) at which it was carried out
     checkpoint_path: str = ""
-    invalid: bool = False   # refused as given (tfsync.policy.commands.InvalidCommand), not for the job's state
+    invalid: bool = False   # refused as given (tfsync.policy.checks.InvalidCommand), not for the job's state
 
 
 class Controller:
@@ -83,7 +83,7 @@ class StopRequested(Exception):
 
 def check(cmd: Command, workers: int) -> dict:
     """Raise ValueError for a command that cannot be carried out (before touching anything):
-    the checks of ``tfsync.policy.commands``, the ones the manager makes too. Returns a
+    the checks of ``tfsync.policy.checks``, the ones the manager makes too. Returns a
     switch's options in their declared types."""
     if cmd.kind not in KINDS:
         raise ValueError(f"unknown command {cmd.kind!r}; expected one of {', '.join(KINDS)}")

@@ -30,7 +30,7 @@ from typing import Callable
 import tensorflow as tf
 
 from ..policy.base import ClusterView, Decision, Policy, PolicyError
-from ..policy.commands import InvalidCommand
+from ..policy.checks import InvalidCommand
 from . import recovery, scaling
 from .channel import ChannelError
 from .commands import Command, CommandResult, Controller, StopRequested, check, plan_switch

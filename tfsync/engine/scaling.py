@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..policy.base import BatchSizer
-from ..policy.commands import MAX_WORKERS, check_workers
+from ..policy.checks import MAX_WORKERS, check_workers
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from tfsync.manager.store import StepSummary, Store, StoreError
 from tfsync.manager.store_types import EVENT_KINDS
 from tfsync.policy.base import PolicyError
 from tfsync.policy.catalogue import from_numbers
-from tfsync.policy.commands import check_batch_sizes, check_switch, check_workers
+from tfsync.policy.checks import check_batch_sizes, check_switch, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class ManagerService(ResourceReports):
 
     def Switch(self, request, context):
         # the wire's form (an enum, numbers) read here; what it means is checked where the
-        # engine checks it (tfsync.policy.commands), so every way in says the same
+        # engine checks it (tfsync.policy.checks), so every way in says the same
         if request.method == manager_pb2.SWITCH_METHOD_UNSPECIFIED:
             request.method = manager_pb2.SWITCH_METHOD_HOT
         try:

@@ -150,7 +150,7 @@ def aggregating(name: str | None) -> bool:
 
 def to_numbers(options: Mapping) -> dict[str, float]:
     """Options as the numbers a switch request carries (true = 1); what they mean is
-    checked where the switch is (``tfsync.policy.commands.check_switch``)."""
+    checked where the switch is (``tfsync.policy.checks.check_switch``)."""
     out = {}
     for key, value in options.items():
         if isinstance(value, str) or not isinstance(value, numbers.Real):

@@ -48,7 +48,7 @@ class _StragglerAware(Policy):
     # In the catalogue, but not nameable in a [[protocol]] entry or `tfsync switch --to`:
     # they need a StragglerDetector and inner BSP / ASP policies, objects a job file cannot
     # give; its [switch] section (stragglers = greedy | elastic) selects them instead
-    # (tfsync.commands.jobrun.straggler_phase).
+    # (tfsync.cli.jobrun.straggler_phase).
     nameable = False
 
     def __init__(self, detector: StragglerDetector, bsp_samples: int | None = None, *,

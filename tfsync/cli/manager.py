@@ -1,7 +1,7 @@
 """`tfsync status | metrics | switch | stop | checkpoint | batch-sizes | scale | hook`: talk
 to a running job's manager, or run a node hook. A job is named by its job file or its run directory; its
 control files (``control/manager.json``, ``control/token``) are read from there. `tfsync
-status` of a job no manager answers for reads the job store instead (``commands/jobs.py``)."""
+status` of a job no manager answers for reads the job store instead (``cli/jobs.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from tfsync.base.exits import EXIT_INTERRUPTED, BadInput
-from tfsync.commands.lookup import ControlError, NotRunning, locate
+from tfsync.cli.lookup import ControlError, NotRunning, locate
 
 
 ENV_CA = "TFSYNC_CA"   # the CA certificate of a TLS manager, when --ca is not given
@@ -97,7 +97,7 @@ def _text(d: dict) -> str:
 
 def cmd_status(args):
     from tfsync.api.v1 import manager_pb2
-    from tfsync.commands.jobs import show_ended
+    from tfsync.cli.jobs import show_ended
     return _call(args, lambda s, j: s.GetStatus(manager_pb2.GetStatusRequest(job_id=j), timeout=10), show_ended)
 
 
@@ -144,7 +144,7 @@ def cmd_checkpoint(args):
 
 def cmd_scale(args):
     from tfsync.api.v1 import manager_pb2
-    from tfsync.policy.commands import check_workers
+    from tfsync.policy.checks import check_workers
     check_workers(args.workers)   # the manager's and the engine's check
     return _call(args, lambda s, j: s.Scale(manager_pb2.ScaleRequest(
         request_id=uuid.uuid4().hex, job_id=j, workers=args.workers), timeout=SLOW_COMMAND_S))
@@ -351,7 +351,7 @@ def add_commands(sub) -> None:
     sb.add_argument("--json", action="store_true", help="print the job's status as JSON")
     tls_options(sb)
     sb.set_defaults(func=cmd_submit)
-    from tfsync.commands.jobs import add_commands as add_store_commands
+    from tfsync.cli.jobs import add_commands as add_store_commands
     add_store_commands(sub)
     # `tfsync hook ...` is handed to tfsync.hooks.node.main whole (tfsync.cli.main); listed here for --help.
     sub.add_parser("hook", help="run this node's hook agent (starts its TF tasks for a manager); "

@@ -226,7 +226,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from tfsync.commands.lookup import run_dir_of
+    from tfsync.cli.lookup import run_dir_of
 
     from tfsync.manager.home import default_store
     path = args.store or default_store()
@@ -264,7 +264,7 @@ def cmd_runs(args) -> int:
 def show_ended(args, e) -> int:
     """`tfsync status` when no manager answers for the job (``e``, a NotRunning): its final
     state and results from the job store, or one line saying it is found nowhere."""
-    from tfsync.commands.lookup import run_dir_of
+    from tfsync.cli.lookup import run_dir_of
 
     from tfsync.manager.home import default_store
     path = args.store or e.info.get("store") or default_store()

@@ -31,7 +31,7 @@ MAX_OPTION = 2.0**53  # an option's magnitude: larger floats are not whole numbe
 
 def check_switch(protocol: str, options: Mapping, method: str = "hot", lr_scale: float | None = None) -> dict:
     """``options`` for a switch to ``protocol`` by ``method`` at learning rate x ``lr_scale``
-    (None: the configuration policy's), each in its declared type; ValueError naming the
+    (None: the configuration policy's), each in its declared type; InvalidCommand naming the
     field that cannot be honoured: the protocol, the method, the factor, an option that
     ``protocol`` does not take, or a value its declaration or constructor refuses."""
     found = find(protocol) if len(str(protocol)) <= MAX_NAME else None
@@ -58,7 +58,7 @@ def check_switch(protocol: str, options: Mapping, method: str = "hot", lr_scale:
 
 
 def check_batch_sizes(sizes: Sequence[int], workers: int) -> None:
-    """ValueError unless ``sizes`` is one whole number >= 1 per worker."""
+    """InvalidCommand unless ``sizes`` is one whole number >= 1 per worker."""
     if len(sizes) != workers or min(sizes, default=0) < 1:
         text = str(list(sizes)) if len(sizes) <= 8 else f"[{', '.join(map(str, sizes[:8]))}, ... ({len(sizes)} in all)]"
         raise InvalidCommand(f"batch sizes {text}: expected {workers} integers >= 1, one per worker")
@@ -68,7 +68,7 @@ MAX_WORKERS = 1024   # a scale's worker count: more task processes than any one 
 
 
 def check_workers(workers: int, low: int | None = None, high: int | None = None) -> None:
-    """ValueError unless a scale's ``workers`` is a whole number within the job's bounds,
+    """InvalidCommand unless a scale's ``workers`` is a whole number within the job's bounds,
     ``cluster.min_workers`` (``low``; None: 1) and ``cluster.max_workers`` (``high``; None:
     ``MAX_WORKERS``), naming the bound it passes."""
     if isinstance(workers, bool) or not isinstance(workers, int):

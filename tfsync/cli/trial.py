@@ -1,4 +1,4 @@
-"""One trial of ``tfsync search``, in its own process: ``python -m tfsync.commands.trial OUT``
+"""One trial of ``tfsync search``, in its own process: ``python -m tfsync.cli.trial OUT``
 reads ``{"config": JobConfig dict, "data": path or null}`` on stdin, trains it on a
 local cluster and writes the run's summary to OUT (JSON). Exit 1 with a one-line error
 on failure."""
@@ -18,7 +18,7 @@ from ..base.exits import EXIT_BAD_INPUT, EXIT_FAILED, interrupt
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m tfsync.commands.trial OUT < request.json", file=sys.stderr)
+        print("usage: python -m tfsync.cli.trial OUT < request.json", file=sys.stderr)
         return EXIT_BAD_INPUT
     signal.signal(signal.SIGTERM, interrupt)  # stop the tasks on the way out, as `tfsync run` does
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

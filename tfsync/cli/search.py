@@ -2,7 +2,7 @@
 Algorithm 1) on the local cluster, and ``tfsync search --show JOB``.
 
 Every trial is one training of the job file with BSP for a share of the workload, then
-ASP, run in a child process (``python -m tfsync.commands.trial``), so a trial that fails
+ASP, run in a child process (``python -m tfsync.cli.trial``), so a trial that fails
 or is interrupted never takes the search down with it. Trials and the answer go to the
 job store under the job's signature (``config_signature``): a search that is stopped
 resumes from its stored trials, a later search of the same recurring job reuses them,
@@ -142,7 +142,7 @@ def run_trial_process(cfg, data_path: str | None) -> dict:
     # a local trial in a network of its own, as `tfsync run` (tfsync.base.isolation)
     from .jobrun import tasks_here
     isolated = [sys.executable, "-m", "tfsync.base.isolation"] if tasks_here(cfg) else []
-    proc = subprocess.Popen([*isolated, sys.executable, "-m", "tfsync.commands.trial", out], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([*isolated, sys.executable, "-m", "tfsync.cli.trial", out], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(json.dumps(request))

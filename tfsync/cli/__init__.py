@@ -1,6 +1,7 @@
-"""The ``tfsync`` command line: the top of tfsync's layers. It assembles the sub-commands
-(each sub-command module adds its parsers with ``add_commands``; none imports this one)
-and runs ``tfsync run`` / ``tfsync resume`` itself. Known errors print one line on stderr
+"""The ``tfsync`` command line (``tfsync.cli:main``): the top of tfsync's layers. This
+package holds the job runner (``jobrun``) and one module per group of sub-commands; this
+module assembles them (each adds its parsers with ``add_commands`` and imports nothing of
+this one) and runs ``tfsync run`` / ``tfsync resume`` itself. Known errors print one line on stderr
 and exit non-zero (``tfsync.base.exits``): 2 for bad input (job file, data), 1 for a failed run,
 130 when interrupted."""
 
@@ -14,9 +15,9 @@ import signal
 import sys
 import time
 
-from .base import rundir
-from .base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, codes_help, fail, interrupt, report
-from .base.quiet import ENV_VERBOSE, end_process, native_logs_off, quiet_tf_loggers
+from ..base import rundir
+from ..base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, codes_help, fail, interrupt, report
+from ..base.quiet import ENV_VERBOSE, end_process, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
 
@@ -49,7 +50,7 @@ def manager_token(args) -> str | None:
     (``--manager-listen``): read from ``--manager-token-file`` (made if missing); else None,
     a new token for this run (``run_dir/control/token``). Options that cannot be honoured
     are refused first."""
-    from .api import auth, transport
+    from ..api import auth, transport
     if not args.manager_listen:
         if args.manager_token_file or args.allow_remote:
             raise BadInput("--manager-token-file and --allow-remote are for --manager-listen")
@@ -67,9 +68,9 @@ def manager_token(args) -> str | None:
 
 
 def cmd_run(args) -> int:
-    from .job.config import load_job
+    from ..job.config import load_job
 
-    from .commands.jobrun import tasks_here
+    from .jobrun import tasks_here
 
     cfg = load_job(args.job, overrides=args.set)
     args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
@@ -80,7 +81,7 @@ def cmd_run(args) -> int:
     if args.run_dir:
         cfg = with_run_dir(cfg, args.run_dir)
     isolate(args, here and not args.manager_listen and (not args.attach or args.attach.startswith("unix:")))
-    from .commands.switch import stored_switch_point
+    from .search import stored_switch_point
     cfg, found = stored_switch_point(cfg)
     with rundir.claim(cfg.job.run_dir, "tfsync resume" if getattr(args, "resume", False) else "tfsync run") as run_dir:
         return _run(args, with_run_dir(cfg, run_dir), found)
@@ -92,7 +93,7 @@ def isolate(args, local: bool) -> None:
     be had it is refused there in one line, unless the user accepted open ports. A
     program calling ``main`` keeps its process: its cluster's namespace and guard are
     tfsync.base.netns's, or it is refused there."""
-    from .base import isolation
+    from ..base import isolation
     accept_open_ports(args)
     if local and args.own_process and not os.environ.get(isolation.ENV):   # (set: in one, or refused one)
         run_isolated([sys.executable, "-m", "tfsync.cli", *sys.argv[1:]], replace=True)
@@ -115,7 +116,7 @@ def run_isolated(command: list[str], replace: bool) -> int:
 def accept_open_ports(args) -> None:
     """``--open-ports``: said to this process and those it starts (tfsync.base.isolation)."""
     if args.open_ports:
-        from .base import isolation
+        from ..base import isolation
         os.environ[isolation.OPEN_ENV] = "1"
 
 
@@ -135,7 +136,7 @@ def with_run_dir(cfg, run_dir: str):
 def resumed_changes(checkpoint: str, plan: bool) -> dict:
     """What commands had changed in the phase checkpoint ``checkpoint`` was taken in
     (engine ``Phase.changed``), said on stderr; empty with ``plan`` (said too)."""
-    from .engine.checkpoints import load_state
+    from ..engine.checkpoints import load_state
     changed = (load_state(checkpoint) or {}).get("changed", {})
     if not changed:
         return {}
@@ -157,18 +158,18 @@ def resumed_changes(checkpoint: str, plan: bool) -> dict:
 def _run(args, cfg, found) -> int:
     if found is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(found["stored"]))
-        from .switch.plan import SwitchPlan
+        from ..switch.plan import SwitchPlan
         print(f"switch point: {SwitchPlan.words(found['fraction'])} (found by `tfsync search` "
               f"on {when}; set switch.point = \"job\" to use the job file's)", file=sys.stderr)
-    from .commands.jobrun import own_process_imports, run_job
+    from .jobrun import own_process_imports, run_job
     if args.own_process:
         own_process_imports(cfg)
-    from .base.nospace import NoSpaceError
-    from .base.usercode import UserCodeError
+    from ..base.nospace import NoSpaceError
+    from ..base.usercode import UserCodeError
 
     resume = None
     if getattr(args, "resume", False):
-        from .engine.records import finished, last_intact_checkpoint
+        from ..engine.records import finished, last_intact_checkpoint
         done = finished(cfg.job.run_dir, cfg.train.epochs)
         if done is not None:
             print(f"{cfg.job.name} is done: it trained {done['samples']:,} of {done['workload_samples']:,} samples "
@@ -189,17 +190,17 @@ def _run(args, cfg, found) -> int:
         if changed:
             resume = {**resume, "changed": changed}
     else:
-        from .engine.records import set_aside_previous_run
+        from ..engine.records import set_aside_previous_run
         moved = set_aside_previous_run(cfg.job.run_dir)
         if moved:
             print(f"the previous run's outputs in {cfg.job.run_dir} were moved to {moved}", file=sys.stderr)
-    from .base.progress import Progress
+    from ..base.progress import Progress
     progress = None if (args.json or args.quiet) else Progress()
     manager, state, summary = None, "failed", None
     try:
         if args.attach:  # started by a standalone manager (tfsync manager), which records the outcome
-            from .api.transport import TlsConfig
-            from .manager import embedded
+            from ..api.transport import TlsConfig
+            from ..manager import embedded
             manager = embedded.attach(args.attach, args.token_file, args.job_id, args.run_id, cfg.job.run_dir,
                                       (resume or {}).get("workers") or cfg.cluster.workers, cfg.protocol[0].name,
                                       local_tasks=not cfg.cluster.hooks,
@@ -207,7 +208,7 @@ def _run(args, cfg, found) -> int:
         elif not args.no_manager:  # embedded: status/switch/stop reach this run through it
             import dataclasses
 
-            from .manager import embedded
+            from ..manager import embedded
             manager = embedded.start(cfg.job.run_dir, cfg.job.name, dataclasses.asdict(cfg),
                                      (resume or {}).get("workers") or cfg.cluster.workers, cfg.protocol[0].name,
                                      resume=resume is not None, listen=args.manager_listen,
@@ -219,7 +220,7 @@ def _run(args, cfg, found) -> int:
     except UserCodeError as e:   # which job file named the code (main turns every TfsyncError into its line)
         return fail(f"{args.job}: {e}", e.exit_code)
     except NoSpaceError as e:
-        from .engine.records import last_intact_checkpoint
+        from ..engine.records import last_intact_checkpoint
         if resume is None and last_intact_checkpoint(cfg.job.run_dir)[0] is None:
             raise e.then(f"`tfsync run {args.job}` starts the job again (it has no checkpoint yet)") from None
         raise
@@ -249,8 +250,8 @@ def cmd_tfconfig(args) -> int:
     """Print the TF_CONFIG of every task of a job for the addresses given."""
     import shlex
 
-    from .base import tfconfig
-    from .job.config import load_job
+    from ..base import tfconfig
+    from ..job.config import load_job
 
     cfg = load_job(args.job, overrides=args.set)
     spec = {"chief": [args.chief], "ps": args.ps.split(","), "worker": args.workers.split(",")}
@@ -276,7 +277,7 @@ def _report(run_dir: str) -> str | None:
     """The run's report.html (tfsync.report), or None and a one-line warning: a report
     that cannot be drawn does not fail a finished run."""
     try:
-        from .report import write_report
+        from ..report import write_report
         return os.path.abspath(write_report([run_dir]))
     except Exception as e:  # noqa: BLE001  (matplotlib missing, a figure that cannot be drawn, ...)
         logging.getLogger("tfsync.report").warning("no report: %s", e)
@@ -290,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameter-server training with per-worker synchronization control\n"
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
         epilog=codes_help() + "\n`tfsync COMMAND --help` describes a command.")
-    from . import __version__
-    from .job.overrides import OVERRIDE_HELP
+    from .. import __version__
+    from ..job.overrides import OVERRIDE_HELP
     p.add_argument("--version", action="version", version=f"tfsync {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -370,19 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
     tc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     tc.add_argument("--json", action="store_true", help='print {"job:index": TF_CONFIG} as JSON')
     tc.set_defaults(func=cmd_tfconfig)
-    from .commands.switch import add_commands as add_search_commands
+    from .search import add_commands as add_search_commands
     add_search_commands(sub)
-    from .commands.rl import add_commands
+    from .rl import add_commands
     add_commands(sub)
-    from .commands.manager import add_commands as add_control_commands
+    from .manager import add_commands as add_control_commands
     add_control_commands(sub)
-    from .commands.predict import add_commands as add_predict_commands
+    from .predict import add_commands as add_predict_commands
     add_predict_commands(sub)
-    from .commands.report import add_commands as add_report_commands
+    from .report import add_commands as add_report_commands
     add_report_commands(sub)
-    from .commands.testbed import add_commands as add_testbed_commands
+    from .testbed import add_commands as add_testbed_commands
     add_testbed_commands(sub)
-    from .commands.k8s import add_commands as add_k8s_commands
+    from .k8s import add_commands as add_k8s_commands
     add_k8s_commands(sub)
     return p
 
@@ -399,7 +400,7 @@ def _main(argv: list, from_command_line: bool) -> int:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not a log line per failed TLS handshake; tfsync says why
     if argv[:1] == ["hook"]:
-        from .hooks.node import main as hook_main
+        from ..hooks.node import main as hook_main
         return hook_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -422,6 +423,3 @@ def _main(argv: list, from_command_line: bool) -> int:
         return args.func(args)
     except Exception as e:
         return report(e)
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+"""``python -m tfsync.cli``: the `tfsync` command line, as the installed `tfsync` runs it."""
+
+from . import main
+
+main()

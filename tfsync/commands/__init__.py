@@ -1,1 +1,0 @@
-"""The sub-commands of `tfsync` (tfsync/cli.py assembles them) and the job runner."""
