@@ -31,7 +31,7 @@ class TfsyncError(Exception):
     the environment) unless the class says ``EXIT_BAD_INPUT`` (what was asked cannot
     be); ``field``: the job-file field or option it is about, where there is one. The
     command line turns any of them into ``tfsync: error: <message>`` and the code
-    (``report``, which ``tfsync.cli.main`` and the hook's main call); nothing else maps
+    (``report_error``, which ``tfsync.cli.main`` and the hook's main call); nothing else maps
     exception types to codes."""
 
     exit_code = EXIT_FAILED
@@ -61,7 +61,7 @@ def known_error(e: BaseException) -> int | None:
     return None
 
 
-def report(e: BaseException) -> int:
+def report_error(e: BaseException) -> int:
     """A command's end by the error ``e``: its one line on stderr and its exit code
     (``known_error``); a bug is raised again, with its traceback."""
     code = known_error(e)

@@ -16,7 +16,8 @@ import sys
 import time
 
 from ..base import rundir
-from ..base.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, codes_help, fail, interrupt, report
+from ..base.exits import (EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, BadInput, codes_help, fail, interrupt,
+                          report_error)
 from ..base.quiet import ENV_VERBOSE, end_process, native_logs_off, quiet_tf_loggers
 
 ENV_NO_REPORT = "TFSYNC_NO_REPORT"  # set (not "0"): `tfsync run` writes no report (--no-report)
@@ -422,4 +423,4 @@ def _main(argv: list, from_command_line: bool) -> int:
     try:
         return args.func(args)
     except Exception as e:
-        return report(e)
+        return report_error(e)

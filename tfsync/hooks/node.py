@@ -30,7 +30,7 @@ import psutil
 from tfsync.api import auth, transport
 from tfsync.api.v1 import common_pb2, node_hook_pb2, node_hook_pb2_grpc
 from tfsync.base import forkserver, isolation, safefile
-from tfsync.base.exits import BadInput, fail, interrupt, report
+from tfsync.base.exits import BadInput, fail, interrupt, report_error
 from tfsync.hooks import adopt, firewall
 from tfsync.hooks.resources import ResourceSampler, node_name
 from tfsync.hooks.stage import Stage
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         server, port = serve(args.listen, token=token, tls=tls, log_dir=args.log_dir, allow_remote=args.allow_remote,
                              node=args.node, task_allow=args.task_allow, adopt_rows=rows)
     except Exception as e:  # a TfsyncError, a path: one line (tfsync.base.exits.report); a bug: its traceback
-        return report(e)
+        return report_error(e)
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background shell starts us with it ignored
         signal.signal(sig, interrupt)  # its tasks are stopped on the way out, as on Ctrl-C
