@@ -292,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameter-server training with per-worker synchronization control\n"
                     "(BSP, ASP, SSP, Sync-Switch) on TensorFlow's ParameterServerStrategy.",
         epilog=codes_help() + "\n`tfsync COMMAND --help` describes a command.")
-    from .. import __version__
+    from ..base.version import VERSION
     from ..job.overrides import OVERRIDE_HELP
-    p.add_argument("--version", action="version", version=f"tfsync {__version__}")
+    p.add_argument("--version", action="version", version=f"tfsync {VERSION}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: policy decisions)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     r = sub.add_parser("run", help="train a job file on a local cluster",

@@ -16,11 +16,11 @@ import os
 import re
 import sys
 
-from .. import __version__
+from ..base.version import VERSION
 from ..deploy import k8s
 from ..base.exits import BadInput
 
-DEFAULT_IMAGE = f"tfsync:{__version__}"   # what the repository's Dockerfile builds: docker build -t tfsync:VERSION .
+DEFAULT_IMAGE = f"tfsync:{VERSION}"   # what the repository's Dockerfile builds: docker build -t tfsync:VERSION .
 
 def add_commands(sub) -> None:
     p = sub.add_parser("k8s", help="write the Kubernetes manifests of a job (kubectl apply -f)",

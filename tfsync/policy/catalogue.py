@@ -78,9 +78,7 @@ class Spec:
 
 def register(cls, name: str | None = None) -> type:
     """Record ``cls`` under ``name`` (default ``cls.name``); returns ``cls``, so it also
-    decorates. The older ``register("name", cls)`` works too."""
-    if isinstance(cls, str):
-        cls, name = name, cls
+    decorates."""
     name = (name or cls.name).lower()
     takes, options = params(cls), {}
     for opt in cls.options:
