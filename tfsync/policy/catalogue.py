@@ -146,13 +146,18 @@ def aggregating(name: str | None) -> bool:
     return found is not None and found.aggregating
 
 
+class SwitchOptionError(BadInput, ValueError):
+    """A switch option that is not a number (exit 2): set text options in the job file."""
+
+
 def to_numbers(options: Mapping) -> dict[str, float]:
     """Options as the numbers a switch request carries (true = 1); what they mean is
     checked where the switch is (``tfsync.policy.checks.check_switch``)."""
     out = {}
     for key, value in options.items():
         if isinstance(value, str) or not isinstance(value, numbers.Real):
-            raise BadInput(f"{key} = {value!r}: a switch carries numbers only; set text options in the job file")
+            raise SwitchOptionError(f"{key} = {value!r}: a switch carries numbers only; set text options in the "
+                                    "job file")
         out[key] = float(value)
     return out
 
