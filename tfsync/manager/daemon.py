@@ -30,7 +30,7 @@ from tfsync.api import transport
 from tfsync.api.v1 import manager_pb2, manager_pb2_grpc
 from tfsync.base import safefile
 from tfsync.base.exits import EXIT_DONE, EXIT_INTERRUPTED, shown
-from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, one_line
+from tfsync.manager.service import MAX_ID, MAX_NAME, ManagerService, refuse
 from tfsync.manager.store import ManagerLock, Store
 from tfsync.manager.store_types import run_results
 
@@ -127,7 +127,7 @@ class StandaloneService(ManagerService):
             if request.name:
                 check_field("job.name", request.name, source="name")
         except ValueError as e:  # a ConfigError
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+            refuse(context, e)
         if not os.path.isabs(cfg.job.run_dir):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job.run_dir {shown(cfg.job.run_dir)} must be absolute "
                           "(the manager runs elsewhere than the client; `tfsync submit` makes it so)")

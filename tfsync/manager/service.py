@@ -65,6 +65,13 @@ def one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
+def refuse(context, error: BaseException) -> None:
+    """End a call whose request a check refused (``error``: an InvalidCommand, a ConfigError,
+    the request's own fault): INVALID_ARGUMENT with the check's line, which the command line
+    prints as it is (``tfsync.api.client.InvalidArgument``, exit 2)."""
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(error))
+
+
 def hello_problem(hello) -> str | None:
     """What is wrong with an AttachHello's numbers, or None."""
     if not 1 <= hello.workers <= MAX_WORKERS:
@@ -240,7 +247,7 @@ class ManagerService(ResourceReports):
         try:
             check_switch(request.protocol, *switch_fields(request))
         except (ValueError, PolicyError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+            refuse(context, e)
         return self._issue(request, context, "switch", slow=request.method == manager_pb2.SWITCH_METHOD_RESTART)
 
     def SetBatchSizes(self, request, context):
@@ -248,7 +255,7 @@ class ManagerService(ResourceReports):
         try:
             check_batch_sizes(list(request.batch_sizes), job.workers)
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+            refuse(context, e)
         return self._issue(request, context, "set_batch_sizes")
 
     def Scale(self, request, context):
@@ -258,7 +265,7 @@ class ManagerService(ResourceReports):
             if request.workers == job.workers:
                 raise ValueError(f"the job already runs {job.workers} workers")
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+            refuse(context, e)
         return self._issue(request, context, "scale", slow=True)
 
     def Join(self, request, context):
@@ -279,7 +286,7 @@ class ManagerService(ResourceReports):
             request.workers = request.workers or 1
             check_workers(request.workers)
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, one_line(e))
+            refuse(context, e)
         return self._issue(request, context, "join", slow=True)
 
     def Checkpoint(self, request, context):
