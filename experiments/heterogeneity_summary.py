@@ -5,22 +5,11 @@ so that ``experiments/tables.py`` and its test read it without TensorFlow.
 
 from __future__ import annotations
 
-FITS = ("fit", "fit 32/exec")   # testbed_bench.FITS: native model.fit at 1 and 32 steps per execution
+from testbed_bench import FITS  # (no TensorFlow at its top)
+
 PROTOCOLS = ("BSP", "ASP", "SSP", "LB-BSP", "Sync-Switch", "greedy", "RLP", "auto")   # bench_heterogeneity.PROTOCOLS
 CONFIGS = (*FITS, *PROTOCOLS)
 SCENARIOS = ("homogeneous", "cpu", "bandwidth", "transient", "trace")
-
-
-def typed(rows: list[dict]) -> list[dict]:
-    """CSV rows as ``testbed_bench.read_csv`` gives them: numbers as numbers, empty cells as None."""
-    def value(v: str):
-        if v == "":
-            return None
-        try:
-            return int(v) if v.lstrip("-").isdigit() else float(v)
-        except ValueError:
-            return v
-    return [{k: value(v) for k, v in row.items()} for row in rows]
 
 
 # -- reading the runs ------------------------------------------------------------------------------------------------

@@ -376,7 +376,8 @@ def switch_transient(csvs: list[list[dict]]) -> str:
 
 # -- time to accuracy under heterogeneity (bench_heterogeneity.py) --------------------------------------------------
 def heterogeneity(csvs: list[list[dict]], model: str, workers: int, latency: float, cpu: float) -> str:
-    from heterogeneity_summary import summary_text, typed
+    from heterogeneity_summary import summary_text
+    from testbed_bench import typed
 
     scenarios = {rows[0]["scenario"]: typed(rows) for rows in csvs if rows}
     return summary_text(scenarios, model, workers, latency, cpu)

@@ -179,8 +179,8 @@ def write_csv(path: str, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def read_csv(path: str) -> list[dict]:
-    """Rows ``write_csv`` wrote: numbers as numbers, empty cells as None."""
+def typed(rows: list[dict]) -> list[dict]:
+    """CSV rows with numbers as numbers and empty cells as None."""
     def value(v: str):
         if v == "":
             return None
@@ -188,8 +188,13 @@ def read_csv(path: str) -> list[dict]:
             return int(v) if v.lstrip("-").isdigit() else float(v)
         except ValueError:
             return v
+    return [{k: value(v) for k, v in row.items()} for row in rows]
+
+
+def read_csv(path: str) -> list[dict]:
+    """Rows ``write_csv`` wrote (``typed``)."""
     with open(path, newline="") as f:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return typed(csv.DictReader(f))
 
 
 if __name__ == "__main__":
