@@ -276,7 +276,7 @@ class ManagerService(ResourceReports):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: this manager runs {len(running)} "
                               "jobs; name the one to join (`tfsync hook --join ... --job JOB_ID`)")
             request.job_id = running[0].job_id
-        job = self._job(request.job_id, context)
+        self._job(request.job_id, context)   # NOT_FOUND where no such job runs here
         try:
             if len(request.hook_address) > MAX_NAME:
                 raise ValueError(f"hook_address: expected at most {MAX_NAME} characters")
