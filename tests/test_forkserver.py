@@ -21,7 +21,7 @@ from tfsync.base import netns
 from tfsync.base.ports import free_ports
 from tfsync.base.taskcmd import task_env
 from tfsync.engine.cluster import LocalCluster, port_open
-from tfsync.base.forkserver import COMMAND, ForkedTask, ForkServer, running
+from tfsync.base.forkserver import ForkedTask, ForkServer, running
 
 pytestmark = pytest.mark.cluster
 
