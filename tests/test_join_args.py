@@ -41,3 +41,18 @@ def test_run_manager_options_are_refused_before_the_run_directory_is_touched(tmp
     r = tfsync("run", str(job), *args)
     assert r.returncode == 2 and said in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cls, code, quits", [
+    ("InvalidArgument", "INVALID_ARGUMENT", True), ("NotFound", "NOT_FOUND", True),
+    ("TokenRefused", "UNAUTHENTICATED", True), ("Unsupported", "UNIMPLEMENTED", True),
+    ("Refused", "FAILED_PRECONDITION", True),
+    ("Refused", "RESOURCE_EXHAUSTED", False), ("Refused", "ABORTED", False), ("CallFailed", "INTERNAL", False)])
+def test_a_join_is_refused_for_the_managers_own_no_and_not_for_a_passing_overload(cls, code, quits):
+    """What the manager or the job answered (its token, the job, the request, its state)
+    ends the hook's join; what gRPC itself may say under load (RESOURCE_EXHAUSTED, ABORTED)
+    or an unnamed failure leaves it serving, as before the errors had classes."""
+    from tfsync.api import client
+    from tfsync.hooks.join import refused
+
+    assert refused(getattr(client, cls)(code, "details")) is quits

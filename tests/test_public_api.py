@@ -54,6 +54,20 @@ def test_run_refuses_overrides_it_cannot_apply_before_it_starts_anything(tmp_pat
     assert e.value.field == "train.epoch"
 
 
+def test_run_refuses_a_run_directory_another_run_holds(tmp_path):
+    """As ``tfsync run``: the run directory is claimed before anything starts, so a second
+    run there is refused in one line and the first one's outputs stay where they are."""
+    from tfsync.base.rundir import RunDirInUse, RunLock
+
+    held = tmp_path / "run"
+    held.mkdir(mode=0o700)
+    (held / "summary.json").write_text("{}")
+    with RunLock(str(held), "tfsync run"):
+        with pytest.raises(RunDirInUse, match="is in use by"):
+            tfsync.run(ROOT / "examples" / "regression" / "job.toml", [f'job.run_dir="{held}"'])
+    assert (held / "summary.json").read_text() == "{}" and not (held / "previous").exists()
+
+
 def test_import_tfsync_imports_neither_numpy_nor_tensorflow():
     code = "import sys, tfsync; print(sorted(m for m in ('numpy', 'tensorflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

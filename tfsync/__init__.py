@@ -50,9 +50,14 @@ def run(job, overrides=(), *, data: str | None = None, progress: bool = True) ->
     ``tfsync status`` / ``switch`` for this run) and without its report; returns the run's
     summary (also in ``<run_dir>/summary.json``). ``job``: a job file's path, or a
     :class:`JobConfig` (``overrides`` then refused); ``overrides``: ``"field=value"`` as
-    ``--set`` takes them; ``data``: the data set's path, as ``--data``. A previous run's
-    outputs in the run directory are moved aside first, as the command line does."""
-    from .cli.jobrun import run_job
+    ``--set`` takes them; ``data``: the data set's path, as ``--data``. As the command
+    line: a switch point ``tfsync search`` stored for the job (``switch.point = "auto"``)
+    is used, the run directory is claimed (made private, and locked while the job runs:
+    another run there is refused), and a previous run's outputs in it are moved aside."""
+    from .base import rundir
+    from .base.progress import Progress
+    from .cli.jobrun import run_job, with_run_dir
+    from .cli.search import stored_switch_point
     from .engine.records import set_aside_previous_run
     from .job.config import JobConfig, load_job
     from .job.errors import ConfigError
@@ -64,14 +69,15 @@ def run(job, overrides=(), *, data: str | None = None, progress: bool = True) ->
         cfg = job
     else:
         cfg = load_job(job, [overrides] if isinstance(overrides, str) else list(overrides))
-    set_aside_previous_run(cfg.job.run_dir)
-    from .base.progress import Progress
-    bar = Progress() if progress else None
-    try:
-        return run_job(cfg, progress=bar, data_path=data)
-    finally:
-        if bar:
-            bar.done()
+    cfg, _ = stored_switch_point(cfg)
+    with rundir.claim(cfg.job.run_dir, "tfsync.run") as run_dir:
+        set_aside_previous_run(run_dir)
+        bar = Progress() if progress else None
+        try:
+            return run_job(with_run_dir(cfg, run_dir), progress=bar, data_path=data)
+        finally:
+            if bar:
+                bar.done()
 
 
 def __getattr__(name):

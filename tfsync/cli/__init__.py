@@ -71,7 +71,7 @@ def manager_token(args) -> str | None:
 def cmd_run(args) -> int:
     from ..job.config import load_job
 
-    from .jobrun import tasks_here
+    from .jobrun import tasks_here, with_run_dir
 
     cfg = load_job(args.job, overrides=args.set)
     args.manager_token = manager_token(args)   # bad options refused before the run directory is touched
@@ -127,11 +127,6 @@ def cmd_isolate(args) -> int:
     if not command:
         raise BadInput("tfsync isolate: name a command to run, e.g. `tfsync isolate -- python train.py`")
     return run_isolated(command, replace=args.own_process)
-
-
-def with_run_dir(cfg, run_dir: str):
-    import dataclasses
-    return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=run_dir))
 
 
 def resumed_changes(checkpoint: str, plan: bool) -> dict:

@@ -19,6 +19,10 @@ from ..switch.configuration import ConfigPolicy
 logger = logging.getLogger(__name__)
 
 
+def with_run_dir(cfg: JobConfig, run_dir: str) -> JobConfig:
+    return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, run_dir=run_dir))
+
+
 def config_policy(cfg: JobConfig) -> ConfigPolicy:
     return ConfigPolicy(lr=cfg.switch.lr, batch=cfg.switch.batch, momentum=cfg.switch.momentum)
 

@@ -13,7 +13,6 @@ engine's loop carries out every command (``Loop.obey``) and reports the outcome.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,7 +21,6 @@ from ..policy.base import BatchSizer, Policy
 from ..policy.checks import check_batch_sizes, check_switch, check_workers
 from .phase import Phase
 
-logger = logging.getLogger(__name__)
 
 KINDS = ("switch", "batch_sizes", "checkpoint", "stop", "scale", "join")
 

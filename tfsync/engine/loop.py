@@ -142,7 +142,7 @@ class Loop:
         """The next finished step's row (``Arrivals.next``); None when a timer is due or a
         recovery left nothing in flight; ROUND_CLOSED after a round the PS closed itself,
         whose end the pilot mirrored (``_rounds_ended`` after its last)."""
-        value = self.arrivals.next(self.wake_at)
+        value = self.arrivals.next(lambda: self.wake_at)
         if value is None or not is_marker(value):
             return value
         ended = self.pilot.observe(value)
@@ -505,11 +505,11 @@ class Loop:
         long to wait for a dead PS to show."""
         gen = self.lifecycle.current
         dead = recovery.wait_for_ps_loss(gen.cluster if gen is not None else None, wait_s)
+        t0 = time.time()   # (the checkpoints' read-back counts)
         decided = recovery.after_ps_loss(dead, self.runlog.checkpoints, self.runlog.recoveries,
                                          self.lifecycle.max_recoveries)
         if decided is None:
             return False
-        t0 = time.time()
         for path, why in decided.skipped:
             logger.warning("checkpoint %s does not read back (%s); restoring an older one", path, why)
             self.runlog.event("checkpoint_skipped", path=path, reason=why)

@@ -32,13 +32,11 @@ None where the loss cannot be recovered; the engine's loop carries it out
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
 from .checkpoints import newest_intact
 
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,10 @@ class Arrivals:
         self.backlog = Backlog()      # the batches waiting behind each one taken
         self.dead_checked = 0.0       # when the tasks were last looked at (monotonic)
 
-    def next(self, wake_at: float | None):
+    def next(self, wake_at: Callable[[], float | None]):
         """The next finished step's row (a round's marker row too: ``pilot.is_marker``);
-        None when a timer is due (``wake_at``), or when a lost worker's recovery left
+        None when a timer is due (``wake_at()``, read at each pass: a recovery while waiting
+        may set another), or when a lost worker's recovery left
         nothing in flight (while draining, nothing more is granted). The rows come in the
         batches the links drained: the rest of a batch waits in ``held``, and goes with
         its generation."""
@@ -57,14 +58,14 @@ class Arrivals:
                 if self.on_dead(None) and self.in_flight() == 0:
                     return None  # a lost worker's recovery replaced the cluster: nothing is outstanding
                 lifecycle.channel.check()
-            timeout = 0.5
-            if wake_at is not None:
-                timeout = max(0.0, min(timeout, wake_at - time.time()))
+            timeout, at = 0.5, wake_at()
+            if at is not None:
+                timeout = max(0.0, min(timeout, at - time.time()))
             try:
                 gen, value, err = lifecycle.results.get(timeout=timeout)
             except queue.Empty:
                 waited += timeout
-                if wake_at is not None and time.time() >= wake_at:
+                if at is not None and time.time() >= at:
                     return None
                 if self.on_dead(None) and self.in_flight() == 0:
                     return None  # (a drain, the workload done: the recovery granted nothing)

@@ -21,7 +21,12 @@ REACH_S = 60.0      # how long a manager that does not answer yet is retried
 ANSWER_S = 330.0    # the manager waits 5 x 60 s for a scale to be carried out, a little less than this
 
 # what the manager answers when the job, or the manager itself, said no: the hook is not taken
-REFUSALS = (client.InvalidArgument, client.NotFound, client.Refused, client.TokenRefused)   # Refused: Unsupported too
+# (FAILED_PRECONDITION among the Refused: the others, RESOURCE_EXHAUSTED for one, may be gRPC's own and pass)
+REFUSALS = (client.InvalidArgument, client.NotFound, client.TokenRefused, client.Unsupported)
+
+
+def refused(e: client.CallFailed) -> bool:
+    return isinstance(e, REFUSALS) or (isinstance(e, client.Refused) and e.code == "FAILED_PRECONDITION")
 
 
 class JoinRefused(BadInput):
@@ -50,9 +55,9 @@ def announce(manager: str, token: str, hook_address: str, job_id: str = "", work
         while True:
             try:
                 return stub.Join(request, timeout=ANSWER_S).message
-            except REFUSALS as e:
-                raise JoinRefused(str(e)) from None
             except client.CallFailed as e:
+                if refused(e):
+                    raise JoinRefused(str(e)) from None
                 if e.code != "UNAVAILABLE":
                     raise JoinUnknown(str(e)) from None
                 if time.monotonic() > deadline:

@@ -31,7 +31,7 @@ says more than a speed measured at one moment). Nor may the loss stand still:
 have come under its mean when ASP began (or within ``HOLDS``, 2 %, of it), or LB-BSP
 comes back, with the same block (a CNN ASP's staleness kept at chance on the testbed
 never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy), nor
-go back: from then on, a loss ``LOSS_FALL`` (10 %) above its mean when ASP began for
+go back: from then on, a loss ``LOSS_BACK`` (10 %) above its mean when ASP began for
 ``hold_s`` sends it back too (another seed's loss fell a little, then went back to chance,
 and the check at ``progress_s`` had passed). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
@@ -103,8 +103,8 @@ BLOCK_S = 10.0   # seconds without an ASP trial after one that did not pay (doub
 WINDOW_S = 1.0   # the steps a worker's speed is measured over: those that arrived in the last second ...
 MIN_STEPS = 2    # ... and at least its last two (a worker slower than that)
 MIN_LOSSES = 8   # pushes the training loss's mean needs
-LOSS_FALL = 0.1  # how far below its first second's mean the loss must be before an ASP trial;
-#                  how far above its mean when ASP began it may go after progress_s
+LOSS_FALL = 0.1  # how far below its first second's mean the loss must be before an ASP trial
+LOSS_BACK = 0.1  # how far above its mean when ASP began it may be from progress_s on, for hold_s
 HOLDS = 0.02     # a loss within this of where ASP found it holds (late in training it falls slowly)
 
 
@@ -179,7 +179,8 @@ class AutoPolicy(Policy):
                Option("loss_rise", float, lo=0, help="how far above its lowest (a fraction) the training loss "
                                                        "in ASP may stay for hold_s before LB-BSP comes back"),
                Option("progress_s", float, lo=0, help="seconds in which ASP's training loss must come under its "
-                                                        "mean when ASP began, or LB-BSP comes back"),
+                                                        "mean when ASP began, and after which it may not go 10 % "
+                                                        "above it, or LB-BSP comes back"),
                Option("asp_momentum", float, lo=0, hi=0.999, help="the momentum ASP runs (default: the job's)"),
                Option("undo", bool, help="keep a copy of the weights (on the PS) when ASP begins and put it back "
                                          "if ASP leaves the training loss higher than it found it"))
@@ -434,7 +435,7 @@ class AutoPolicy(Policy):
         """(why ASP loses ground, why it makes none), from the training loss's mean once ASP
         has run ``hold_s`` (a window of its pushes alone: the switch's transient, up to
         2.7x on the testbed at four workers, is left out): ``loss_rise`` above the lowest
-        it reached since, or, from ``progress_s`` into ASP on, ``LOSS_FALL`` above its mean
+        it reached since, or, from ``progress_s`` into ASP on, ``LOSS_BACK`` above its mean
         when ASP began; ``progress_s`` into ASP, never under that mean (or within ``HOLDS``
         of it). None for each while it is not so, or no loss is reported. A model ASP's
         staleness sends back to chance (a CNN at four workers) never rose to twice its
@@ -453,7 +454,7 @@ class AutoPolicy(Policy):
         if mean is not None and mean > self.lowest_loss * (1 + self.loss_rise):
             rising = (f"the training loss in ASP {mean:.3g}, {mean / self.lowest_loss:.2f}x the lowest it reached "
                       f"({self.lowest_loss:.3g}), for {self.hold_s:g} s: staleness undoes what ASP's speed brings")
-        elif judged and mean is not None and mean > (1 + LOSS_FALL) * start:
+        elif judged and mean is not None and mean > (1 + LOSS_BACK) * start:
             rising = (f"the training loss in ASP {mean:.3g}, {mean / start:.2f}x its mean when ASP began "
                       f"({start:.3g}), for {self.hold_s:g} s: staleness undoes what ASP's speed brings")
         if judged and (best is None or best > (1 + HOLDS) * start):

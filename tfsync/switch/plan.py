@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..base.exits import BadInput
+
 logger = logging.getLogger(__name__)
+
+
+class PlanError(BadInput, ValueError):
+    """A switch plan, fraction or workload that cannot be (exit 2: a search's options)."""
 
 
 @dataclass(frozen=True)
@@ -26,22 +32,22 @@ class SwitchPlan:
         phases = tuple((str(name), float(until)) for name, until in self.phases)
         object.__setattr__(self, "phases", phases)
         if not phases:
-            raise ValueError("switch plan has no phases; expected e.g. [('bsp', 0.5), ('asp', 1.0)]")
+            raise PlanError("switch plan has no phases; expected e.g. [('bsp', 0.5), ('asp', 1.0)]")
         last = 0.0
         for name, until in phases:
             if not last < until <= 1.0:
-                raise ValueError(f"switch plan phase {name!r} until {until}: each 'until' must be in "
+                raise PlanError(f"switch plan phase {name!r} until {until}: each 'until' must be in "
                                  f"(previous {last}, 1.0], increasing")
             last = until
         if last != 1.0:
-            raise ValueError(f"switch plan ends at {last}; the last phase must run until 1.0")
+            raise PlanError(f"switch plan ends at {last}; the last phase must run until 1.0")
 
     @classmethod
     def bsp_then_asp(cls, fraction: float) -> "SwitchPlan":
         """BSP for ``fraction`` of the workload, then ASP (0: ASP only, 1: BSP only)."""
         f = float(fraction)
         if not 0.0 <= f <= 1.0:
-            raise ValueError(f"switch fraction {fraction!r}: must be in [0, 1]")
+            raise PlanError(f"switch fraction {fraction!r}: must be in [0, 1]")
         if f == 0.0:
             return cls((("asp", 1.0),))
         if f == 1.0:
@@ -57,7 +63,7 @@ class SwitchPlan:
     def index_at(self, done: float, total: float) -> int:
         """Index of the phase active once ``done`` of ``total`` samples are trained."""
         if not total > 0:
-            raise ValueError(f"total workload {total!r}: must be > 0 samples")
+            raise PlanError(f"total workload {total!r}: must be > 0 samples")
         x = float(done) / float(total)
         for i, (_, until) in enumerate(self.phases):
             if x < until:
