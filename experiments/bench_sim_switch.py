@@ -1,5 +1,5 @@
 """Where Sync-Switch pays in the simulator (issue 54): BSP only, ASP only and BSP for a
-fraction f of the workload then ASP (Sync-Switch, Sync-Switch), at 4 to 64 workers, with
+fraction f of the workload then ASP (Sync-Switch), at 4 to 64 workers, with
 alike, uneven and one-slow workers; time to a target accuracy on the NumPy MLP on MNIST.
 
 What: per run, simulated seconds until the test accuracy first reaches the target (per n,

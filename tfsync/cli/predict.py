@@ -15,7 +15,7 @@ from ..predict.score import COLUMNS
 
 def add_commands(sub) -> None:
     p = sub.add_parser("predict", help="score worker-speed predictors offline",
-                       description="Worker-speed predictors (LB-BSP, LB-BSP) without a cluster.")
+                       description="Worker-speed predictors (LB-BSP) without a cluster.")
     cmds = p.add_subparsers(dest="predict_command", metavar="ACTION", required=True)
     s = cmds.add_parser("score", help="one-step-ahead RMSE of every predictor on a trace or a series",
                         description="One-step-ahead RMSE of each predictor on INPUT: a series CSV (a "
