@@ -17,7 +17,7 @@ from tfsync.engine.generation import Generation, TrainSetup
 from tfsync.engine.lifecycle import STANDING_PER_WORKER, Lifecycle
 from tfsync.engine.engine import Engine
 from tfsync.engine.phase import EngineError, Phase
-from tfsync.policy import ASP, BSP, NOTHING, SSP, FixedSizer
+from tfsync.policy import ASP, BSP, NOTHING, SSP, FixedSizer, Grant
 
 pytestmark = pytest.mark.cluster
 
@@ -278,12 +278,13 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
     """The workload is done and the engine waits for the steps still running when a worker
     dies (CI killed one just then): the recovery restarts the cluster, nothing is left in
     flight, and the run ends at once with its final checkpoint (it waited for train.timeout_s,
-    then failed). Worker 1 is stopped at one of its pushes six steps before the end (with
-    its next token and weights on their way: ASP grants ahead) and killed a second later,
-    so its death is seen while the engine drains. The engine grants ASP no step past the
-    workload (``Ledger.within``); here it grants as a round's grants do, all of them, so
-    that steps run on after the workload is done, at depth 4 (at 8 a worker on this tiny
-    model can run every step it holds before the coordinator sees the push it stops at)."""
+    then failed). Worker 1 is stopped at one of its pushes within twelve steps of the end,
+    granted a step there (which it cannot run, stopped) and killed a second later, so its
+    death is seen while the engine drains. The engine grants ASP no step past the workload
+    (``Ledger.within``); here it grants as a round's grants do, all of them, so that steps
+    run on after the workload is done, at depth 4. (The grant at the stop is the test's
+    own: ASP's top-up alone left worker 1 nothing in flight on a loaded machine, where it
+    ran every step it held before the coordinator saw the push it was stopped at.)"""
     import signal
     import threading
 
@@ -296,11 +297,14 @@ def test_a_worker_lost_while_the_run_drains_its_last_steps_ends_the_run(tiny_pro
         fired = False
 
         def on_push(self, push, view):
-            if not self.fired and push.worker == 1 and view.samples >= total - 48:  # it holds its next token
+            decision = super().on_push(push, view)
+            if not self.fired and push.worker == 1 and view.samples >= total - 96:
                 self.fired, pid = True, engine.lifecycle.task_pid("worker", 1)
                 os.kill(pid, signal.SIGSTOP)
                 threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
-            return super().on_push(push, view)
+                if not any(g.worker == 1 for g in decision.grants):   # a step it cannot run: in flight at the end
+                    decision = dataclasses.replace(decision, grants=(*decision.grants, Grant(1, 8)))
+            return decision
 
     # a step timeout longer than the test's own (pytest's): ending by it would fail the test
     engine = _engine(tiny_problem, tmp_path, timeout_s=3600)
@@ -631,7 +635,7 @@ def test_an_undo_puts_back_the_weights_and_optimizer_state_kept_and_sets_the_pus
     6 updates counted equal single-process SGD with momentum on input blocks 0-2 and 4-6
     (block 3 went to the undone steps; the input goes on), the step counter says 6, and
     the two ASP pushes are in ``metrics.discarded.jsonl``, not ``metrics.jsonl``."""
-    from tfsync.policy import Decision, Grant, PushMode
+    from tfsync.policy import Decision, PushMode
 
     class KeepsThenUndoes(BSP):
         stage = "bsp"

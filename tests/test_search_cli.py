@@ -1,7 +1,8 @@
-"""`tfsync search` end to end on a real local cluster: interrupted, it resumes from the
-trials in the job store without training any of them again; `--show` prints the answer;
-`tfsync run` then switches at the stored point (and not when the job says
-switch.point = "job")."""
+"""`tfsync search` end to end on a real local cluster, on a model module of the user's in a
+folder tfsync has never seen (tests/userjob.py), run from another directory:
+interrupted, it resumes from the trials in the job store without training any of them
+again; `--show` prints the answer; `tfsync run` then switches at the stored point (and
+not when the job says switch.point = "job")."""
 
 import json
 import os
@@ -13,15 +14,25 @@ import time
 import psutil
 import pytest
 
-from helpers import DATA, default_sigint, linear_job, tfsync
+from helpers import default_sigint, tfsync
 from tfsync.cli.search import stored_switch_point
 from tfsync.job.config import load_job
 from tfsync.manager.store import Store
 from tfsync.switch.trials import config_signature
+from userjob import JOB_HEAD, user_job
 
 pytestmark = pytest.mark.cluster
 
-JOB = linear_job("recurring", epochs=0.5, eval_samples=500, extra="{switch}\n")
+JOB = JOB_HEAD + """learning_rate = 0.01
+batch_size = 16
+epochs = 2
+{switch}
+"""
+
+
+def write_job(tmp_path, run: str, switch: str = ""):
+    return user_job(tmp_path / "project", JOB.format(name="recurring", run_dir=tmp_path / run, units=16,
+                                                     switch=switch), file=f"{run}.toml")
 
 
 def stored_trials(db_path, signature):
@@ -35,15 +46,13 @@ def stored_trials(db_path, signature):
 @pytest.mark.slow
 def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=tmp_path / "run", switch=""))
+    job = write_job(tmp_path, "run")
     signature = config_signature(load_job(job).to_dict())
     db = str(tmp_path / "home" / "jobs.db")
-    args = ["search", str(job), "--runs", "1", "--settings", "1", "--data", DATA]
+    args = ["search", str(job), "--runs", "1", "--settings", "1"]
 
-    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+    proc = subprocess.Popen([sys.executable, "-m", "tfsync.cli", *args], cwd="/", env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 240
         while not stored_trials(db, signature):  # the BSP trial is in the store
@@ -65,7 +74,7 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     done_before = stored_trials(db, signature)
     assert [s["fraction"] for s, _ in done_before] == [1.0]
 
-    out = tfsync(*args, "--json", env=env, timeout=600)
+    out = tfsync(*args, "--json", env=env, timeout=600, cwd="/")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["trials_reused"] == 1 and result["trials_run"] == 2  # the BSP trial is not trained again
@@ -77,10 +86,10 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     assert result["fraction"] == min(times, key=times.get)
     f = result["fraction"]
 
-    show = tfsync("search", "--show", str(job), env=env, timeout=600)
+    show = tfsync("search", "--show", str(job), env=env, timeout=600, cwd="/")
     assert show.returncode == 0 and f"signature {signature}" in show.stdout and "accept" in show.stdout
 
-    run = tfsync("run", str(job), "--json", "--no-manager", "--data", DATA, env=env, timeout=600)
+    run = tfsync("run", str(job), "--json", "--no-manager", env=env, timeout=600, cwd="/")
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     expected = [["bsp", f], ["asp", 1.0]] if 0 < f < 1 else [["bsp" if f else "asp", 1.0]]
@@ -89,8 +98,7 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
     assert summary["evals"] == [] and summary["converged_accuracy"] == summary["test_accuracy"]
 
     # switch.point = "job": the job file's own plan, whatever is stored
-    own = tmp_path / "own.toml"
-    own.write_text(JOB.format(run_dir=tmp_path / "own", switch='[switch]\npoint = "job"'))
+    own = write_job(tmp_path, "own", '[switch]\npoint = "job"')
     os.environ["TFSYNC_HOME"], home = env["TFSYNC_HOME"], os.environ.get("TFSYNC_HOME")
     try:
         cfg, found = stored_switch_point(load_job(own))
@@ -103,8 +111,7 @@ def test_interrupted_search_resumes_and_run_uses_the_stored_point(tmp_path):
 
 def test_show_without_a_search_says_what_to_do(tmp_path):
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.format(run_dir=tmp_path / "run", switch=""))
+    job = write_job(tmp_path, "run")
     out = tfsync("search", "--show", str(job), env=env, timeout=600)
     assert out.returncode == 1 and "no switch point stored" in out.stderr and "tfsync search" in out.stderr
     bad = tfsync("search", str(job), "--runs", "0", env=env, timeout=600)

@@ -1,6 +1,6 @@
 """A model module of the user's, outside the package, in a folder tfsync has never seen:
-its job is run, switched at run time, stopped, resumed and searched through the command
-line exactly as the bundled MNIST job is (issue 16)."""
+its job is run, switched at run time, stopped and resumed through the command line
+exactly as the bundled MNIST job is (issue 16); tests/test_search_cli.py searches it."""
 
 import json
 import math
@@ -12,9 +12,7 @@ import sys
 import pytest
 
 from helpers import records, tfsync, wait_for
-from tfsync.job.config import load_job
 from tfsync.manager.store import Store
-from tfsync.switch.trials import config_signature
 from userjob import JOB_HEAD, user_job
 
 pytestmark = pytest.mark.cluster
@@ -94,23 +92,6 @@ def test_a_users_job_is_switched_stopped_and_resumed(tmp_path):
     with Store(tmp_path / "home" / "jobs.db") as store:
         (stored,) = store.jobs()
         assert stored.state == "done" and [r.kind for r in store.runs(stored.id)] == ["train", "resume"]
-
-
-@pytest.mark.slow
-def test_a_users_job_is_searched_and_run_at_the_stored_point(tmp_path):
-    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    job = project(tmp_path, epochs=2, protocols='until = 0.5\n[[protocol]]\nname = "asp"', run="search")
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "search", str(job), "--runs", "1", "--settings", "1",
-                        "--no-ends", "--json"], cwd="/", env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    result = json.loads(r.stdout)
-    assert result["trials_run"] == 2 and result["bsp"][0] > 0.5
-    signature = config_signature(load_job(job).to_dict())
-    with Store(tmp_path / "home" / "jobs.db") as store:
-        assert store.switch_point(signature)[0] == result["fraction"]
-    run = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "found by `tfsync search`" in run.stderr, run.stderr[-2000:]
 
 
 def test_a_job_without_accuracy_is_searched_on_its_test_loss(tmp_path):
