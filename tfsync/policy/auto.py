@@ -32,8 +32,8 @@ have come under its mean when ASP began (or within ``HOLDS``, 2 %, of it), or LB
 comes back, with the same block (a CNN ASP's staleness kept at chance on the testbed
 never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy), nor
 go back: from then on, a loss ``LOSS_BACK`` (10 %) above its mean when ASP began for
-another ``progress_s`` sends it back too (another seed's loss fell a little, then went back to chance,
-and the check at ``progress_s`` had passed). Since
+another ``progress_s`` sends it back too (another seed's loss fell a little, then went
+back to chance, and the check at ``progress_s`` had passed). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
 the loss is ``LOSS_FALL`` (10 %) below its first second's mean (the CNN, still at chance
 when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). And
@@ -439,7 +439,8 @@ class AutoPolicy(Policy):
         it reached since; ``progress_s`` into ASP, never under its mean when ASP began (or
         within ``HOLDS`` of it), or, from then on, ``LOSS_BACK`` above it for another
         ``progress_s`` (a regression as lasting as the progress ASP had to show, not the
-        noise of a second's mean: on a linear model's real pushes it rose 47 % above for 2 s). None for each while it is not so, or no loss is reported. A model ASP's
+        noise of a second's mean: on a linear model's real pushes it rose 47 % above for
+        2 s). None for each while it is not so, or no loss is reported. A model ASP's
         staleness sends back to chance (a CNN at four workers) never rose to twice its
         lowest: it never fell, or (another seed) fell a little first, then went back to
         chance, 0.28 to 0.10 test accuracy, and stayed in ASP to the end."""

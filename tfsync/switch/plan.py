@@ -37,7 +37,7 @@ class SwitchPlan:
         for name, until in phases:
             if not last < until <= 1.0:
                 raise PlanError(f"switch plan phase {name!r} until {until}: each 'until' must be in "
-                                 f"(previous {last}, 1.0], increasing")
+                                f"(previous {last}, 1.0], increasing")
             last = until
         if last != 1.0:
             raise PlanError(f"switch plan ends at {last}; the last phase must run until 1.0")
