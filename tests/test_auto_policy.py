@@ -220,6 +220,39 @@ def test_asp_whose_training_loss_falls_then_goes_back_gives_way_to_lbbsp(back_to
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
+@pytest.mark.parametrize("share", [0.0, 0.8])
+def test_asp_whose_training_loss_falls_slower_than_lbbsps_did_gives_way_to_lbbsp(share):
+    """A CNN on the testbed (seed 0): ASP kept after its trial, its training loss a little
+    under its mean when ASP began at ``progress_s``, so the check there passed, and it
+    stayed in ASP to the end at a test accuracy LB-BSP had passed. Now its fall per second
+    by then is held against the pace of LB-BSP's over the ``progress_s`` before the trial
+    (0.04 a second here, from 2.0): with ASP's loss flat where ASP found it (a little under
+    the second's mean it began at) LB-BSP comes back, saying so, and no ASP trial follows
+    for 40 s; falling at 0.8 of LB-BSP's pace, ASP stays."""
+    import random
+
+    policy, rng = AutoPolicy(batch_size=32), random.Random(1)
+
+    def loss(now, state, began):
+        if state != "asp":
+            return (2.0 - 0.04 * now) * first_second(now) * rng.uniform(0.98, 1.02)
+        return (2.0 - 0.04 * began - share * 0.04 * (now - began)) * rng.uniform(0.98, 1.02)
+
+    sim = Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, loss)
+    sim.run(policy, time=20.0)
+    assert [t["kept"] for t in policy.trials] == [True]
+    if share > 0.5:
+        assert [m["to"] for m in policy.moves] == ["asp"], policy.moves
+        return
+    assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
+    back = policy.moves[1]
+    assert re.match(r"the training loss in ASP from 1\.\d+ to 1\.\d+ at best in 6 s, under 0\.5 of the way to "
+                    r"the 1\.\d+ LB-BSP's pace before it \(as t\^-0\.\d+\) reaches", back["why"]), back["why"]
+    assert sim.model.began + 6.0 <= back["time"] < sim.model.began + 6.5
+    assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
+
+
 def test_the_switchs_own_transient_does_not_send_asp_back():
     """The training loss three times its level for the first 2.5 s of ASP (the switch's
     transient: 2.1-2.7x on the testbed at four workers), then below where ASP found it:

@@ -33,7 +33,13 @@ comes back, with the same block (a CNN ASP's staleness kept at chance on the tes
 never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy), nor
 go back: from then on, a loss ``LOSS_BACK`` (10 %) above its mean when ASP began for
 another ``progress_s`` sends it back too (another seed's loss fell a little, then went
-back to chance, and the check at ``progress_s`` had passed). Since
+back to chance, and the check at ``progress_s`` had passed). Nor may it fall much slower
+than LB-BSP's did: at ``progress_s`` ASP's loss must have gone ``FALL_SHARE`` (half) of
+the way to where LB-BSP's pace in the ``progress_s`` before the trial would have taken
+it (that pace a power law ``t^-a`` fitted to its losses, since a loss falls fast early and
+slowly later; none asked where LB-BSP would not have fallen ``HOLDS``), or LB-BSP comes
+back, with the same block (a CNN's ASP kept its loss 2 % under where it found it for 24
+s, at a test accuracy of 0.2-0.28 that LB-BSP took to 0.47). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
 the loss is ``LOSS_FALL`` (10 %) below its first second's mean (the CNN, still at chance
 when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). And
@@ -106,6 +112,7 @@ MIN_LOSSES = 8   # pushes the training loss's mean needs
 LOSS_FALL = 0.1  # how far below its first second's mean the loss must be before an ASP trial
 LOSS_BACK = 0.1  # how far above its mean when ASP began it may be from progress_s on, for progress_s
 HOLDS = 0.02     # a loss within this of where ASP found it holds (late in training it falls slowly)
+FALL_SHARE = 0.5  # ASP's loss must go at least this share of the way LB-BSP's pace before it would take it
 
 
 class _Window:
@@ -220,6 +227,10 @@ class AutoPolicy(Policy):
         self.start_loss: float | None = None     # the loss's mean then
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch
         self.back_since: float | None = None     # since when it has been LOSS_BACK above its mean then
+        self.began_at: float | None = None       # the first push's arrival (time's origin for the loss's fall)
+        self.fell_at: float | None = None        # when the loss first was LOSS_FALL below its first second's
+        self.lbbsp_losses: collections.deque = collections.deque()   # (arrival, loss) under LB-BSP since then
+        self.lbbsp_fall: float | None = None     # LB-BSP's loss's fall before the trial (loss_fall)
         # (arrival, batch, staleness)
         self.arrivals: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=8192)
         self.trial: dict | None = None     # ASP on trial: since when, LB-BSP's samples/s before it
@@ -231,11 +242,40 @@ class AutoPolicy(Policy):
     def _observe(self, push: Push) -> None:
         if push.batch_size > 0 and not push.dropped:
             self.arrivals.append((push.arrival, push.batch_size, push.pushes_during))
+            if self.began_at is None:
+                self.began_at = push.arrival
             if math.isfinite(push.loss):
                 self.loss.add(push.arrival, push.loss)
+                self._track_lbbsp(push.arrival, push.loss)
         t = push.turnaround
         if t > 0 and push.batch_size > 0:
             self.steps.setdefault(push.worker, _Window()).add(push.arrival, push.batch_size, t)
+
+    def _track_lbbsp(self, now: float, loss: float) -> None:
+        """Keep LB-BSP's training losses of the last ``progress_s``, from when the loss
+        left its first plateau on (what ASP's fall is held against)."""
+        track = self.lbbsp_losses
+        if self.state != "lbbsp":
+            track.clear()
+        elif self.fell_at is not None:
+            track.append((now, loss))
+            while track[0][0] < now - self.progress_s:
+                track.popleft()
+
+    def loss_fall(self, points) -> float | None:
+        """How fast the training loss fell over ``points`` ((time, loss) pairs): the
+        exponent ``a`` of a power law ``loss ~ t^-a`` fitted by least squares, ``t`` counted
+        from the first push. A loss falls fast early and slowly later, so a fall per second
+        measured before ASP's trial would ask more of ASP than LB-BSP itself would have
+        done after it; fitted to such a curve, ``a`` stays. None for fewer than
+        ``MIN_LOSSES`` points, less than ``WINDOW_S`` apart, or a loss not above 0."""
+        points = [(t - self.began_at, v) for t, v in points]
+        if len(points) < MIN_LOSSES or points[-1][0] - points[0][0] < WINDOW_S or \
+                min(t for t, _ in points) <= 0 or min(v for _, v in points) <= 0:
+            return None
+        xs, ys = [math.log(t) for t, _ in points], [math.log(v) for _, v in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        return -sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
     def _measured(self, view: ClusterView) -> dict[int, tuple[float, float]] | None:
         """Each member's (mean step time, samples per second of its steps) over the window;
@@ -389,6 +429,7 @@ class AutoPolicy(Policy):
         why += f": ASP on trial against LB-BSP's {lbbsp_rate or 0:.0f} samples/s"
         self.trial = {"since": view.now, "lbbsp_rate": lbbsp_rate}
         self.start_loss, self.lowest_loss, self.asp_since, self.back_since = self.loss.mean, None, view.now, None
+        self.lbbsp_fall = self.loss_fall(self.lbbsp_losses)
         self._move("asp", view, why)
         a = self.asp.start(view)
         return Decision(a.grants, barrier=view.pending > 0, keep_weights=self.undo, **self.hyper("asp"))
@@ -430,7 +471,10 @@ class AutoPolicy(Policy):
         mean = self.loss.mean
         if self.first_loss is None:
             self.first_loss = mean
-        return mean is None or mean <= (1 - LOSS_FALL) * self.first_loss
+        fell = mean is None or mean <= (1 - LOSS_FALL) * self.first_loss
+        if fell and mean is not None and self.fell_at is None:
+            self.fell_at = self.loss.points[-1][0]
+        return fell
 
     def _loss_in_asp(self, view: ClusterView) -> tuple[str | None, str | None]:
         """(why ASP loses ground, why it makes none), from the training loss's mean once ASP
@@ -443,7 +487,10 @@ class AutoPolicy(Policy):
         2 s). None for each while it is not so, or no loss is reported. A model ASP's
         staleness sends back to chance (a CNN at four workers) never rose to twice its
         lowest: it never fell, or (another seed) fell a little first, then went back to
-        chance, 0.28 to 0.10 test accuracy, and stayed in ASP to the end."""
+        chance, 0.28 to 0.10 test accuracy, and stayed in ASP to the end. And once, at
+        ``progress_s``: under ``FALL_SHARE`` of the way to where LB-BSP's pace before the
+        trial (``loss_fall``) would have taken the loss (a third seed's held 2 % under
+        where ASP found it, at a test accuracy LB-BSP was leaving behind)."""
         if self.asp_since is None:   # (ASP resumed from a saved state: watched from now)
             self.asp_since = view.now
         if view.now < self.asp_since + self.hold_s:
@@ -463,7 +510,15 @@ class AutoPolicy(Policy):
             stalled = (f"the training loss in ASP not under {start:.3g}, its mean when ASP began, in "
                        f"{self.progress_s:g} s ({'none measured' if best is None else f'{best:.3g} at best'}): "
                        "staleness undoes what ASP's speed brings")
-        elif back and view.now - self.back_since >= self.progress_s:
+        elif judged and best is not None and self.lbbsp_fall is not None:   # once, at progress_s
+            a, self.lbbsp_fall = self.lbbsp_fall, None
+            paced = start * ((view.now - self.began_at) / (self.asp_since - self.began_at)) ** -a
+            if start - paced >= HOLDS * start and start - best < FALL_SHARE * (start - paced):
+                stalled = (f"the training loss in ASP from {start:.3g} to {best:.3g} at best in "
+                           f"{view.now - self.asp_since:.0f} s, under {FALL_SHARE:g} of the way to the {paced:.3g} "
+                           f"LB-BSP's pace before it (as t^-{a:.2g}) reaches: staleness undoes what ASP's speed "
+                           "brings")
+        if stalled is None and back and view.now - self.back_since >= self.progress_s:
             stalled = (f"the training loss in ASP {mean:.3g}, {mean / start:.2f}x its mean when ASP began "
                        f"({start:.3g}), above it for {self.progress_s:g} s: staleness undoes what ASP's speed "
                        "brings")
