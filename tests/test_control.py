@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from helpers import DATA, kill_if_running, linear_job, tfsync, tfsync_run, wait_for
+import helpers
+from helpers import DATA, kill_if_running, linear_job, wait_for
 from tfsync.api import auth
 from tfsync.manager.store import Store
 
@@ -21,13 +22,27 @@ JOB = linear_job("ctl", "bsp", batch_size=16, epochs=20, checkpoint_every=0)
 
 @pytest.mark.slow
 def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
+    """`tfsync run job.toml` in its folder, with a relative run_dir; every command given the
+    job file's absolute path (or the run directory's) from another folder reaches that run."""
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    with tfsync_run(tmp_path, JOB, env=env) as (run, run_dir, job), contextlib.ExitStack() as cleanup:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    job, run_dir = project / "job.toml", project / "runs" / "ctl"
+    job.write_text(JOB.format(run_dir="runs/ctl"))
+    with contextlib.ExitStack() as cleanup:
+        run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", "job.toml", "--json", "--data", DATA],
+                               cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        cleanup.callback(kill_if_running, run)
+
+        def tfsync(*args):
+            return helpers.tfsync(*args, env=env, cwd=elsewhere)
+
         info = wait_for("the manager", lambda: (run_dir / "control" / "manager.json").is_file())
         assert info and oct((run_dir / "control" / "token").stat().st_mode & 0o777) == "0o600"
 
         def status():
-            r = tfsync("status", str(job), "--json", env=env)
+            r = tfsync("status", str(job), "--json")
             return json.loads(r.stdout) if r.returncode == 0 else None
 
         first = wait_for("steps", lambda: (s := status()) and int(s.get("step", 0)) > 5 and s)
@@ -36,41 +51,41 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
         token = run_dir / "control" / "token"
         real = token.read_text()
         token.write_text(auth.new_token() + "\n")  # a caller with a wrong token is refused
-        bad = tfsync("status", str(job), env=env)
+        bad = tfsync("status", str(job))
         token.write_text(real)
         assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
         # the step records from the first on (held ones replayed), until the run ends
-        metrics = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "metrics", str(job), "--json"],
+        metrics = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "metrics", str(job), "--json"], cwd=elsewhere,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         cleanup.callback(kill_if_running, metrics)
 
-        bad = tfsync("batch-sizes", str(run_dir), "8", "8", "8", env=env)
+        bad = tfsync("batch-sizes", str(run_dir), "8", "8", "8")
         assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "expected 2 integers" in bad.stderr
-        bad = tfsync("switch", str(job), "--to", "zipline", env=env)
+        bad = tfsync("switch", str(job), "--to", "zipline")
         assert bad.returncode == 2 and "unknown protocol 'zipline'" in bad.stderr
 
-        bad = tfsync("switch", str(job), "--to", "ssp", "--lr-scale", "nan", env=env)
+        bad = tfsync("switch", str(job), "--to", "ssp", "--lr-scale", "nan")
         assert bad.returncode == 2 and "lr_scale nan; expected a finite number > 0" in bad.stderr
 
         # refused where it would be carried out, and the caller is told so (not "queued")
-        big = tfsync("batch-sizes", str(job), "4", "100000", env=env)
+        big = tfsync("batch-sizes", str(job), "4", "100000")
         assert big.returncode == 1 and "FAILED_PRECONDITION" in big.stderr, big.stderr
         assert "exceeds the input pipeline's" in big.stderr and len(big.stderr.strip().splitlines()) == 1
 
-        lb = tfsync("switch", str(job), "--to", "lbbsp", env=env)
+        lb = tfsync("switch", str(job), "--to", "lbbsp")
         assert lb.returncode == 0 and "switched bsp -> lbbsp" in lb.stdout, lb.stderr
-        mine = tfsync("batch-sizes", str(job), "4", "12", env=env)
+        mine = tfsync("batch-sizes", str(job), "4", "12")
         assert mine.returncode == 1 and "lbbsp sizes its own batches" in mine.stderr, mine.stderr
 
-        sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", "--lr-scale", "0.5", env=env)
+        sw = tfsync("switch", str(job), "--to", "ssp", "--staleness", "1", "--lr-scale", "0.5")
         assert sw.returncode == 0 and "switched lbbsp -> ssp (hot)" in sw.stdout, sw.stderr
         assert status()["protocol"] == "ssp"  # carried out before the answer came
 
-        sizes = tfsync("batch-sizes", str(job), "4", "12", env=env)
+        sizes = tfsync("batch-sizes", str(job), "4", "12")
         assert sizes.returncode == 0 and "batch sizes [4, 12] from the next grant" in sizes.stdout, sizes.stderr
         wait_for("batch sizes 4 and 12", lambda: (s := status()) and s.get("batch_sizes") == [4, 12])
 
-        assert tfsync("stop", str(job), env=env).returncode == 0
+        assert tfsync("stop", str(job)).returncode == 0
         out, err = run.communicate(timeout=120)
         streamed, metrics_err = metrics.communicate(timeout=30)
     assert run.returncode == 0, err[-2000:]
@@ -98,34 +113,11 @@ def test_status_switch_batch_sizes_and_stop_reach_a_running_job(tmp_path):
 
 
 def test_a_job_that_is_not_running_is_named(tmp_path):
-    r = tfsync("status", str(tmp_path))
+    """A run directory, or a job file whose relative run_dir holds no running job: one line
+    naming the absolute paths looked at."""
+    r = helpers.tfsync("status", str(tmp_path))
     assert r.returncode == 2 and "no running job there" in r.stderr
-
-
-def test_a_job_file_named_from_another_folder_reaches_its_run(tmp_path):
-    """`tfsync run job.toml` in its folder, with a relative run_dir; `tfsync status` and
-    `stop` given the job file's absolute path from another folder reach that run; a job
-    that does not run is one line naming the absolute paths looked at."""
-    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
-    project.mkdir()
-    elsewhere.mkdir()
-    job = project / "job.toml"
-    job.write_text(linear_job("far", "bsp", epochs=50).format(run_dir="runs/far"))
-    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    run = subprocess.Popen([sys.executable, "-m", "tfsync.cli", "run", "job.toml", "--json", "--data", DATA],
-                           cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        def status():
-            r = tfsync("status", str(job), "--json", env=env, cwd=elsewhere)
-            return json.loads(r.stdout) if r.returncode == 0 else None
-
-        assert wait_for("the run, from another folder", lambda: (s := status()) and int(s.get("step", 0)) > 0 and s)
-        stopped = tfsync("stop", str(job), env=env, cwd=elsewhere)
-        assert stopped.returncode == 0, stopped.stderr
-        run.communicate(timeout=120)
-    finally:
-        kill_if_running(run)
-    other = elsewhere / "other.toml"
+    other = tmp_path / "other.toml"
     other.write_text(linear_job("other", "bsp").format(run_dir="runs/other"))
-    r = tfsync("status", str(other), env=env, cwd=elsewhere)
-    assert r.returncode == 2 and f"no {elsewhere}/runs/other/control/manager.json" in r.stderr, r.stderr
+    r = helpers.tfsync("status", str(other), cwd=tmp_path)
+    assert r.returncode == 2 and f"no {tmp_path}/runs/other/control/manager.json" in r.stderr, r.stderr

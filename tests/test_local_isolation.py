@@ -89,15 +89,20 @@ for port in map(int, sys.argv[1:]):
 '''
 
 TF_CALL = r'''
-import sys
+import sys, threading
 import tensorflow as tf
-for port in sys.argv[1:]:
+def call(port):   # every port at once: each attempt waits out its own timeout
     try:
-        with tf.compat.v1.Session(f"grpc://127.0.0.1:{port}", config=tf.compat.v1.ConfigProto(
+        with tf.Graph().as_default(), tf.compat.v1.Session(f"grpc://127.0.0.1:{port}", config=tf.compat.v1.ConfigProto(
                 operation_timeout_in_ms=3000)) as s:
-            print(port, s.run(tf.constant(7)))
+            print(port, s.run(tf.constant(7)), flush=True)
     except Exception as e:
         pass
+calls = [threading.Thread(target=call, args=(port,)) for port in sys.argv[1:]]
+for t in calls:
+    t.start()
+for t in calls:
+    t.join()
 '''
 
 

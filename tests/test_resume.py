@@ -55,53 +55,31 @@ def test_resume_after_the_manager_is_killed(tmp_path):
         assert [run.kind for run in store.runs(stored.id)] == ["train", "resume"]
 
 
-def test_resuming_a_finished_job_says_it_is_done_and_starts_nothing(tmp_path):
+def test_a_finished_job_is_done_and_a_damaged_newest_checkpoint_is_skipped_naming_it(tmp_path):
     """A job trained to its end: `tfsync resume` says so (exit 0), starts no cluster and
-    writes nothing; with a larger workload (--set train.epochs) it trains on."""
-    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    short = CHECKPOINTED_JOB.replace("epochs = 1.5", "epochs = 0.2\neval_every = 5")
-    with tfsync_run(tmp_path, short, env=env) as (run, run_dir, job):
-        run.communicate(timeout=300)
-    assert run.returncode == 0
-    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
-    assert "res is done: it trained" in r.stderr and "nothing started" in r.stderr, r.stderr
-    assert r.stdout == "" and "steps/s" not in r.stderr
-    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file() and p.name != ".tfsync.lock"} \
-        == {p: t for p, t in before.items() if p.name != ".tfsync.lock"}
-    more = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA,
-                           "--set", "train.epochs=0.3"], capture_output=True, text=True, timeout=300, env=env)
-    assert more.returncode == 0, more.stderr[-2000:]
-    summary, start = json.loads(more.stdout), json.loads(more.stdout)["resumed_from"]["samples"]
-    first, second = summary["runs"]
-    assert second["samples"] == summary["samples"] - start > 0   # this run's own, exactly
-    assert first["samples"] >= start
-    # the whole job's evaluations: the first run's up to the checkpoint, then this run's
-    assert any(e["samples"] <= start for e in summary["evals"]) and any(e["samples"] > start for e in summary["evals"])
-
-
-def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
-    job = tmp_path / "job.toml"
-    job.write_text(CHECKPOINTED_JOB.format(run_dir=tmp_path / "run"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job)], capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")))
-    assert r.returncode == 2 and "no checkpoint to resume from" in r.stderr
-
-
-def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
-    """Issue 31 case 6: the newest checkpoint's data damaged on disk, `tfsync resume` says in
-    one line that it skipped it and why, and goes on from the newest intact one."""
+    writes nothing. Then (issue 31 case 6) its newest checkpoint's data damaged on disk:
+    with a larger workload (--set train.epochs) `tfsync resume` says in one line that it
+    skipped it and why, goes on from the newest intact one and trains on, counting its
+    own samples exactly."""
     from helpers import linear_job
 
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     run_dir, job = tmp_path / "run", tmp_path / "job.toml"
-    job.write_text(linear_job("dmg", {"name": "bsp", "until": 0.3}, "asp", epochs=0.2,
-                              checkpoint_every=5).format(run_dir=run_dir))
+    job.write_text(linear_job("dmg", {"name": "bsp", "until": 0.3}, "asp", epochs=0.2, checkpoint_every=5,
+                              eval_every=5).format(run_dir=run_dir))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "dmg is done: it trained" in r.stderr and "nothing started" in r.stderr, r.stderr
+    assert r.stdout == "" and "steps/s" not in r.stderr
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file() and p.name != ".tfsync.lock"} \
+        == {p: t for p, t in before.items() if p.name != ".tfsync.lock"}
+
     saved = [x for x in records(run_dir) if x.get("event") == "checkpoint"]
     newest, older = saved[-1]["path"], saved[-2]
     data = next(p for p in os.listdir(run_dir / "checkpoints") if p.startswith(os.path.basename(newest) + ".data"))
@@ -116,10 +94,24 @@ def test_resume_skips_a_damaged_newest_checkpoint_naming_it(tmp_path):
     said = [line for line in r.stderr.splitlines() if line.startswith("skipped checkpoint")]
     assert len(said) == 1 and newest in said[0] and "does not read back" in said[0], r.stderr[-2000:]
     summary = json.loads(r.stdout)
+    start = summary["resumed_from"]["samples"]
     assert summary["resumed_from"]["path"] == older["path"] and summary["samples"] >= summary["workload_samples"]
+    first, second = summary["runs"]
+    assert second["samples"] == summary["samples"] - start > 0   # this run's own, exactly
+    assert first["samples"] >= start
+    # the whole job's evaluations: the first run's up to the checkpoint, then this run's
+    assert any(e["samples"] <= start for e in summary["evals"]) and any(e["samples"] > start for e in summary["evals"])
     # resumed in the ASP phase: the BSP phase before it is done, not started again for a round
     recs = records(run_dir)
     after = [x for x in recs[max(i for i, x in enumerate(recs) if x.get("event") == "resume"):] if "worker" in x]
     assert after and {x["protocol"] for x in after} == {"asp"}
     assert [ph["protocol"] for ph in summary["timeline"]] == ["bsp", "asp", "asp"]
     assert summary["timeline"][-1]["resumed"] and [r["stopped"] for r in summary["runs"]] == [False, False]
+
+
+def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(CHECKPOINTED_JOB.format(run_dir=tmp_path / "run"))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job)], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")))
+    assert r.returncode == 2 and "no checkpoint to resume from" in r.stderr

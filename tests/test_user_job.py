@@ -133,7 +133,11 @@ duration_s = 1000
 def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     """LB-BSP and straggler injection on a model tfsync has never seen: worker 1 paused to a
     quarter of its speed throughout; every full round still trains X = 2 x 32 examples,
-    split so that the slow worker gets the smaller share once its slowdown is measured."""
+    split so that the slow worker gets the smaller share once its slowdown is measured.
+    The PS closes and opens the rounds, yet the speeds LB-BSP sizes from are the
+    workers': each push's turnaround from the PS's release of its round to its landing,
+    on the PS's clock (the coordinator sees a round's pushes together, after the PS
+    already opened the next one: by its own clock every worker looked alike)."""
     job = user_job(tmp_path / "project", LBBSP_JOB.format(name="blobs-lb", run_dir=tmp_path / "run", units=64))
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager"], cwd="/",
                        env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")), capture_output=True, text=True,
@@ -152,3 +156,8 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     # that began some seconds in left too few rounds after it on a fast machine)
     late = [full[k][1] for k in sorted(full)[len(full) // 2:]]
     assert sum(late) / len(late) < 24, late  # the slow worker's share (even: 32)
+    assert summary["ps_rounds"] >= 0.9 * summary["updates"]
+    # one machine, one clock: from the release to the landing holds the worker's own step
+    timed = [p for p in pushes if "turnaround_s" in p]   # (kept beside a prediction)
+    assert len(timed) > 0.9 * len(pushes) and all(p["turnaround_s"] >= p["compute_s"] - 1e-4 for p in timed), \
+        [(p["round"], p["turnaround_s"], p["compute_s"]) for p in timed if p["turnaround_s"] < p["compute_s"]][:5]
