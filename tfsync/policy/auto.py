@@ -34,10 +34,11 @@ never rose to twice its lowest: auto stayed in ASP to the end at 10 % accuracy),
 go back: from then on, a loss ``LOSS_BACK`` (10 %) above its mean when ASP began for
 another ``progress_s`` sends it back too (another seed's loss fell a little, then went
 back to chance, and the check at ``progress_s`` had passed). Nor may it fall much slower
-than LB-BSP's did: at ``progress_s`` ASP's loss must have gone ``FALL_SHARE`` (half) of
-the way to where LB-BSP's pace in the ``progress_s`` before the trial would have taken
-it (that pace a power law ``t^-a`` fitted to its losses, since a loss falls fast early and
-slowly later; none asked where LB-BSP would not have fallen ``HOLDS``), or LB-BSP comes
+than LB-BSP's did: at ``progress_s`` ASP's loss (the mean of its last ``hold_s``) must
+have gone ``FALL_SHARE`` (half) of the way to where LB-BSP's pace in the ``progress_s``
+before the trial would have taken it (that pace a power law ``t^-a`` fitted to its losses,
+since a loss falls fast early and slowly later; none asked where LB-BSP would not have
+fallen ``HOLDS``), or LB-BSP comes
 back, with the same block (a CNN's ASP kept its loss 2 % under where it found it for 24
 s, at a test accuracy of 0.2-0.28 that LB-BSP took to 0.47). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
@@ -505,9 +506,10 @@ class AutoPolicy(Policy):
         staleness sends back to chance (a CNN at four workers) never rose to twice its
         lowest: it never fell, or (another seed) fell a little first, then went back to
         chance, 0.28 to 0.10 test accuracy, and stayed in ASP to the end. And once, at
-        ``progress_s``: under ``FALL_SHARE`` of the way to where LB-BSP's pace before the
-        trial (``loss_pace``) would have taken it, ASP's loss its mean over ``hold_s`` (a third seed's held 2 % under
-        where ASP found it, at a test accuracy LB-BSP was leaving behind)."""
+        ``progress_s``: ASP's loss (its mean over its last ``hold_s``) under ``FALL_SHARE``
+        of the way to where LB-BSP's pace before the trial (``loss_pace``) would have taken
+        it (a third seed's held 2 % under where ASP found it, at a test accuracy LB-BSP was
+        leaving behind)."""
         if self.asp_since is None:   # (ASP resumed from a saved state: watched from now)
             self.asp_since = view.now
         if view.now < self.asp_since + self.hold_s:
