@@ -130,6 +130,22 @@ def test_no_asp_trial_while_the_loss_sits_at_its_first_plateau():
     assert policy.moves[0]["time"] < 4.0
 
 
+def test_no_asp_trial_the_run_would_end_in():
+    """A worker 3x slower from the start (no loss reported: the trial comes at once): a run
+    of fewer samples than LB-BSP trains in ``progress_s + hold_s`` (8 s) starts no trial,
+    which it would end in, never judged nor undone (a CNN's ended in ASP at 0.374 against
+    LB-BSP's 0.414); a longer one does."""
+    def sim():
+        return Simulator(4, SpeedModel(factors=[1, 3, 1, 1], seed=1, **NOISE))
+
+    probe = sim()
+    probe.run(AutoPolicy(batch_size=32), time=6.0)
+    for samples, moved in ((probe.samples, []), (4 * probe.samples, ["asp"])):
+        policy = AutoPolicy(batch_size=32)
+        sim().run(policy, samples=samples)
+        assert [m["to"] for m in policy.moves][:1] == moved, (samples, policy.moves)
+
+
 @pytest.mark.parametrize("rises", [True, False])
 def test_asp_whose_training_loss_rises_gives_way_to_lbbsp(rises):
     """ASP kept after its trial (a worker 3x slower), then its training loss climbs, 50 %

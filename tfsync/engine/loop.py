@@ -85,7 +85,7 @@ class Loop:
         return self.lifecycle.workers
 
     def view(self) -> ClusterView:
-        return self.ledger.view(time.time(), self.lifecycle.monitor.latest())
+        return self.ledger.view(time.time(), self.lifecycle.monitor.latest(), self.phase_end)
 
     def in_flight(self) -> int:
         return self.ledger.in_flight()

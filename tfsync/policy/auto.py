@@ -47,8 +47,12 @@ when ASP began 7.6 s in, learned at a fraction of LB-BSP's pace and was kept). A
 whatever sends ASP back, if its loss is then a quarter of ``loss_rise`` above its mean
 when ASP began, the next trial waits as long (eight workers' ASP took the accuracy from
 0.93 to 0.59 in two seconds, went back for the speeds alone, and was tried again 12 s
-later). And since a trial can send a model back to chance (a CNN on the testbed went
-from 0.31 to 0.13 test accuracy and never came back within the run), a copy of the weights
+later). No trial starts that the run would end in, never judged nor undone: with fewer
+samples left (``ClusterView.remaining``) than LB-BSP trains in ``progress_s + hold_s`` (a
+CNN's second trial began 1.6 s before the run's end, and the run ended in it, at 0.374
+test accuracy against LB-BSP's 0.414). And since a trial can send a model back to chance
+(a CNN on the testbed went from 0.31 to 0.13 test accuracy and never came back within the
+run), a copy of the weights
 and the optimizer's state is kept on the PS when ASP begins (``undo``, default on; it
 doubles the PS's memory for them): if ASP's training loss (its last ``hold_s``), as its steps
 drain, is not ``HOLDS`` under its mean when ASP began, the copy is put back, ASP's updates are
@@ -440,6 +444,9 @@ class AutoPolicy(Policy):
             return None
         measured = self.rate(view.now - self.hold_s)
         lbbsp_rate = measured[0] if measured else None
+        if view.remaining is not None and lbbsp_rate and view.remaining < lbbsp_rate * (self.progress_s + self.hold_s):
+            self._since = None   # a trial the run would end in, never judged nor undone (waited for again)
+            return None
         if beyond:
             why = f"w{w}'s steps {ratio:.1f}x the median {where}, for {self.hold_s:g} s: more than LB-BSP can balance"
         else:

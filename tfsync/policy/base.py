@@ -169,6 +169,8 @@ class ClusterView:
     ``now``: coordinator time in seconds. ``active``: the members (None = all).
     ``resources``: latest CPU/memory sample per worker, where a monitor provides them.
     ``history``: recent pushes, newest last (a live sequence: read it, never change it).
+    ``remaining``: samples left before the run (or its phase) ends, where the driver knows
+    (None: unknown).
     """
 
     num_workers: int
@@ -184,6 +186,7 @@ class ClusterView:
     active: frozenset[int] | None = None
     resources: Mapping[int, object] = field(default_factory=dict, repr=False, compare=False)
     history: Sequence[Push] = field(default=(), repr=False, compare=False)
+    remaining: int | None = None
 
     @property
     def pending(self) -> int:

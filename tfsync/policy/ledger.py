@@ -73,12 +73,15 @@ class Ledger:
         self.mark: tuple[int, int, int] | None = None   # (samples, updates, pushes) where the weights were kept
 
     # -- what the policy sees --------------------------------------------------------------
-    def view(self, now: float, resources=None) -> ClusterView:
+    def view(self, now: float, resources=None, end: int | None = None) -> ClusterView:
+        """What the policy sees at ``now``; ``end``: the samples the run (or its phase)
+        ends at, where known (``ClusterView.remaining``)."""
         return ClusterView(
             num_workers=self.num_workers, clocks=tuple(self.clocks), granted=tuple(self.granted),
             round=self.round, pending_workers=tuple(self.pending_workers), pending_samples=self.pending_samples,
             pushes=self.pushes, updates=self.updates, samples=self.samples, now=now, active=self.active,
             history=self.history, resources=resources if resources is not None else {},
+            remaining=None if end is None else max(0, end - self.samples),
         ).known(members=self.active, in_flight=self._member_in_flight, min_clock=self._min.value)
 
     def in_flight(self) -> int:

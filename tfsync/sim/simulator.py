@@ -169,7 +169,7 @@ class Simulator:
 
     # -- the policy's view ---------------------------------------------------------------
     def view(self) -> ClusterView:
-        return self.ledger.view(self.now, self.monitor.at(self.now))
+        return self.ledger.view(self.now, self.monitor.at(self.now), self._samples_end)
 
     # -- running -------------------------------------------------------------------------
     def run(self, policy: Policy, *, pushes: int | None = None, updates: int | None = None,
