@@ -240,9 +240,9 @@ def test_asp_whose_training_loss_falls_then_goes_back_gives_way_to_lbbsp(back_to
 def test_asp_whose_training_loss_falls_slower_than_lbbsps_did_gives_way_to_lbbsp(share):
     """A CNN on the testbed (seed 0): ASP kept after its trial, its training loss a little
     under its mean when ASP began at ``progress_s``, so the check there passed, and it
-    stayed in ASP to the end at a test accuracy LB-BSP had passed. Now its fall per second
-    by then is held against the pace of LB-BSP's over the ``progress_s`` before the trial
-    (0.04 a second here, from 2.0): with ASP's loss flat where ASP found it (a little under
+    stayed in ASP to the end at a test accuracy LB-BSP had passed. Now its fall by then is
+    held against the pace of LB-BSP's before the trial (0.04 a second here, from 2.0,
+    fitted as a power law): with ASP's loss flat where ASP found it (a little under
     the second's mean it began at) LB-BSP comes back, saying so, and no ASP trial follows
     for 40 s; falling at 0.8 of LB-BSP's pace, ASP stays."""
     import random

@@ -35,8 +35,9 @@ go back: from then on, a loss ``LOSS_BACK`` (10 %) above its mean when ASP began
 another ``progress_s`` sends it back too (another seed's loss fell a little, then went
 back to chance, and the check at ``progress_s`` had passed). Nor may it fall much slower
 than LB-BSP's did: at ``progress_s`` ASP's loss (the mean of its last ``hold_s``) must
-have gone ``FALL_SHARE`` (half) of the way to where LB-BSP's pace in the ``progress_s``
-before the trial would have taken it (that pace a power law ``t^-a`` fitted to its losses,
+have gone ``FALL_SHARE`` (half) of the way to where LB-BSP's pace before the trial would
+have taken it (that pace a power law ``t^-a`` fitted to its losses of at most the
+``progress_s`` before it, from when a lagging worker found the loss off its plateau,
 since a loss falls fast early and slowly later; none asked where LB-BSP would not have
 fallen ``HOLDS``), or LB-BSP comes
 back, with the same block (a CNN's ASP kept its loss 2 % under where it found it for 24
@@ -234,7 +235,7 @@ class AutoPolicy(Policy):
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch
         self.back_since: float | None = None     # since when it has been LOSS_BACK above its mean then
         self.began_at: float | None = None       # the first push's arrival (time's origin for the loss's fall)
-        self.fell_at: float | None = None        # when the loss first was LOSS_FALL below its first second's
+        self.fell_at: float | None = None        # when _loss_fell first found the loss off its plateau
         self.lbbsp_losses: collections.deque = collections.deque()   # (arrival, loss) under LB-BSP since then
         self.asp_losses: collections.deque = collections.deque()     # ... of ASP's last hold_s
         self.pace: tuple[float, float] | None = None   # LB-BSP's loss before the trial (loss_pace)
@@ -259,22 +260,24 @@ class AutoPolicy(Policy):
             self.steps.setdefault(push.worker, _Window()).add(push.arrival, push.batch_size, t)
 
     def _track(self, now: float, loss: float) -> None:
-        """Keep LB-BSP's training losses of the last ``progress_s``, from when the loss
-        left its first plateau on (the pace ASP is held to), and ASP's of the last
+        """Keep LB-BSP's training losses of the last ``progress_s`` from ``fell_at`` on (the
+        pace ASP is held to: ``_loss_fell`` is asked only once a worker lags, so the losses
+        kept before the first trial begin about ``hold_s`` before it), and ASP's of the last
         ``hold_s`` (its level, drain included)."""
         if self.state == "lbbsp":
             self.asp_losses.clear()
-            track, keep = (self.lbbsp_losses, self.progress_s) if self.fell_at is not None else (None, 0)
+            if self.fell_at is None:
+                return
+            track, keep = self.lbbsp_losses, self.progress_s
         else:
             self.lbbsp_losses.clear()
             track, keep = self.asp_losses, self.hold_s
-        if track is not None:
-            track.append((now, loss))
-            while track[0][0] < now - keep:
-                track.popleft()
+        track.append((now, loss))
+        while track[0][0] < now - keep:
+            track.popleft()
 
     def loss_pace(self) -> tuple[float, float] | None:
-        """How LB-BSP's training loss fell over the last ``progress_s``: ``(a, c)`` of a
+        """How LB-BSP's training loss fell over the losses ``_track`` kept: ``(a, c)`` of a
         power law ``loss = exp(c) * t^-a`` fitted to its losses by least squares (in logs),
         ``t`` counted from the first push. A loss falls fast early and slowly later, so a
         fall per second measured before ASP's trial would ask more of ASP than LB-BSP
