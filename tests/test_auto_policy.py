@@ -269,6 +269,38 @@ def test_asp_whose_training_loss_falls_slower_than_lbbsps_did_gives_way_to_lbbsp
     assert policy.blocked_until == pytest.approx(back["time"] + 40.0, abs=0.01)
 
 
+@dataclasses.dataclass
+class SlowFrom(SpeedModel):
+    """Worker 1 three times slower from ``at`` seconds on."""
+    at: float = 0.0
+
+    def step_time(self, worker, batch_size, now):
+        t = super().step_time(worker, batch_size, now)
+        return 3 * t if worker == 1 and now >= self.at else t
+
+
+def test_the_pace_asp_is_held_to_covers_progress_s_of_lbbsps_losses():
+    """The loss leaves its first plateau at 1 s; a worker lags from 10 s. The first trial
+    begins ``hold_s`` later, and LB-BSP's pace it is held to is fitted to the ``progress_s``
+    (6 s) of losses before it (when the plateau's end was taken only once a worker lagged,
+    the trial waited for a fall measured from then, at 14 s, and the pace covered 2 s)."""
+    policy = AutoPolicy(batch_size=32)
+    spans, fit = [], policy.loss_pace
+
+    def spy():
+        spans.append(policy.lbbsp_losses[-1][0] - policy.lbbsp_losses[0][0])
+        return fit()
+
+    policy.loss_pace = spy
+    sim = Simulator(4, SlowFrom(factors=[1, 1, 1, 1], seed=1, at=10.0, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, lambda now, state, began: (2.0 - 0.04 * now) * first_second(now))
+    sim.run(policy, time=14.0)
+    assert policy.first_loss == pytest.approx(2.0 * 1.5, rel=0.02)
+    assert 1.0 <= policy.fell_at < 1.5   # (a mean over the last second)
+    assert [m["to"] for m in policy.moves][:1] == ["asp"] and 12.0 <= policy.moves[0]["time"] < 12.5, policy.moves
+    assert spans[:1] == [pytest.approx(6.0, abs=0.1)]
+
+
 def test_the_switchs_own_transient_does_not_send_asp_back():
     """The training loss three times its level for the first 2.5 s of ASP (the switch's
     transient: 2.1-2.7x on the testbed at four workers), then below where ASP found it:

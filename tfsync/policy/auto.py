@@ -37,7 +37,7 @@ back to chance, and the check at ``progress_s`` had passed). Nor may it fall muc
 than LB-BSP's did: at ``progress_s`` ASP's loss (the mean of its last ``hold_s``) must
 have gone ``FALL_SHARE`` (half) of the way to where LB-BSP's pace before the trial would
 have taken it (that pace a power law ``t^-a`` fitted to its losses of at most the
-``progress_s`` before it, from when a lagging worker found the loss off its plateau,
+``progress_s`` before it, from when the loss left its first plateau (below),
 since a loss falls fast early and slowly later; none asked where LB-BSP would not have
 fallen ``HOLDS``), or LB-BSP comes
 back, with the same block (a CNN's ASP kept its loss 2 % under where it found it for 24
@@ -235,7 +235,7 @@ class AutoPolicy(Policy):
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch
         self.back_since: float | None = None     # since when it has been LOSS_BACK above its mean then
         self.began_at: float | None = None       # the first push's arrival (time's origin for the loss's fall)
-        self.fell_at: float | None = None        # when _loss_fell first found the loss off its plateau
+        self.fell_at: float | None = None        # when the loss's mean first came LOSS_FALL under first_loss
         self.lbbsp_losses: collections.deque = collections.deque()   # (arrival, loss) under LB-BSP since then
         self.asp_losses: collections.deque = collections.deque()     # ... of ASP's last hold_s
         self.pace: tuple[float, float] | None = None   # LB-BSP's loss before the trial (loss_pace)
@@ -254,16 +254,31 @@ class AutoPolicy(Policy):
                 self.began_at = push.arrival
             if math.isfinite(push.loss):
                 self.loss.add(push.arrival, push.loss)
+                if self.fell_at is None:
+                    self._plateau(push.arrival)
                 self._track(push.arrival, push.loss)
         t = push.turnaround
         if t > 0 and push.batch_size > 0:
             self.steps.setdefault(push.worker, _Window()).add(push.arrival, push.batch_size, t)
 
+    def _plateau(self, now: float) -> None:
+        """The training loss's first second's mean (``first_loss``, once its mean covers
+        ``WINDOW_S`` from the first push), then when its mean first came ``LOSS_FALL``
+        under it (``fell_at``): taken on every push, so that LB-BSP's pace is kept from
+        then on (it was taken only when a lagging worker asked, so a first trial's pace
+        covered about ``hold_s``, and the "first" mean was the one at that moment)."""
+        mean = self.loss.mean
+        if mean is None:
+            return
+        if self.first_loss is None:
+            if now - self.began_at >= WINDOW_S:
+                self.first_loss = mean
+        elif mean <= (1 - LOSS_FALL) * self.first_loss:
+            self.fell_at = now
+
     def _track(self, now: float, loss: float) -> None:
         """Keep LB-BSP's training losses of the last ``progress_s`` from ``fell_at`` on (the
-        pace ASP is held to: ``_loss_fell`` is asked only once a worker lags, so the losses
-        kept before the first trial begin about ``hold_s`` before it), and ASP's of the last
-        ``hold_s`` (its level, drain included)."""
+        pace ASP is held to), and ASP's of the last ``hold_s`` (its level, drain included)."""
         if self.state == "lbbsp":
             self.asp_losses.clear()
             if self.fell_at is None:
@@ -492,17 +507,11 @@ class AutoPolicy(Policy):
         self.blocked_until, self.next_block = now + times * self.next_block, 2 * self.next_block
 
     def _loss_fell(self) -> bool:
-        """Whether the training loss's mean is ``LOSS_FALL`` below its first second's (True
-        where no loss is reported): ASP is judged by whether its loss falls, which says
+        """Whether the training loss's mean has been ``LOSS_FALL`` below its first second's
+        (True where no loss is reported): ASP is judged by whether its loss falls, which says
         nothing while a model sits at its first plateau (a CNN at chance for its first
         seconds went to ASP there, learned at a fraction of BSP's pace and was kept)."""
-        mean = self.loss.mean
-        if self.first_loss is None:
-            self.first_loss = mean
-        fell = mean is None or mean <= (1 - LOSS_FALL) * self.first_loss
-        if fell and mean is not None and self.fell_at is None:
-            self.fell_at = self.loss.points[-1][0]
-        return fell
+        return self.fell_at is not None or self.loss.mean is None
 
     def _loss_in_asp(self, view: ClusterView) -> tuple[str | None, str | None]:
         """(why ASP loses ground, why it makes none), from the training loss's mean once ASP
