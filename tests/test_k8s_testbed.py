@@ -176,9 +176,9 @@ def test_the_pods_train_survive_a_killed_node_pod_and_scale_2_4_2_through_joinin
     assert kubelet.delete(joins, grace_s=30) == [0, 0], [p.log()[-2000:] for p in joins]
     _wait("the job back at 2 workers", lambda: any(e["to"] == 2 for e in _event(run_dir, "scaled")), chief)
     shrunk_at = len(_pushes(run_dir))   # (records are written in order: those after it are at 2 workers)
-    _wait("pushes at 2 workers, and 3 epochs in all (the accuracy near its plateau)",
+    _wait("pushes at 2 workers, and 2 epochs in all (the accuracy near its plateau)",
           lambda: len(_pushes(run_dir, shrunk_at)) >= 10 and
-          sum(r["batch_size"] for r in _pushes(run_dir)) >= 3 * TRAIN_SIZE, chief)
+          sum(r["batch_size"] for r in _pushes(run_dir)) >= 2 * TRAIN_SIZE, chief)
 
     # kubectl exec job/<name>-chief -- tfsync stop RUN_DIR: the Job's pod ends, exit code 0
     stop = chief.exec([f"{sys.prefix}/bin/tfsync", "stop", job.run_dir])
