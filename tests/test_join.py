@@ -3,12 +3,16 @@ with its manager on a known address, then `tfsync hook --join` started later (re
 gRPC, real TF tasks on real hooks). A hook with another token is refused in one line and
 exits; one with the job's token joins, gets a worker and trains, and the job goes on
 with one worker more, every counted push kept once; restarted in place, the joined hook
-does not announce itself again."""
+does not announce itself again. A node hook restarted in place (SIGHUP) while its tasks
+run: the same process re-executes itself, adopts its tasks (still its children,
+untouched), and the job on them goes on without a recovery (issue 17: faults across hosts)."""
 
 import json
 import os
 import signal
+import time
 
+import psutil
 import pytest
 
 from helpers import linear_job, records, start_hook, task_children, tfsync, tfsync_run, wait_for
@@ -33,6 +37,20 @@ def test_a_hook_started_with_join_gets_a_worker_and_a_hook_with_another_token_is
         with tfsync_run(tmp_path, job, env=env, args=("--manager-listen", f"127.0.0.1:{manager}",
                                                       "--manager-token-file", str(manager_token))) as (run, run_dir, job_file):
             wait_for("the first pushes", lambda: (run_dir / "metrics.jsonl").exists() and len(records(run_dir)) >= 10)
+            # node0's hook restarted in place (SIGHUP): it re-executes itself and adopts its
+            # tasks (still its children, untouched); the job goes on without a recovery
+            before = task_children(hooks[0])
+            assert len(before) == 3   # ps:0, worker:0, worker:1
+            hooks[0].send_signal(signal.SIGHUP)
+            node0 = tmp_path / "node0.out"
+            wait_for("node0's hook back", lambda: node0.read_text().count("listening") == 2, timeout=60)
+            back = time.time()
+            assert task_children(hooks[0]) == before   # the same processes, still the hook's
+            wait_for("its tasks its own children (their fork server ended at the exec)",
+                     lambda: set(before) <= {p.pid for p in psutil.Process(hooks[0].pid).children()})
+            wait_for("no zombie left of the program before the exec", lambda: not [
+                p for p in psutil.Process(hooks[0].pid).children() if p.status() == psutil.STATUS_ZOMBIE])
+
             refused = start_hook(tmp_path, "wrong", other_token, wrong, args=join)
             assert refused.wait(timeout=60) == 2
             said = (tmp_path / "wrong.out").read_text()
@@ -52,6 +70,9 @@ def test_a_hook_started_with_join_gets_a_worker_and_a_hook_with_another_token_is
         assert run.returncode == 0, stderr[-2000:]
         assert out.read_text().count("joined;") == 1 and "error" not in out.read_text(), out.read_text()
         summary = json.loads(stdout)
+        assert summary["recoveries"] == []   # node0's hook restarted in place: no task was lost
+        assert any(r["time"] + summary["time_base"] > back for r in records(run_dir)), "nothing trained after it"
+        assert hooks[0].poll() is None and "restarting in place" in node0.read_text()
         (scaled,) = summary["scales"]
         assert (scaled["from"], scaled["to"], scaled["by"], scaled["node"]) == (2, 3, "join", f"127.0.0.1:{joining}")
         recs = records(run_dir)
@@ -61,7 +82,7 @@ def test_a_hook_started_with_join_gets_a_worker_and_a_hook_with_another_token_is
         assert {r["worker"] for r in pushes if r["updates"] > scaled_at} == {0, 1, 2}
         assert summary["workers"] == 3 and summary["samples"] == sum(r["batch_size"] for r in pushes)
         assert hooks[1].poll() is None   # it serves on, a node of the job until the job ends
-        wait_for("its tasks stopped at the job's end", lambda: not task_children(hooks[1]))
+        wait_for("their tasks stopped at the job's end", lambda: not any(task_children(h) for h in hooks))
     finally:
         for hook in hooks:
             hook.terminate()
