@@ -77,3 +77,27 @@ def private_tfsync_home(tmp_path_factory):
         os.environ.pop("TFSYNC_HOME", None)
     else:
         os.environ["TFSYNC_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory):
+    """One `tfsync run` of the short main job as a user runs it, shared by the tests of what
+    it shows (tests/test_report.py) and of what it writes (tests/test_run_job.py): the
+    linear model, BSP for half of its 2 epochs then ASP through a hot switch, the report
+    on, the progress on stderr, under umask 022. Returns (stdout, stderr, run dir, the
+    summary it wrote); tests that change its outputs work on a copy."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import DATA, linear_job
+
+    tmp_path = tmp_path_factory.mktemp("main_job")
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(linear_job("seen", {"name": "bsp", "until": 0.5}, "asp", epochs=2, eval_every=40,
+                              checkpoint_every=60).format(run_dir=run_dir))
+    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"), TFSYNC_NO_REPORT="0")  # the report: on
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA], env=env,
+                       capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.umask(0o022))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout, r.stderr, run_dir, json.loads((run_dir / "summary.json").read_text())

@@ -1,7 +1,8 @@
 """What a person sees of a run: the progress display, the report `tfsync run` writes at its
 end (and `tfsync report` for several runs), TensorBoard's scalars, and metrics.jsonl's one
-time base. Two real runs: a short main job (BSP -> ASP), and LB-BSP -> ASP by a restart
-switch with a worker killed mid-run (a recovery)."""
+time base. Two real runs: a short main job (BSP -> ASP; tests/conftest.py's main_job, which
+tests/test_run_job.py shares), and LB-BSP -> ASP by a restart switch with a worker killed
+mid-run (a recovery)."""
 
 import json
 import os
@@ -16,7 +17,6 @@ from helpers import DATA, kill_worker, linear_job, records, wait_for
 
 pytestmark = pytest.mark.cluster
 
-MAIN = linear_job("seen", {"name": "bsp", "until": 0.5}, "asp", epochs=2, eval_every=40, checkpoint_every=60)
 # (6 epochs: an LB-BSP phase long enough, at the engine's speed, that the worker killed
 # after its first 10 steps dies in it, not at or after the restart switch)
 LBBSP_RESTART = linear_job("lb-restart", {"name": "lbbsp", "predictor": "ema", "until": 0.5}, "asp", epochs=6,
@@ -70,10 +70,8 @@ def tensorboard_scalars(run_dir):
     return scalars, texts
 
 
-def test_the_main_job_shows_progress_a_report_and_tensorboard_scalars(tmp_path):
-    proc, run_dir = start(tmp_path, MAIN)
-    out, err = finish(proc)
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_the_main_job_shows_progress_a_report_and_tensorboard_scalars(main_job):
+    out, err, run_dir, summary = main_job   # (its run: tests/conftest.py)
     lines = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
 
     # one time base: a run line first, then every time in seconds since it, in order
