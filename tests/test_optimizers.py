@@ -95,3 +95,36 @@ def test_the_optimizer_under_bsp_then_asp_equals_the_optimizer_in_one_process(tm
     assert [p["protocol"] for p in summary["timeline"]] == ["bsp", "asp"]
     for got, want in zip(weights, reference(OPTIMIZERS[name], 6)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("switch", ["hot", "restart"])
+@pytest.mark.parametrize("name", ["sgd momentum", "rmsprop momentum centered"])
+def test_a_switchs_new_rate_factor_rescales_the_velocity_built_at_the_old(tmp_path, name, switch):
+    """tf_keras's SGD and RMSprop keep the rate inside their velocity (m = momentum * m -
+    lr * g): BSP at 4x the rate, then ASP at 1x, must go on as the optimizer in one
+    process whose velocity is rescaled with the rate (Goyal et al.'s momentum correction),
+    not with BSP's velocity applied at ASP's rate as if built there."""
+    x, y, model_fn, loss_fn = two_input_regression()
+    setup = TrainSetup(model_fn, OPTIMIZERS[name], loss_fn, x, y, max_batch_size=M, shuffle=False)
+    engine = Engine(setup, workers=1, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
+    try:
+        engine.run([Phase(BSP(FixedSizer([M])), until=0.5, lr_scale=4.0),
+                    Phase(ASP(FixedSizer([M]), depth=1), switch=switch)], total_samples=6 * M)
+        weights = engine.final_weights()
+    finally:
+        engine.close()
+    model, opt = model_fn(), OPTIMIZERS[name]()
+    base = float(opt.learning_rate)
+    for k in range(6):
+        j = k % (arrays.length(y) // M) if switch == "hot" else k % 3   # (a restart's new tasks read afresh)
+        bx, by = arrays.take((x, y), slice(j * M, (j + 1) * M))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(by, model(bx)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if k == 3:   # the switch
+            for s in opt.momentums if hasattr(opt, "momentums") else opt._momentums:
+                s.assign(s / 4.0)
+        opt.learning_rate.assign(base * (4.0 if k < 3 else 1.0))
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    for got, want in zip(weights, model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

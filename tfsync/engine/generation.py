@@ -191,6 +191,34 @@ def tunable_momentum(optimizer) -> bool:
     return isinstance(optimizer, keras.optimizers.SGD)
 
 
+def rate_bearing_slots(optimizer) -> list:
+    """The optimizer's slots that carry the learning rate inside them: tf_keras's SGD keeps
+    its velocity as ``m = momentum * m - lr * g`` (``w += m``), RMSprop its momentum
+    likewise, so that a velocity built at one rate is applied at the next as if the rate
+    had not changed. TF1's MomentumOptimizer, which the Sync-Switch paper ran, keeps the
+    rate outside (``w -= lr * m``). When tfsync changes its rate factor (a switch, a
+    scale), these are rescaled with it: Goyal et al. 2017, "Accurate, Large Minibatch SGD",
+    §2.2, momentum correction. Without it, LB-BSP's velocity at n times ASP's rate went
+    into ASP's first updates n times too large (the testbed's MLP at four workers: its
+    training loss from 0.47 to 5.5 a second into ASP). Adam's moments and the other
+    optimizers' slots hold gradients only; FTRL's are left as they are."""
+    import tf_keras as keras
+    if isinstance(optimizer, keras.optimizers.SGD):
+        return list(optimizer.momentums)
+    if isinstance(optimizer, keras.optimizers.RMSprop):
+        return list(optimizer._momentums)
+    return []
+
+
+def _rescaled(slots):
+    """A function that multiplies ``slots`` by a factor, each where it lives."""
+    def rescale(factor):
+        for s in slots:
+            with tf.device(s.device):
+                s.assign(s * tf.cast(factor, s.dtype))
+    return tf.function(rescale, input_signature=[tf.TensorSpec([], tf.float32)], autograph=False)
+
+
 class Generation:
     def __init__(self, cluster: LocalCluster, setup: TrainSetup, records: dict):
         self.cluster = cluster
@@ -208,6 +236,10 @@ class Generation:
             if self.momentum_tunable:
                 self.optimizer.momentum = self.momentum  # read per update: changeable at a switch
             self.rate = LearningRate(self.optimizer)  # the engine sets its scale
+        slots = rate_bearing_slots(self.optimizer)
+        self._rescale_fn = _rescaled(slots) if slots else None
+        self._scale = 1.0   # the rate factor the rate-bearing slots were built at
+        self._kept_scale = 1.0   # ... those of the kept copy (keep_weights)
         self.control = PSControl(self.num_workers, self.model, self.optimizer, self.rate)
         self.worker_ids = tfcompat.worker_index_values(self.coordinator, self.num_workers)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
@@ -249,15 +281,21 @@ class Generation:
         return None if self.rate.base is None else float(self.rate.base.numpy())
 
     def set_hyper(self, base_lr: float | None = None, lr_scale: float | None = None,
-                  momentum: float | None = None) -> None:
-        """``base_lr`` replaces a constant base rate (refused under a schedule)."""
+                  momentum: float | None = None, restored: bool = False) -> None:
+        """``base_lr`` replaces a constant base rate (refused under a schedule). A new
+        ``lr_scale`` rescales the rate-bearing slots with it (``rate_bearing_slots``),
+        unless they were ``restored`` from a checkpoint taken at that factor."""
         if base_lr is not None:
             if self.rate.base is None:
                 raise ValueError("the optimizer's learning rate is a schedule: it cannot be replaced by a number "
                                  "(leave base_lr unset)")
             self.rate.base.assign(float(base_lr))
         if lr_scale is not None:
-            self.rate.scale.assign(float(lr_scale))
+            lr_scale = float(lr_scale)
+            if self._rescale_fn is not None and not restored and lr_scale != self._scale and self._scale > 0:
+                self._rescale_fn(tf.constant(lr_scale / self._scale, tf.float32))
+            self.rate.scale.assign(lr_scale)
+            self._scale = lr_scale
         if momentum is not None and self.momentum_tunable:   # (another optimizer's momentum is its own: see
             self.momentum.assign(float(momentum))           # tunable_momentum)
 
@@ -277,11 +315,13 @@ class Generation:
             self._keep_fn = tf.function(lambda: [c.assign(v) for v, c in self._kept], autograph=False)
             self._undo_fn = tf.function(lambda: [v.assign(c) for v, c in self._kept], autograph=False)
         self._keep_fn()
+        self._kept_scale = self._scale
 
     def restore_kept(self) -> None:
         """Put the kept copy back (``Decision.undo``). The ledger asks for it only after
         ``keep_weights`` in this generation (a new one forgets its mark)."""
         self._undo_fn()
+        self._scale = self._kept_scale
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]

@@ -115,7 +115,8 @@ class Lifecycle:
         elif gen.learning_rate is None:
             raise EngineError(f"base_lr = {self.base_lr} given, but the optimizer's learning rate is a schedule; "
                               "leave base_lr unset (the schedule is the base rate)")
-        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale, momentum=self.ledger.momentum)
+        gen.set_hyper(base_lr=self.base_lr, lr_scale=self.ledger.lr_scale, momentum=self.ledger.momentum,
+                      restored=True)   # (a checkpoint's slots are at the factor it was taken at)
         self._stand()
         return timings
 
