@@ -198,9 +198,10 @@ def rate_bearing_slots(optimizer) -> list:
     had not changed. TF1's MomentumOptimizer, which the Sync-Switch paper ran, keeps the
     rate outside (``w -= lr * m``). When tfsync changes its rate factor (a switch, a
     scale), these are rescaled with it: Goyal et al. 2017, "Accurate, Large Minibatch SGD",
-    §2.2, momentum correction. Without it, LB-BSP's velocity at n times ASP's rate went
-    into ASP's first updates n times too large (the testbed's MLP at four workers: its
-    training loss from 0.47 to 5.5 a second into ASP). Adam's moments and the other
+    §2.2, momentum correction: without it, BSP's velocity at n times ASP's rate goes into
+    ASP's first updates n times too large. (The spike of the training loss a second into
+    auto's ASP trials on the testbed's MLP, 0.4 to 3-5, is not this: it stayed with the
+    correction, and went with ASP at momentum 0.5.) Adam's moments and the other
     optimizers' slots hold gradients only; FTRL's are left as they are."""
     import tf_keras as keras
     if isinstance(optimizer, keras.optimizers.SGD):
