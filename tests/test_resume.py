@@ -55,21 +55,33 @@ def test_resume_after_the_manager_is_killed(tmp_path):
         assert [run.kind for run in store.runs(stored.id)] == ["train", "resume"]
 
 
-def test_a_finished_job_is_done_and_a_damaged_newest_checkpoint_is_skipped_naming_it(tmp_path):
-    """A job trained to its end: `tfsync resume` says so (exit 0), starts no cluster and
+def test_a_finished_job_is_done_and_a_damaged_newest_checkpoint_is_skipped_naming_it(tmp_path, main_job):
+    """A run on a run directory that holds another run's outputs (tests/conftest.py's
+    main_job, copied) sets them aside, each run's records its own (not both appended). The
+    job trained to its end: `tfsync resume` says so (exit 0), starts no cluster and
     writes nothing. Then (issue 31 case 6) its newest checkpoint's data damaged on disk:
     with a larger workload (--set train.epochs) `tfsync resume` says in one line that it
     skipped it and why, goes on from the newest intact one and trains on, counting its
     own samples exactly."""
+    import shutil
+
     from helpers import linear_job
 
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     run_dir, job = tmp_path / "run", tmp_path / "job.toml"
     job.write_text(linear_job("dmg", {"name": "bsp", "until": 0.3}, "asp", epochs=0.2, checkpoint_every=5,
                               eval_every=5).format(run_dir=run_dir))
+    _, _, first_dir, first = main_job
+    shutil.copytree(first_dir, run_dir, symlinks=True)   # the first run's outputs, where this job writes
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "were moved to" in r.stderr   # (this was test_run_job.py's test_a_second_run_sets_the_first_ones_...)
+    (previous,) = (run_dir / "previous").iterdir()
+    for path, summary in ((run_dir, json.loads(r.stdout)), (previous, first)):
+        pushes = [x for x in map(json.loads, open(path / "metrics.jsonl")) if "worker" in x]
+        assert len(pushes) == summary["pushes"]  # each run's records, not both appended
+    assert (previous / "checkpoints").is_dir() and (run_dir / "checkpoints").is_dir()
 
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
     r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job), "--json", "--data", DATA],

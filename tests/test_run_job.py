@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -73,23 +72,6 @@ def test_ctrl_c_stops_every_task_and_exits_130(tmp_path):
     assert err.strip().splitlines()[-1].startswith("tfsync: error: interrupted")
     gone, alive = psutil.wait_procs(below, timeout=15)
     assert not alive, "task processes outlived tfsync run"
-
-
-def test_a_second_run_sets_the_first_ones_outputs_aside(tmp_path, bsp_then_asp):
-    first, first_dir = bsp_then_asp
-    job, run_dir = _job(tmp_path, 0.1)
-    shutil.copytree(first_dir, run_dir, symlinks=True)   # the first run's outputs, where this job writes
-    env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    summaries = [first, json.loads(r.stdout)]
-    assert "were moved to" in r.stderr
-    (previous,) = (run_dir / "previous").iterdir()
-    for path, summary in ((run_dir, summaries[1]), (previous, summaries[0])):
-        pushes = [x for x in map(json.loads, open(path / "metrics.jsonl")) if "worker" in x]
-        assert len(pushes) == summary["pushes"]  # each run's records, not both appended
-    assert (previous / "checkpoints").is_dir() and (run_dir / "checkpoints").is_dir()
 
 
 def _inline(table: dict) -> str:
