@@ -41,7 +41,7 @@ def test_lbbsp_predictions_go_on_through_a_restart_switch(tiny_problem, tmp_path
     assert after and all("predicted" in r for r in after[:2])  # a fresh LB-BSP predicts nothing yet
 
 
-def test_resume_restores_lbbsp_state_and_the_clocks(tiny_problem, tmp_path):
+def test_resume_restores_lbbsp_state_and_the_clocks_and_refuses_a_state_that_does_not_fit(tiny_problem, tmp_path):
     first = _engine(tiny_problem, tmp_path)
     done = first.run([Phase(_lbbsp())], total_samples=10 * ROUND)
     checkpoint = first.runlog.checkpoints[-1]
@@ -58,12 +58,9 @@ def test_resume_restores_lbbsp_state_and_the_clocks(tiny_problem, tmp_path):
     assert {r["step"] for r in after if r["worker"] == 0} and min(r["step"] for r in after) > 1  # clocks go on
     assert sum(summary["clocks"]) == sum(done["clocks"]) + len(after)
 
-
-def test_a_saved_state_that_does_not_fit_is_refused_and_the_policy_starts_afresh(tiny_problem, tmp_path):
-    first = _engine(tiny_problem, tmp_path)
-    first.run([Phase(_lbbsp())], total_samples=6 * ROUND)
-    again = _engine(tiny_problem, tmp_path)
-    other = LBBSP(batch_size=ROUND // 2, predictor="last", hi=ROUND)   # another predictor kind
-    again.run([Phase(other)], total_samples=12 * ROUND, resume=first.runlog.checkpoints[-1])
+    # a saved state that does not fit is refused and the policy starts afresh: the same
+    # checkpoint resumed by LB-BSP of another predictor kind
+    other = LBBSP(batch_size=ROUND // 2, predictor="last", hi=ROUND)
+    _engine(tiny_problem, tmp_path).run([Phase(other)], total_samples=12 * ROUND, resume=checkpoint)
     refused = [r for r in _lines(tmp_path) if r.get("event") == "policy_state"]
     assert refused and not refused[-1]["restored"] and "predictor" in refused[-1]["reason"]
