@@ -45,7 +45,21 @@ def on_hooks(hooks, token_file) -> str:
 
 @pytest.mark.slow
 def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(tmp_path, two_hooks):
+    """... after a run of the same job with a wrong hook token was refused in one line,
+    starting nothing on the same hooks."""
     addresses, token_file, hooks = two_hooks
+    wrong = tmp_path / "wrong.token"
+    auth.write_token(wrong)
+    job = tmp_path / "wrong.toml"
+    job.write_text(on_hooks(addresses, wrong).format(run_dir=tmp_path / "wrong"))
+    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA, "-q"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("tfsync: error:")]
+    assert "UNAUTHENTICATED" in line and addresses[0] in line
+    assert [task_children(h) for h in hooks] == [{}, {}]
+    assert "wrong token" in (tmp_path / "node0.out").read_text()  # refused and logged by the hook
+
     with tfsync_run(tmp_path, on_hooks(addresses, token_file)) as (run, run_dir, _):
         wait_for_checkpoints(run_dir)
         # round-robin, PS first: node0 runs ps:0 and worker:1, node1 runs worker:0
@@ -66,18 +80,3 @@ def test_tasks_run_on_the_listed_hooks_and_a_killed_ps_is_restarted_by_its_hook(
     assert all(h.poll() is None for h in hooks)
     time.sleep(0.5)
     assert [task_children(h) for h in hooks] == [{}, {}]
-
-
-def test_a_wrong_hook_token_is_one_line_and_starts_nothing(tmp_path, two_hooks):
-    addresses, _, hooks = two_hooks
-    wrong = tmp_path / "wrong.token"
-    auth.write_token(wrong)
-    job = tmp_path / "job.toml"
-    job.write_text(on_hooks(addresses, wrong).format(run_dir=tmp_path / "run"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--data", DATA, "-q"],
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 1
-    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("tfsync: error:")]
-    assert "UNAUTHENTICATED" in line and addresses[0] in line
-    assert [task_children(h) for h in hooks] == [{}, {}]
-    assert "wrong token" in (tmp_path / "node0.out").read_text()  # refused and logged by the hook
