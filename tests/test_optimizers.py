@@ -128,3 +128,49 @@ def test_a_switchs_new_rate_factor_rescales_the_velocity_built_at_the_old(tmp_pa
         opt.apply_gradients(zip(grads, model.trainable_variables))
     for got, want in zip(weights, model.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_path):
+    """BSP at 4x; the weights kept (at 4x) and an ASP step run, then two more at 1x (the
+    velocity rescaled to it), then an undo back to BSP at 4x: the kept velocity was built
+    at 4x and must come back as it was, not be rescaled from ASP's 1x again. The 8 counted
+    updates equal SGD at 4x the rate in one process on input blocks 0-3, then 3, 0-2 (the
+    undone steps read blocks 0-2; the input goes on)."""
+    from tfsync.policy import NOTHING, Decision, Grant, PushMode
+
+    class KeepsRescalesUndoes(BSP):
+        stage = "bsp"
+
+        def on_push(self, push, view):
+            if view.in_flight and self.stage != "bsp":
+                return NOTHING
+            if self.stage == "bsp" and not view.in_flight and view.updates == 3:
+                self.stage = "kept"
+                return Decision((Grant(0, M, PushMode.APPLY),), barrier=True, keep_weights=True)
+            if self.stage == "kept":
+                self.stage = "asp"
+                return Decision((Grant(0, M, PushMode.APPLY),) * 2, lr_scale=1.0)
+            if self.stage == "asp":
+                self.stage = "after"
+                return Decision(self.grants_for([0], view), undo=True, lr_scale=4.0)
+            return super().on_push(push, view)
+
+    x, y, model_fn, loss_fn = two_input_regression()
+    sgd = OPTIMIZERS["sgd momentum"]
+    setup = TrainSetup(model_fn, sgd, loss_fn, x, y, max_batch_size=M, shuffle=False)
+    engine = Engine(setup, workers=1, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
+    try:
+        summary = engine.run([Phase(KeepsRescalesUndoes(FixedSizer([M])), lr_scale=4.0)], total_samples=8 * M)
+        weights = engine.final_weights()
+    finally:
+        engine.close()
+    assert (summary["updates"], summary["optimizer_iterations"]) == (8, 8)
+    model, opt = model_fn(), sgd()
+    opt.learning_rate.assign(4 * float(opt.learning_rate))
+    for j in (0, 1, 2, 3, 3, 0, 1, 2):
+        bx, by = arrays.take((x, y), slice(j * M, (j + 1) * M))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(by, model(bx)))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    for got, want in zip(weights, model.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)   # (8 steps at 4x: round-off)
