@@ -130,12 +130,14 @@ def test_a_switchs_new_rate_factor_rescales_the_velocity_built_at_the_old(tmp_pa
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_path):
+@pytest.mark.parametrize("back", [4.0, None])
+def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_path, back):
     """BSP at 4x; the weights kept (at 4x) and an ASP step run, then two more at 1x (the
-    velocity rescaled to it), then an undo back to BSP at 4x: the kept velocity was built
-    at 4x and must come back as it was, not be rescaled from ASP's 1x again. The 8 counted
-    updates equal SGD at 4x the rate in one process on input blocks 0-3, then 3, 0-2 (the
-    undone steps read blocks 0-2; the input goes on)."""
+    velocity rescaled to it), then an undo back to BSP at 4x (``back``) or at the 1x in
+    force (None): the kept velocity was built at 4x and comes back at the factor then in
+    force, not rescaled from ASP's 1x once more, nor left at 4x under a rate of 1x. The 8
+    counted updates equal SGD in one process on input blocks 0-3 at 4x, then 3, 0-2 at
+    ``back`` (the undone steps read blocks 0-2; the input goes on)."""
     from tfsync.policy import NOTHING, Decision, Grant, PushMode
 
     class KeepsRescalesUndoes(BSP):
@@ -152,7 +154,7 @@ def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_pa
                 return Decision((Grant(0, M, PushMode.APPLY),) * 2, lr_scale=1.0)
             if self.stage == "asp":
                 self.stage = "after"
-                return Decision(self.grants_for([0], view), undo=True, lr_scale=4.0)
+                return Decision(self.grants_for([0], view), undo=True, lr_scale=back)
             return super().on_push(push, view)
 
     x, y, model_fn, loss_fn = two_input_regression()
@@ -166,8 +168,12 @@ def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_pa
         engine.close()
     assert (summary["updates"], summary["optimizer_iterations"]) == (8, 8)
     model, opt = model_fn(), sgd()
-    opt.learning_rate.assign(4 * float(opt.learning_rate))
-    for j in (0, 1, 2, 3, 3, 0, 1, 2):
+    base = float(opt.learning_rate)
+    for k, j in enumerate((0, 1, 2, 3, 3, 0, 1, 2)):
+        if k == 4 and back is None:   # the undo: at 1x from here, the velocity with it
+            for m in opt.momentums:
+                m.assign(m / 4.0)
+        opt.learning_rate.assign(base * (4.0 if k < 4 or back else 1.0))
         bx, by = arrays.take((x, y), slice(j * M, (j + 1) * M))
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(by, model(bx)))

@@ -319,10 +319,12 @@ class Generation:
         self._kept_scale = self._scale
 
     def restore_kept(self) -> None:
-        """Put the kept copy back (``Decision.undo``). The ledger asks for it only after
+        """Put the kept copy back (``Decision.undo``), its rate-bearing slots rescaled from
+        the factor they were kept at to the one in force. The ledger asks for it only after
         ``keep_weights`` in this generation (a new one forgets its mark)."""
         self._undo_fn()
-        self._scale = self._kept_scale
+        current, self._scale = self._scale, self._kept_scale
+        self.set_hyper(lr_scale=current)
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]
