@@ -27,8 +27,7 @@ def test_status_switch_batch_sizes_scale_and_stop_reach_a_running_job_and_resume
     """`tfsync run job.toml` in its folder, with a relative run_dir; every command given the
     job file's absolute path (or the run directory's) from another folder reaches that run.
     `tfsync scale` takes it from 2 workers to 3 (after the commands of one protocol after
-    another), and `tfsync resume` goes on with the 3 it was scaled to (tests/test_scale_cli.py
-    was this job's second half, a run of its own)."""
+    another), and `tfsync resume` goes on with the 3 it was scaled to."""
     env = dict(os.environ, TFSYNC_HOME=str(tmp_path / "home"))
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()

@@ -59,7 +59,7 @@ def test_bsp_scaled_2_3_2_mid_run_equals_single_process_adam_on_each_rounds_batc
     # the controller counts updates as the coordinator sees them, the coordinator's rounds
     # (not the PS's): while the PS ran them, a busy coordinator saw the first 3 updates after
     # the PS had run 14, this tiny workload's every round, and the second scale found nothing
-    # left to scale (a scale while the PS runs the rounds: tests/test_scale_cli.py)
+    # left to scale (`tfsync scale` on a running job: tests/test_control.py)
     x, y, model_fn, _, loss_fn = tiny_problem
     setup = TrainSetup(model_fn, lambda: keras.optimizers.Adam(_schedule()), loss_fn, x, y, max_batch_size=M,
                        shuffle=False)
