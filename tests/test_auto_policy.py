@@ -279,11 +279,11 @@ class SlowFrom(SpeedModel):
         return 3 * t if worker == 1 and now >= self.at else t
 
 
-def test_the_pace_asp_is_held_to_covers_progress_s_of_lbbsps_losses():
+def test_the_first_plateau_is_the_first_seconds_and_the_pace_the_last_hold_s():
     """The loss leaves its first plateau at 1 s; a worker lags from 10 s. The first trial
-    begins ``hold_s`` later, and LB-BSP's pace it is held to is fitted to the ``progress_s``
-    (6 s) of losses before it (when the plateau's end was taken only once a worker lagged,
-    the trial waited for a fall measured from then, at 14 s, and the pace covered 2 s)."""
+    begins ``hold_s`` later (when the plateau's end was taken only once a worker lagged,
+    from the loss then, the trial waited for a fall measured from there, until 14 s), and
+    LB-BSP's pace it is held to is fitted to the ``hold_s`` (2 s) of losses before it."""
     policy = AutoPolicy(batch_size=32)
     spans, fit = [], policy.loss_pace
 
@@ -298,7 +298,7 @@ def test_the_pace_asp_is_held_to_covers_progress_s_of_lbbsps_losses():
     assert policy.first_loss == pytest.approx(2.0 * 1.5, rel=0.02)
     assert 1.0 <= policy.fell_at < 1.5   # (a mean over the last second)
     assert [m["to"] for m in policy.moves][:1] == ["asp"] and 12.0 <= policy.moves[0]["time"] < 12.5, policy.moves
-    assert spans[:1] == [pytest.approx(6.0, abs=0.1)]
+    assert spans[:1] == [pytest.approx(2.0, abs=0.1)]
 
 
 def test_the_switchs_own_transient_does_not_send_asp_back():

@@ -36,10 +36,11 @@ another ``progress_s`` sends it back too (another seed's loss fell a little, the
 back to chance, and the check at ``progress_s`` had passed). Nor may it fall much slower
 than LB-BSP's did: at ``progress_s`` ASP's loss (the mean of its last ``hold_s``) must
 have gone ``FALL_SHARE`` (half) of the way to where LB-BSP's pace before the trial would
-have taken it (that pace a power law ``t^-a`` fitted to its losses of at most the
-``progress_s`` before it, from when the loss left its first plateau (below),
-since a loss falls fast early and slowly later; none asked where LB-BSP would not have
-fallen ``HOLDS``), or LB-BSP comes
+have taken it (that pace a power law ``t^-a`` fitted to its losses of the ``hold_s``
+before it, from when the loss left its first plateau (below), since a loss falls fast
+early and slowly later; over longer, a loss flattening towards its floor is taken to fall
+on as fast as it fell early: a 6-s fit sent a linear model's paying ASP back; none asked
+where LB-BSP would not have fallen ``HOLDS``), or LB-BSP comes
 back, with the same block (a CNN's ASP kept its loss 2 % under where it found it for 24
 s, at a test accuracy of 0.2-0.28 that LB-BSP took to 0.47). Since
 that says nothing while a model sits at its first plateau, no ASP trial starts before
@@ -264,9 +265,9 @@ class AutoPolicy(Policy):
     def _plateau(self, now: float) -> None:
         """The training loss's first second's mean (``first_loss``, once its mean covers
         ``WINDOW_S`` from the first push), then when its mean first came ``LOSS_FALL``
-        under it (``fell_at``): taken on every push, so that LB-BSP's pace is kept from
-        then on (it was taken only when a lagging worker asked, so a first trial's pace
-        covered about ``hold_s``, and the "first" mean was the one at that moment)."""
+        under it (``fell_at``): taken on every push (it was taken only when a lagging
+        worker asked, so the "first" mean was the one at that moment, and a trial waited
+        for the loss to fall 10 % from there)."""
         mean = self.loss.mean
         if mean is None:
             return
@@ -277,16 +278,17 @@ class AutoPolicy(Policy):
             self.fell_at = now
 
     def _track(self, now: float, loss: float) -> None:
-        """Keep LB-BSP's training losses of the last ``progress_s`` from ``fell_at`` on (the
+        """Keep LB-BSP's training losses of the last ``hold_s`` from ``fell_at`` on (the
         pace ASP is held to), and ASP's of the last ``hold_s`` (its level, drain included)."""
         if self.state == "lbbsp":
             self.asp_losses.clear()
             if self.fell_at is None:
                 return
-            track, keep = self.lbbsp_losses, self.progress_s
+            track = self.lbbsp_losses
         else:
             self.lbbsp_losses.clear()
-            track, keep = self.asp_losses, self.hold_s
+            track = self.asp_losses
+        keep = self.hold_s
         track.append((now, loss))
         while track[0][0] < now - keep:
             track.popleft()
