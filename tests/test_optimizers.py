@@ -97,8 +97,7 @@ def test_the_optimizer_under_bsp_then_asp_equals_the_optimizer_in_one_process(tm
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("switch", ["hot", "restart"])
-@pytest.mark.parametrize("name", ["sgd momentum", "rmsprop momentum centered"])
+@pytest.mark.parametrize("name, switch", [("sgd momentum", "hot"), ("rmsprop momentum centered", "restart")])
 def test_a_switchs_new_rate_factor_rescales_the_velocity_built_at_the_old(tmp_path, name, switch):
     """tf_keras's SGD and RMSprop keep the rate inside their velocity (m = momentum * m -
     lr * g): BSP at 4x the rate, then ASP at 1x, must go on as the optimizer in one
