@@ -293,12 +293,18 @@ class Generation:
             self.rate.base.assign(float(base_lr))
         if lr_scale is not None:
             lr_scale = float(lr_scale)
-            if self._rescale_fn is not None and not restored and lr_scale != self._scale and self._scale > 0:
-                self._rescale_fn(tf.constant(lr_scale / self._scale, tf.float32))
+            if restored:
+                self._scale = lr_scale
+            self._rescale_slots(lr_scale)
             self.rate.scale.assign(lr_scale)
-            self._scale = lr_scale
         if momentum is not None and self.momentum_tunable:   # (another optimizer's momentum is its own: see
             self.momentum.assign(float(momentum))           # tunable_momentum)
+
+    def _rescale_slots(self, lr_scale: float) -> None:
+        """The rate-bearing slots, built at ``_scale``, rescaled to ``lr_scale``."""
+        if self._rescale_fn is not None and lr_scale != self._scale and self._scale > 0:
+            self._rescale_fn(tf.constant(lr_scale / self._scale, tf.float32))
+        self._scale = lr_scale
 
     def keep_weights(self) -> None:
         """Copy the model's weights and the optimizer's state (its slots and step count)
@@ -324,7 +330,7 @@ class Generation:
         ``keep_weights`` in this generation (a new one forgets its mark)."""
         self._undo_fn()
         current, self._scale = self._scale, self._kept_scale
-        self.set_hyper(lr_scale=current)
+        self._rescale_slots(current)
 
     def weights(self) -> list[np.ndarray]:
         return [v.numpy() for v in self.model.weights]
