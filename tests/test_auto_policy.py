@@ -90,6 +90,23 @@ def test_the_trials_verdict_counts_from_asps_first_step_in():
     assert trial["time"] >= policy.moves[0]["time"] + 3.0 + 2.5, (trial, policy.moves)
 
 
+def test_the_loss_watch_counts_from_asps_first_step_in():
+    """The same late first steps, ASP's loss holding above where it found it: LB-BSP comes
+    back ``progress_s`` (6 s) after ASP's first step arrived, not 6 s after the switch,
+    when ASP had trained 3 s."""
+    import random
+
+    policy, rng = AutoPolicy(batch_size=32), random.Random(1)
+    sim = Simulator(3, SlowSwitch(factors=[1, 3, 1], seed=1, policy=policy, **NOISE))
+    sim.model = ScriptedLoss(sim, policy, lambda now, state, began: (
+        2.3 if state == "asp" else 2.0 * first_second(now)) * rng.uniform(0.95, 1.05))
+    sim.run(policy, time=20.0)
+    assert [m["to"] for m in policy.moves] == ["asp", "drain", "lbbsp"], policy.moves
+    back = policy.moves[1]
+    assert back["why"].startswith("the training loss in ASP not under 2") and "in 6 s" in back["why"]
+    assert back["time"] >= policy.moves[0]["time"] + 3.0 + 6.0, policy.moves
+
+
 @pytest.mark.parametrize("workers, kept", [(3, True), (8, False)])
 def test_the_gain_asp_must_bring_grows_with_its_staleness(workers, kept):
     """A worker 1.7x slower: ASP trains 1.19x LB-BSP's samples/s at 3 workers (staleness

@@ -231,7 +231,7 @@ class AutoPolicy(Policy):
         self.first_loss: float | None = None    # the training loss's first second's mean
         self.progress_s = float(progress_s)
         self.undo = bool(undo)
-        self.asp_since: float | None = None      # when ASP began
+        self.asp_since: float | None = None      # when ASP began (its first step in, on a trial)
         self.start_loss: float | None = None     # the loss's mean then
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch
         self.back_since: float | None = None     # since when it has been LOSS_BACK above its mean then
@@ -417,7 +417,8 @@ class AutoPolicy(Policy):
             return self._from_lbbsp(w, ratio, view) or d
         if self.state == "asp":
             if self.trial is not None and "first" not in self.trial and push.mode is PushMode.APPLY:
-                self.trial["first"] = push.arrival   # (ASP's first step in: the trial's clock)
+                # ASP's first step in: the trial's clock, and the loss watch's
+                self.trial["first"] = self.asp_since = push.arrival
             back, (rising, stalled) = self._trial_verdict(view), self._loss_in_asp(view)
             recovered = ratio < self.back_below
             if back is None and stalled is None and not self._held(recovered or rising is not None, view):
