@@ -136,11 +136,14 @@ def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_pa
     force (None): the kept velocity was built at 4x and comes back at the factor then in
     force, not rescaled from ASP's 1x once more, nor left at 4x under a rate of 1x. The 8
     counted updates equal SGD in one process on input blocks 0-3 at 4x, then 3, 0-2 at
-    ``back`` (the undone steps read blocks 0-2; the input goes on)."""
+    ``back`` (the undone steps read blocks 0-2; the input goes on). With ``back`` None the
+    policy says it keeps weights (``keeps_weights``): the copy is made, and its functions
+    run once, when the generation opens, and the weights stay as they were."""
     from tfsync.policy import NOTHING, Decision, Grant, PushMode
 
     class KeepsRescalesUndoes(BSP):
         stage = "bsp"
+        keeps_weights = back is None
 
         def on_push(self, push, view):
             if view.in_flight and self.stage != "bsp":

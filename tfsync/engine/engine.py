@@ -127,6 +127,7 @@ class Engine:
         if not phases:
             raise ValueError("run() needs at least one phase")
         self.total_samples, self.loop.phases = total_samples, phases
+        self.lifecycle.keep_weights = any(p.policy.keeps_weights for p in phases)
         self.runlog.begin(self.workers, self.ps, resume=resume is not None)
         saved = resume_from(self.runlog, resume) if resume else None
         restore = resume["path"] if resume else restore

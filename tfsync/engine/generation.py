@@ -256,13 +256,20 @@ class Generation:
         self.closed = False
         self.standing = 0   # its closures not yet ended (kept by engine.lifecycle)
 
-    def warm_up(self) -> None:
-        """Trace the step, control and checkpoint functions now, not on the first step."""
+    def warm_up(self, keep: bool = False) -> None:
+        """Trace the step, control and checkpoint functions now, not on the first step;
+        with ``keep`` (a policy that may ask for ``keep_weights``), make the copy of the
+        weights and run its functions once: made at auto's first ASP trial, it delayed
+        ASP's first step (a switch on the testbed took 3.3 s to bring it)."""
         tfcompat.trace_as_scheduled(self.coordinator, self.step_fn, self.worker_ids, self.iterator)
         self.links = Links(self.control)   # (traces the coordinator's loops to the PS)
         self.control.rounds.get_concrete_function()
         self._save_fn.get_concrete_function(tf.TensorSpec([], tf.string))
         self._finite_fn.get_concrete_function()
+        if keep:
+            self._make_kept()
+            self._keep_fn()
+            self._undo_fn()   # (puts back what was just copied: the weights stay as they are)
 
     def save(self, prefix: str) -> str:
         """Write a checkpoint at ``prefix`` (``prefix.index``, ``prefix.data-*``) with the
@@ -309,20 +316,25 @@ class Generation:
     def keep_weights(self) -> None:
         """Copy the model's weights and the optimizer's state (its slots and step count)
         beside them on the PS, replacing the copy kept before (``Decision.keep_weights``).
-        The copies are made at the first call; each copy runs where its variable lives."""
+        The copies are made at the first call, unless ``warm_up`` made them."""
         if self._kept is None:
-            originals = [*self.model.weights, *self.optimizer.variables]
-            with self.strategy.scope():
-                pairs = []
-                for v in originals:
-                    with self.strategy.extended.colocate_vars_with(v):
-                        pairs.append((v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                                     name="kept_" + v.name.split(":")[0].replace("/", "_"))))
-            self._kept = pairs
-            self._keep_fn = tf.function(lambda: [c.assign(v) for v, c in self._kept], autograph=False)
-            self._undo_fn = tf.function(lambda: [v.assign(c) for v, c in self._kept], autograph=False)
+            self._make_kept()
         self._keep_fn()
         self._kept_scale = self._scale
+
+    def _make_kept(self) -> None:
+        """The copy's variables, each where its original lives, and the functions that
+        copy to and from them."""
+        originals = [*self.model.weights, *self.optimizer.variables]
+        with self.strategy.scope():
+            pairs = []
+            for v in originals:
+                with self.strategy.extended.colocate_vars_with(v):
+                    pairs.append((v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                 name="kept_" + v.name.split(":")[0].replace("/", "_"))))
+        self._kept = pairs
+        self._keep_fn = tf.function(lambda: [c.assign(v) for v, c in self._kept], autograph=False)
+        self._undo_fn = tf.function(lambda: [v.assign(c) for v, c in self._kept], autograph=False)
 
     def restore_kept(self) -> None:
         """Put the kept copy back (``Decision.undo``), its rate-bearing slots rescaled from

@@ -65,6 +65,7 @@ class Lifecycle:
         self.recovering: set | None = None   # the lost workers while recovering from their loss
         self.node_wait_s = 0.0     # how long a restart waits for a node when none answers (node hooks)
         self.on_pause = lambda kind, **fields: None   # the engine's events: "paused", then "unpaused"
+        self.keep_weights = False   # a policy of the run may keep the weights: each generation makes the copy
 
     def launch(self, workers: int | None = None, wait: bool = False):
         """A new generation's tasks, starting (``open`` waits for them); ``workers``: how
@@ -189,7 +190,7 @@ class Lifecycle:
             gen.checkpoint.restore(restore, options=checkpoint_io()).assert_existing_objects_matched()
         gen.control.set_round(round)
         t3 = time.time()
-        gen.warm_up()
+        gen.warm_up(keep=self.keep_weights)
         self.current, self.channel = gen, PSChannel(gen.links)
         timings = {"wait_tasks_s": t1 - t0, "connect_build_s": t2 - t1, "restore_s": t3 - t2,
                    "trace_s": time.time() - t3}

@@ -230,7 +230,7 @@ class AutoPolicy(Policy):
         self.loss = _Loss()
         self.first_loss: float | None = None    # the training loss's first second's mean
         self.progress_s = float(progress_s)
-        self.undo = bool(undo)
+        self.undo = self.keeps_weights = bool(undo)
         self.asp_since: float | None = None      # when ASP began (its first step in, on a trial)
         self.start_loss: float | None = None     # the loss's mean then
         self.lowest_loss: float | None = None    # its lowest since, from a hold_s after the switch

@@ -287,6 +287,7 @@ class Policy:
     options: tuple = ()  # Options (tfsync.policy.options) a job file may set
     aggregating = False  # an update averages the members' gradients (BSP): lr x n at a switch
     self_sizing = False  # makes its own sizer from a batch_size argument (no sizer argument)
+    keeps_weights = False  # may ask for Decision.keep_weights: the engine makes the copy when a generation opens
     nameable = True  # job files and `tfsync switch --to` may name it
     three_action = None  # its form in RLP's three-action space, if any (tfsync.policy.actions)
 
