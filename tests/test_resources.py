@@ -11,7 +11,7 @@ import pytest
 
 from helpers import wait_for
 from tfsync.base.procstats import CpuBusy, ProcessReader, worker_reading
-from tfsync.engine.resources import ResourceMonitor
+from tfsync.engine.resources import LatestReadings, ResourceMonitor
 from tfsync.policy.lbbsp import resource_reading
 
 pytestmark = pytest.mark.unit
@@ -185,3 +185,23 @@ def test_the_hooks_sampler_reports_a_new_pid_at_0_and_an_ended_one_as_not_alive(
     finally:
         end(p)
     assert not sampler.process(p.pid).alive and sampler.process(p.pid, alive=False).rss_bytes == 0
+
+
+def test_a_views_readings_are_read_once_at_the_first_look_and_never_unlooked():
+    """The engine makes a view for every push; its readings (copies of every worker's)
+    are read from the monitor at the first look, once, and not at all by a policy that
+    never looks (ASP, BSP)."""
+    class Counting(ResourceMonitor):
+        reads = 0
+
+        def latest(self):
+            self.reads += 1
+            return {0: {"cpu": 50.0}, 2: {"cpu": 10.0}}
+
+    monitor = Counting()
+    LatestReadings(monitor)
+    assert monitor.reads == 0
+    readings = LatestReadings(monitor)
+    assert readings and readings.get(0) == {"cpu": 50.0} and readings.get(1) is None and sorted(readings) == [0, 2]
+    assert len(readings) == 2 and readings[2]["cpu"] == 10.0 and monitor.reads == 1
+    assert not LatestReadings(ResourceMonitor())

@@ -37,6 +37,7 @@ from .commands import Command, CommandResult, Controller, StopRequested, check, 
 from .lifecycle import Lifecycle
 from .phase import EngineError, Phase
 from .pilot import ROUND_CLOSED, Pilot, is_marker
+from .resources import LatestReadings
 from .results import Arrivals
 from .runlog import RunLog
 from .scaling import Elastic, ScaleDecision
@@ -85,7 +86,7 @@ class Loop:
         return self.lifecycle.workers
 
     def view(self) -> ClusterView:
-        return self.ledger.view(time.time(), self.lifecycle.monitor.latest(), self.phase_end)
+        return self.ledger.view(time.time(), LatestReadings(self.lifecycle.monitor), self.phase_end)
 
     def in_flight(self) -> int:
         return self.ledger.in_flight()
