@@ -226,6 +226,7 @@ def csv_path(args, scenario: str) -> str:
 
 
 def measure(args) -> None:
+    started = time.strftime("%Y-%m-%dT%H:%M")   # each row's invocation: which rows ran side by side
     bed = testbed_bench.up("benchhet", nodes=args.workers + 1, latency_ms=args.latency, log=print, cpu=args.cpu)
     try:
         bed.set("n1", cpu="none")   # the PS's node
@@ -244,7 +245,7 @@ def measure(args) -> None:
                                 row.update(run(bed, config, scenario, args, work, seed))
                             except RuntimeError as e:   # a failed run is a row saying why; the others go on
                                 row["error"] = str(e)[-300:].replace("\n", " ")
-                            row.update(wall_s=round(time.time() - t0, 1), date=time.strftime("%Y-%m-%d"))
+                            row.update(wall_s=round(time.time() - t0, 1), date=time.strftime("%Y-%m-%d"), run=started)
                         finally:
                             tear_down(bed, args)
                         rows = [r for r in rows if (r["seed"], r["config"]) != (seed, config)] + [row]

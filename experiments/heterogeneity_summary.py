@@ -35,8 +35,17 @@ def accuracy_at(curve, t_fixed: float) -> float | None:
     return before[-1] if before else None
 
 
+def beside(r: dict, bsp: dict) -> bool:
+    """Whether run ``r`` ran side by side with its seed's BSP run: in the same invocation
+    (``run``, the invocation's start, in rows since 2026-11-30), or, for rows before that,
+    on the same day. The 2-core machine ran 1.3-1.7x slower per update some evenings than
+    the same morning, so a time from another invocation is not comparable."""
+    return r.get("run") == bsp.get("run") and r.get("date") == bsp.get("date")
+
+
 def summarise_scenario(rows: list[dict]) -> dict:
-    """config -> {"time": [per seed], "acc_at": [...], "final": [...], "per_update": [...]}."""
+    """config -> {"time": [per seed], "acc_at": [...], "final": [...], "per_update": [...],
+    "beside": [...]}."""
     out: dict = {}
     for seed in sorted({r["seed"] for r in rows}):
         runs = {r["config"]: r for r in rows if r["seed"] == seed and not r.get("error")}
@@ -47,12 +56,14 @@ def summarise_scenario(rows: list[dict]) -> dict:
         t_fixed = min(r["train_s"] for r in runs.values())
         for config, r in runs.items():
             curve = parse_curve(r["curve"])
-            o = out.setdefault(config, {"time": [], "acc_at": [], "final": [], "per_update": [], "target": []})
+            o = out.setdefault(config, {"time": [], "acc_at": [], "final": [], "per_update": [], "target": [],
+                                        "beside": []})
             o["time"].append(time_to(curve, target))
             o["acc_at"].append(accuracy_at(curve, t_fixed))
             o["final"].append(r["test_accuracy"])
             o["per_update"].append(r.get("per_update_s"))
             o["target"].append(target)
+            o["beside"].append(beside(r, runs["BSP"]))
     return out
 
 
@@ -83,24 +94,32 @@ def summary_text(scenarios: dict[str, list[dict]], model: str, workers: int, lat
             m = median(times)
             done = [v for v in times if v is not None]
             spread = f" [{min(done):.1f}-{max(done):.1f}]" if len(done) > 1 else ""
-            cells.append("not reached" if m is None else f"{m:.1f}{spread}" +
-                         (f" ({len(times) - len(done)}/{len(times)} not)" if len(done) < len(times) else ""))
+            cells.append(("not reached" if m is None else f"{m:.1f}{spread}" +
+                          (f" ({len(times) - len(done)}/{len(times)} not)" if len(done) < len(times) else ""))
+                         + ("" if all(t[c]["beside"]) else " *"))
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines += ["", "Speed-up of tfsync's best configuration over native fit (the faster of 1 and 32 steps per "
-              "execution), over tfsync BSP, and auto's time over the best's, by median time to target.", "",
+    if any(not all(v["beside"]) for t in tables.values() for v in t.values()):
+        lines += ["", "\\* not side by side with BSP: some of its seeds ran in another invocation (the machine ran "
+                  "up to 1.7x slower per update some evenings than the same morning); such rows are not chosen as "
+                  "the best below, and a speed-up against them is marked so."]
+    lines += ["", "Speed-up of tfsync's best configuration (of those run side by side with BSP) over native fit (the "
+              "faster of 1 and 32 steps per execution), over tfsync BSP, and auto's time over the best's, by median "
+              "time to target.", "",
               "| scenario | best | x native fit | x BSP | auto / best | seeds | date |",
               "|---|---|---|---|---|---|---|"]
     for s, t in tables.items():
-        tf_ = {c: median(v["time"]) for c, v in t.items() if c in PROTOCOLS and median(v["time"]) is not None}
+        tf_ = {c: median(v["time"]) for c, v in t.items() if c in PROTOCOLS and median(v["time"]) is not None
+               and all(v["beside"])}
         if not tf_:
             continue
         best = min(tf_, key=tf_.get)
-        fits = [median(t[c]["time"]) for c in FITS if c in t]
-        fit = min((v for v in fits if v is not None), default="not reached" if fits else "not run")
+        fits = [(median(t[c]["time"]), all(t[c]["beside"])) for c in FITS if c in t]
+        reached = [f for f in fits if f[0] is not None]
+        fit, fit_beside = min(reached) if reached else ("not reached" if fits else "not run", True)
         bsp = median(t["BSP"]["time"])
         auto = f"{tf_['auto'] / tf_[best]:.2f}" if "auto" in tf_ else "not reached" if "auto" in t else ""
         lines.append(f"| {s} | {best} {tf_[best]:.1f} s | "
-                     + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit)
+                     + (f"{fit / tf_[best]:.2f}" if isinstance(fit, float) else fit) + ("" if fit_beside else " *")
                      + f" | {bsp / tf_[best]:.2f} | {auto} | {len(t['BSP']['time'])} | "
                      + ", ".join(sorted({str(r['date']) for r in scenarios[s]})) + " |")
     lines += ["", "Seconds per update (X = n x B samples; after the first 10 %) and the smallest batch LB-BSP gave, "

@@ -54,3 +54,24 @@ def test_a_changed_figure_in_a_csv_changes_its_table(tmp_path):
         w.writeheader()
         w.writerows(rows)
     assert table.build([tables.read_csv(tmp_path / table.csvs[0])]) != before
+
+
+def test_a_heterogeneity_row_not_run_beside_its_seeds_bsp_is_marked_and_never_the_best():
+    """A configuration whose run came from another invocation than its seed's BSP run (the
+    machine's speed moves 1.3-1.7x between invocations) is marked in the time table and
+    not chosen as the best; one run beside BSP is."""
+    from heterogeneity_summary import summary_text
+
+    def row(config, t_reach, run, date="2026-11-30"):
+        return {"scenario": "cpu", "seed": 0, "config": config, "train_s": 30.0, "test_accuracy": 0.95,
+                "curve": f"5:0.5;{t_reach}:0.95;30:0.95", "per_update_s": 0.1, "date": date, "run": run}
+
+    rows = [row("BSP", 20.0, "2026-11-30T20:34"), row("ASP", 12.0, "2026-11-30T20:34"),
+            row("SSP", 8.0, None), row("fit 32/exec", 40.0, None)]
+    text = summary_text({"cpu": rows}, "mlp", 4, 10, 0.4)
+    table = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    assert table["SSP"].endswith(" * |"), table["SSP"]
+    assert " *" not in table["ASP"] and " *" not in table["BSP"]
+    (speedup,) = [line for line in text.splitlines() if line.startswith("| cpu | ") and " s | " in line]
+    assert speedup.startswith("| cpu | ASP 12.0 s | 3.33 * | 1.67 |"), speedup
+    assert "not side by side with BSP" in text
