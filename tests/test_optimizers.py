@@ -145,6 +145,10 @@ def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_pa
         stage = "bsp"
         keeps_weights = back is None
 
+        def start(self, view):
+            made.append(engine.generation._kept is not None)   # the copy, before any keep_weights
+            return super().start(view)
+
         def on_push(self, push, view):
             if view.in_flight and self.stage != "bsp":
                 return NOTHING
@@ -162,12 +166,14 @@ def test_an_undo_puts_the_velocity_back_at_the_rate_factor_it_was_kept_at(tmp_pa
     x, y, model_fn, loss_fn = two_input_regression()
     sgd = OPTIMIZERS["sgd momentum"]
     setup = TrainSetup(model_fn, sgd, loss_fn, x, y, max_batch_size=M, shuffle=False)
+    made = []
     engine = Engine(setup, workers=1, run_dir=str(tmp_path), tensorboard=False, timeout_s=120)
     try:
         summary = engine.run([Phase(KeepsRescalesUndoes(FixedSizer([M])), lr_scale=4.0)], total_samples=8 * M)
         weights = engine.final_weights()
     finally:
         engine.close()
+    assert made[0] is (back is None)
     assert (summary["updates"], summary["optimizer_iterations"]) == (8, 8)
     model, opt = model_fn(), sgd()
     base = float(opt.learning_rate)

@@ -152,6 +152,7 @@ class Engine:
                     raise EngineError(f"resume with the {self.workers} workers the job was scaled to: {e}") from None
             if resumed is not None and resume.get("changed"):   # as the commands before the stop left it
                 carry_changes(resumed, resume["changed"], self.workers, self.setup.max_batch_size)
+                self.lifecycle.keep_weights |= resumed.policy.keeps_weights   # (from the next generation)
             set_config(self.ledger, self.generation, phases[first])
             stopped = None
             for i, phase in enumerate(phases):

@@ -332,6 +332,7 @@ class Loop:
             t = time.time()
             parts.update(self.lifecycle.open(cluster, restore=path))
             parts["start_new_s"] = time.time() - t
+            self.ledger.mark = None   # (the weights kept went with the old generation: nothing to undo to)
         if carry and phase.policy is not old:
             hand_over(self.runlog, old.save_state(), phase.policy, "switch")
         set_config(self.ledger, self.lifecycle.current, phase)
@@ -385,6 +386,7 @@ class Loop:
         restartable = getattr(self.lifecycle.current.cluster, "restartable", True)
         plan = plan_switch(cmd, options, phase, self.workers, max_batch, self.lr_rule, restartable)
         new = plan.target.policy
+        self.lifecycle.keep_weights |= new.keeps_weights   # (the generations opened from now on)
         self.switch(old, plan.target, len(self.runlog.timeline), by="command")
         old_stats = old.stats()
         phase.switched(new, cmd.method, plan.target.lr_scale, plan.options)

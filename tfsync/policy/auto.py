@@ -417,8 +417,9 @@ class AutoPolicy(Policy):
             return self._from_lbbsp(w, ratio, view) or d
         if self.state == "asp":
             if self.trial is not None and "first" not in self.trial and push.mode is PushMode.APPLY:
-                # ASP's first step in: the trial's clock, and the loss watch's
+                # ASP's first step in: the trial's clock, and the loss watch's (which saw none of ASP's before)
                 self.trial["first"] = self.asp_since = push.arrival
+                self.lowest_loss = self.back_since = None
             back, (rising, stalled) = self._trial_verdict(view), self._loss_in_asp(view)
             recovered = ratio < self.back_below
             if back is None and stalled is None and not self._held(recovered or rising is not None, view):
@@ -539,6 +540,8 @@ class AutoPolicy(Policy):
         leaving behind)."""
         if self.asp_since is None:   # (ASP resumed from a saved state: watched from now)
             self.asp_since = view.now
+        if self.trial is not None and "first" not in self.trial:   # (LB-BSP's last steps, not ASP's)
+            return None, None
         if view.now < self.asp_since + self.hold_s:
             return None, None
         mean = self.loss.mean
