@@ -73,5 +73,5 @@ def test_a_heterogeneity_row_not_run_beside_its_seeds_bsp_is_marked_and_never_th
     assert table["SSP"].endswith(" * |"), table["SSP"]
     assert " *" not in table["ASP"] and " *" not in table["BSP"]
     (speedup,) = [line for line in text.splitlines() if line.startswith("| cpu | ") and " s | " in line]
-    assert speedup.startswith("| cpu | ASP 12.0 s | 3.33 * | 1.67 |"), speedup
+    assert speedup.startswith("| cpu | ASP 11.9 s | 3.32 * | 1.66 |"), speedup   # (11.9: where 0.945 is crossed)
     assert "not side by side with BSP" in text
