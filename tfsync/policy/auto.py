@@ -8,8 +8,8 @@ others' median (default 1.5), or keeps them waiting by that much at the smallest
 LB-BSP gives it (the sizer's ``floor``) or at the even split LB-BSP's guard holds. LB-BSP
 may balance such a worker, and ASP, waiting for no barrier, may still train more samples a
 second; which one does is measured, not guessed: after ``1.25 * hold_s`` of ASP, counted
-from its first step in (its first quarter left out, the switch's), its samples/s are compared with LB-BSP's in the
-``hold_s`` before the trial. A sample ASP trains is worth less than one LB-BSP trains: its
+from its first step in (its first quarter left out, the switch's), its samples/s are
+compared with LB-BSP's in the ``hold_s`` before the trial. A sample ASP trains is worth less than one LB-BSP trains: its
 gradient was taken at weights other workers' updates have since moved (its staleness,
 ``Push.pushes_during``), and that grows with the workers. ASP is kept at ``asp_gain +
 staleness_cost * s`` times LB-BSP's samples/s or more, ``s`` the trial's mean staleness
