@@ -319,6 +319,7 @@ class Loop:
         ``old`` learned (``switching.hand_over``). The run log records a switch event with
         timings and ``by`` whom: the job's "plan" or a "command"."""
         t0 = time.time()
+        self.lifecycle.keep_weights |= phase.policy.keeps_weights   # (the generations opened from now on)
         self.drain(old)
         t_drained = time.time()
         parts = {}
@@ -386,7 +387,6 @@ class Loop:
         restartable = getattr(self.lifecycle.current.cluster, "restartable", True)
         plan = plan_switch(cmd, options, phase, self.workers, max_batch, self.lr_rule, restartable)
         new = plan.target.policy
-        self.lifecycle.keep_weights |= new.keeps_weights   # (the generations opened from now on)
         self.switch(old, plan.target, len(self.runlog.timeline), by="command")
         old_stats = old.stats()
         phase.switched(new, cmd.method, plan.target.lr_scale, plan.options)

@@ -9,9 +9,9 @@ LB-BSP gives it (the sizer's ``floor``) or at the even split LB-BSP's guard hold
 may balance such a worker, and ASP, waiting for no barrier, may still train more samples a
 second; which one does is measured, not guessed: after ``1.25 * hold_s`` of ASP, counted
 from its first step in (its first quarter left out, the switch's), its samples/s are
-compared with LB-BSP's in the ``hold_s`` before the trial. A sample ASP trains is worth less than one LB-BSP trains: its
-gradient was taken at weights other workers' updates have since moved (its staleness,
-``Push.pushes_during``), and that grows with the workers. ASP is kept at ``asp_gain +
+compared with LB-BSP's in the ``hold_s`` before the trial. A sample ASP trains is worth
+less than one LB-BSP trains: its gradient was taken at weights other workers' updates
+have since moved (its staleness, ``Push.pushes_during``), and that grows with the workers. ASP is kept at ``asp_gain +
 staleness_cost * s`` times LB-BSP's samples/s or more, ``s`` the trial's mean staleness
 (defaults 1.0 and 0.035: 1.1x at a staleness of 3, four workers; 1.25x at 7, eight).
 From the 10 ms testbed with one worker at a third of the CPU: at four workers ASP's 1.34x
@@ -288,9 +288,8 @@ class AutoPolicy(Policy):
         else:
             self.lbbsp_losses.clear()
             track = self.asp_losses
-        keep = self.hold_s
         track.append((now, loss))
-        while track[0][0] < now - keep:
+        while track[0][0] < now - self.hold_s:
             track.popleft()
 
     def loss_pace(self) -> tuple[float, float] | None:
