@@ -278,6 +278,19 @@ def fill_disk(folder, leave: int = 0):
     return filler
 
 
+def run_here(capsys, *args) -> subprocess.CompletedProcess:
+    """``tfsync ARGS`` in this process (``tfsync_here``), as a finished process: for a
+    refusal, or a run whose outputs (not its process) are what is checked; its tasks are
+    still processes of their own, from this process's fork server. A process of its own
+    costs an interpreter, the isolation's re-exec and a TensorFlow import: about 5 s on a
+    loaded machine."""
+    code, out, err = tfsync_here(capsys, *args)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:   # (a run sets TF's global seed: the tests after it draw as they would have)
+        tf.random.set_seed(None)
+    return subprocess.CompletedProcess(["tfsync", *args], code, out, err)
+
+
 def tfsync_here(capsys, *args) -> tuple[int, str, str]:
     """``tfsync ARGS`` in this process: (exit code, stdout, stderr); the SIGTERM handler
     main() installs put back afterwards."""

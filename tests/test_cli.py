@@ -29,12 +29,13 @@ def test_bad_job_file_gives_one_line_naming_the_field_and_exit_2(tmp_path, conte
     assert "Traceback" not in r.stderr
 
 
-def test_missing_job_file_and_missing_data_are_bad_input(tmp_path):
-    r = tfsync("run", str(tmp_path / "nope.toml"))
+def test_missing_job_file_and_missing_data_are_bad_input(tmp_path, capsys):
+    from helpers import run_here
+    r = tfsync("run", str(tmp_path / "nope.toml"))   # (a process of its own: the command line's exit code)
     assert r.returncode == 2 and "nope.toml" in r.stderr and "Traceback" not in r.stderr
     job = tmp_path / "job.toml"
     job.write_text(f'[data]\npath = "{tmp_path}/missing.npz"\n')
-    r = tfsync("run", str(job))
+    r = run_here(capsys, "run", str(job))
     assert r.returncode == 2 and "missing.npz" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -231,11 +231,12 @@ def test_workers_beyond_memory_or_open_files_are_refused_naming_the_worker_count
         check_job(10_000, 1, 64, 3144, local_tasks=False, available=16 * GIB, fd_limit=1024)
 
 
-def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_path):
+def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_path, capsys, monkeypatch):
+    from helpers import run_here
     job = tmp_path / "job.toml"
     job.write_text(Path(JOB).read_text().replace("batch_size = 64 ", "batch_size = 1000000000 "))
-    r = tfsync("run", str(job), "--run-dir", str(tmp_path / "run"), "-q",
-               env={"TFSYNC_HOME": str(tmp_path / "home")}, timeout=120)
+    monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))
+    r = run_here(capsys, "run", str(job), "--run-dir", str(tmp_path / "run"), "-q")
     one_line(r, "train.batch_size", "larger than the training set (60,000 examples)", code=2)
     assert not list((tmp_path / "run").glob("logs/*/*.log"))  # no task was started
 

@@ -328,11 +328,12 @@ def test_a_metric_that_cannot_take_the_labels_is_refused_on_one_batch(tmp_path, 
 
 
 @pytest.mark.unit
-def test_the_command_line_refuses_a_bad_metric_in_one_line_with_exit_2(tmp_path):
+def test_the_command_line_refuses_a_bad_metric_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
+    from helpers import run_here
     path = job_file(tmp_path, train_extra='metrics = ["mae", {metric = "SparseTopKCategoricalAccuracy", k = 2}, '
                                           '"Nope"]')
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(path), "--no-manager"],
-                       capture_output=True, text=True, timeout=180, cwd="/")
+    monkeypatch.chdir("/")
+    r = run_here(capsys, "run", str(path), "--no-manager")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (f"tfsync: error: {path}: train.metrics[2]: 'Nope' is not a "
                                                  'tf_keras metric; expected e.g. "accuracy", "mae", "AUC", '

@@ -121,9 +121,10 @@ def test_a_finished_job_is_done_and_a_damaged_newest_checkpoint_is_skipped_namin
     assert summary["timeline"][-1]["resumed"] and [r["stopped"] for r in summary["runs"]] == [False, False]
 
 
-def test_resume_without_a_checkpoint_says_what_to_do(tmp_path):
+def test_resume_without_a_checkpoint_says_what_to_do(tmp_path, capsys, monkeypatch):
+    from helpers import run_here
     job = tmp_path / "job.toml"
     job.write_text(CHECKPOINTED_JOB.format(run_dir=tmp_path / "run"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "resume", str(job)], capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, TFSYNC_HOME=str(tmp_path / "home")))
+    monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))
+    r = run_here(capsys, "resume", str(job))
     assert r.returncode == 2 and "no checkpoint to resume from" in r.stderr

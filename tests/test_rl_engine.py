@@ -1,13 +1,11 @@
 """A policy file drives a real job: `tfsync run` with protocol rlp on a local cluster."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import DATA, linear_job
+from helpers import DATA, linear_job, run_here
 from tfsync.policy.rlp import QNetwork
 
 pytestmark = pytest.mark.cluster
@@ -23,13 +21,12 @@ def lockstep_network() -> QNetwork:
     return QNetwork([w1, np.zeros(1), np.array([[-20.0, 0.0, 20.0]]), np.array([1.0, 0.0, -1.0])])
 
 
-def test_a_policy_file_runs_a_real_job_and_its_actions_are_obeyed(tmp_path):
+def test_a_policy_file_runs_a_real_job_and_its_actions_are_obeyed(tmp_path, capsys):
     model = tmp_path / "policy.npz"
     lockstep_network().save(model)
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(run_dir=tmp_path / "run", model=model))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--data", DATA],
-                       capture_output=True, text=True, timeout=300)
+    r = run_here(capsys, "run", str(job), "--json", "--no-manager", "--data", DATA)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     stats = summary["timeline"][0]["stats"]
@@ -48,9 +45,8 @@ def test_a_policy_file_runs_a_real_job_and_its_actions_are_obeyed(tmp_path):
     assert summary["test_accuracy"] > 0.5
 
 
-def test_a_job_naming_rlp_without_a_model_is_refused(tmp_path):
+def test_a_job_naming_rlp_without_a_model_is_refused(tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_text(JOB.replace('model = "{model}"\n', "").format(run_dir=tmp_path / "run"))
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job)], capture_output=True,
-                       text=True, timeout=60)
+    r = run_here(capsys, "run", str(job))
     assert r.returncode == 2 and "protocol[0].model: missing" in r.stderr

@@ -7,12 +7,10 @@ greedy one a user's model module, data and Adam in a folder tfsync has never see
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
-from helpers import DATA, linear_job
+from helpers import DATA, linear_job, run_here
 from userjob import JOB_HEAD, user_job
 
 pytestmark = pytest.mark.cluster
@@ -47,7 +45,7 @@ epochs = 12
 """ + CLUSTER + PLAN
 
 
-def run(tmp_path, policy, user=False):
+def run(tmp_path, capsys, monkeypatch, policy, user=False):
     if user:  # run from elsewhere: the job names its module relative to the job file
         job = user_job(tmp_path / "project", USER_JOB.format(name="strag", run_dir=tmp_path / "run", units=16,
                                                              policy=policy))
@@ -56,15 +54,15 @@ def run(tmp_path, policy, user=False):
         job = tmp_path / "job.toml"
         job.write_text(JOB.format(run_dir=tmp_path / "run", policy=policy))
         args = ["--data", DATA]
-    out = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(job), "--json", "--no-manager", *args],
-                         cwd="/", capture_output=True, text=True, timeout=600)
+    monkeypatch.chdir("/")
+    out = run_here(capsys, "run", str(job), "--json", "--no-manager", *args)
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     return s, s["timeline"][0]["stats"]
 
 
-def test_elastic_trains_without_the_straggler_then_takes_it_back(tmp_path):
-    s, stats = run(tmp_path, "elastic")
+def test_elastic_trains_without_the_straggler_then_takes_it_back(tmp_path, capsys, monkeypatch):
+    s, stats = run(tmp_path, capsys, monkeypatch, "elastic")
     assert s["injected"][0]["what"] == "begin" and s["test_accuracy"] > 0.6
     removed = [t for t, what, w in stats["membership"] if what == "remove" and w == 2]
     restored = [t for t, what, w in stats["membership"] if what == "restore" and w == 2]
@@ -80,8 +78,8 @@ def test_elastic_trains_without_the_straggler_then_takes_it_back(tmp_path):
     assert out == [], "a removed worker kept training"
 
 
-def test_greedy_runs_asp_while_a_straggler_is_present_on_a_users_model(tmp_path):
-    s, stats = run(tmp_path, "greedy", user=True)
+def test_greedy_runs_asp_while_a_straggler_is_present_on_a_users_model(tmp_path, capsys, monkeypatch):
+    s, stats = run(tmp_path, capsys, monkeypatch, "greedy", user=True)
     assert s["meta"]["model"].endswith("blobs_model.py:mlp") and s["samples"] >= s["workload_samples"] == 12 * 1280
     assert s["injected"][0]["what"] == "begin" and s["test_accuracy"] > 0.8  # the blobs are separable
     states = [state for _, state in stats["states"]]

@@ -146,7 +146,10 @@ def test_lbbsp_sizes_a_users_model_around_an_injected_straggler(tmp_path):
     summary = json.loads(r.stdout)
     assert summary["injected"][0]["what"] == "begin" and summary["test_accuracy"] > 0.8
     assert summary["injected"][0]["slowdown"] == 4.0  # the report's shaded span says "4x slower"
+    assert summary["timeline"][0]["protocol"] == "lbbsp"
+    assert summary["timeline"][0]["lr"] == pytest.approx(2 * 0.005)  # it aggregates like BSP: n x eta
     pushes = [p for p in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "event" not in p]
+    assert {p["mode"] for p in pushes} == {"aggregate"}
     rounds = {}
     for p in pushes:
         rounds.setdefault(p["round"], {})[p["worker"]] = p["batch_size"]

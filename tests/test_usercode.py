@@ -122,10 +122,11 @@ def test_a_user_model_needs_a_loss_and_both_name_and_fn_are_refused(tmp_path):
 
 
 @pytest.mark.unit
-def test_the_command_line_says_it_in_one_line_and_exits_2(tmp_path):
+def test_the_command_line_says_it_in_one_line_and_exits_2(tmp_path, capsys, monkeypatch):
+    from helpers import run_here
     path = job_file(tmp_path, model="regression.py:nope")
-    r = subprocess.run([sys.executable, "-m", "tfsync.cli", "run", str(path), "--no-manager"],
-                       capture_output=True, text=True, timeout=120, cwd="/")
+    monkeypatch.chdir("/")
+    r = run_here(capsys, "run", str(path), "--no-manager")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == f"tfsync: error: {path}: model.fn: regression.py has no attribute 'nope'" \
