@@ -293,12 +293,17 @@ def run_here(capsys, *args) -> subprocess.CompletedProcess:
 
 def tfsync_here(capsys, *args) -> tuple[int, str, str]:
     """``tfsync ARGS`` in this process: (exit code, stdout, stderr); the SIGTERM handler
-    main() installs put back afterwards."""
+    main() installs and the umask a run sets (077: tfsync.base.rundir.private) put back
+    afterwards (left at 077, the tests after one wrote files 0600: a k8s manifest test
+    failed on it)."""
     from tfsync.cli import main
     saved_term = signal.getsignal(signal.SIGTERM)
+    saved_umask = os.umask(0o077)
+    os.umask(saved_umask)
     try:
         code = main(list(args))
     finally:
         signal.signal(signal.SIGTERM, saved_term)
+        os.umask(saved_umask)
     out, err = capsys.readouterr()
     return code, out, err

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from helpers import run_here
+
 pytestmark = pytest.mark.unit
 
 
@@ -30,7 +32,6 @@ def test_bad_job_file_gives_one_line_naming_the_field_and_exit_2(tmp_path, conte
 
 
 def test_missing_job_file_and_missing_data_are_bad_input(tmp_path, capsys):
-    from helpers import run_here
     r = tfsync("run", str(tmp_path / "nope.toml"))   # (a process of its own: the command line's exit code)
     assert r.returncode == 2 and "nope.toml" in r.stderr and "Traceback" not in r.stderr
     job = tmp_path / "job.toml"

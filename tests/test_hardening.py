@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import job_manager
+from helpers import job_manager, run_here
 from tfsync.api import auth
 from tfsync.job.config import JobConfig
 from tfsync.job.errors import ConfigError
@@ -232,7 +232,6 @@ def test_workers_beyond_memory_or_open_files_are_refused_naming_the_worker_count
 
 
 def test_a_huge_batch_size_from_the_command_line_is_refused_before_any_task(tmp_path, capsys, monkeypatch):
-    from helpers import run_here
     job = tmp_path / "job.toml"
     job.write_text(Path(JOB).read_text().replace("batch_size = 64 ", "batch_size = 1000000000 "))
     monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))

@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 
+from helpers import run_here
 from tfsync.base import usercode
 from tfsync.base.usercode import UserCodeError
 from tfsync.job.config import JobConfig, load_job
@@ -329,7 +330,6 @@ def test_a_metric_that_cannot_take_the_labels_is_refused_on_one_batch(tmp_path, 
 
 @pytest.mark.unit
 def test_the_command_line_refuses_a_bad_metric_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
-    from helpers import run_here
     path = job_file(tmp_path, train_extra='metrics = ["mae", {metric = "SparseTopKCategoricalAccuracy", k = 2}, '
                                           '"Nope"]')
     monkeypatch.chdir("/")

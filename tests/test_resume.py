@@ -11,7 +11,8 @@ import sys
 import psutil
 import pytest
 
-from helpers import CHECKPOINTED_JOB, DATA, PER_UPDATE, check_counted_once, records, tfsync_run, wait_for_checkpoints
+from helpers import (CHECKPOINTED_JOB, DATA, PER_UPDATE, check_counted_once, records, run_here, tfsync_run,
+                     wait_for_checkpoints)
 from tfsync.manager.store import Store
 
 pytestmark = pytest.mark.cluster
@@ -122,7 +123,6 @@ def test_a_finished_job_is_done_and_a_damaged_newest_checkpoint_is_skipped_namin
 
 
 def test_resume_without_a_checkpoint_says_what_to_do(tmp_path, capsys, monkeypatch):
-    from helpers import run_here
     job = tmp_path / "job.toml"
     job.write_text(CHECKPOINTED_JOB.format(run_dir=tmp_path / "run"))
     monkeypatch.setenv("TFSYNC_HOME", str(tmp_path / "home"))

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import DATA
+from helpers import DATA, run_here
 from tfsync.base.usercode import UserCodeError
 from tfsync.job.config import load_job
 from tfsync.job.errors import ConfigError
@@ -123,7 +123,6 @@ def test_a_user_model_needs_a_loss_and_both_name_and_fn_are_refused(tmp_path):
 
 @pytest.mark.unit
 def test_the_command_line_says_it_in_one_line_and_exits_2(tmp_path, capsys, monkeypatch):
-    from helpers import run_here
     path = job_file(tmp_path, model="regression.py:nope")
     monkeypatch.chdir("/")
     r = run_here(capsys, "run", str(path), "--no-manager")
