@@ -291,10 +291,10 @@ def plot(tables: dict, configs: list[str], path: str, args) -> None:
             if m is None:
                 ax.text(0.02 * worst, y, "not reached", va="center", fontsize=7, color="#a00000")
                 continue
-            aside = all(t[c]["beside"])   # (else faded and hatched: run in another invocation than BSP)
-            ax.barh(y, m, color=COLORS[c], alpha=1.0 if aside else 0.35, hatch=None if aside else "//",
+            side_by_side = all(t[c]["beside"])   # (else faded and hatched: run in another invocation than BSP)
+            ax.barh(y, m, color=COLORS[c], alpha=1.0 if side_by_side else 0.35, hatch=None if side_by_side else "//",
                     xerr=[[m - min(done)], [max(done) - m]] if len(done) > 1 else None, capsize=2)
-            ax.text(m, y, f" {m:.0f}" + ("" if aside else " *"), va="center", fontsize=7)
+            ax.text(m, y, f" {m:.0f}" + ("" if side_by_side else " *"), va="center", fontsize=7)
         ax.set_yticks(list(ys), [("native " if c in FITS else "") + c for c in configs], fontsize=8)
         ax.set_title(scenario, fontsize=9)
         ax.set_xlabel("s to target accuracy", fontsize=8)

@@ -296,10 +296,9 @@ def tfsync_here(capsys, *args) -> tuple[int, str, str]:
     main() installs and the umask a run sets (077: tfsync.base.rundir.private) put back
     afterwards (left at 077, the tests after one wrote files 0600: a k8s manifest test
     failed on it)."""
+    from tfsync.base.safefile import umask
     from tfsync.cli import main
-    saved_term = signal.getsignal(signal.SIGTERM)
-    saved_umask = os.umask(0o077)
-    os.umask(saved_umask)
+    saved_term, saved_umask = signal.getsignal(signal.SIGTERM), umask()
     try:
         code = main(list(args))
     finally:
