@@ -145,3 +145,29 @@ def test_a_joining_hook_is_checked_with_the_jobs_token_and_a_refused_one_leaves_
     finally:
         for server, _ in servers:
             server.stop()
+
+
+def test_a_hook_that_cancels_health_as_it_shuts_down_gets_no_tasks():
+    """A hook given SIGTERM stops its server, and the calls still open then end CANCELLED:
+    such a hook is not taken as answering (it was, and a new generation's tasks went to a
+    hook that was going away)."""
+    from concurrent import futures
+
+    import grpc
+
+    from tfsync.api.v1 import node_hook_pb2_grpc
+    from tfsync.base.ports import free_ports
+
+    class ShuttingDown(node_hook_pb2_grpc.NodeHookServicer):
+        def Health(self, request, context):
+            context.abort(grpc.StatusCode.CANCELLED, "the server is shutting down")
+
+    port = free_ports(1)[0]
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    node_hook_pb2_grpc.add_NodeHookServicer_to_server(ShuttingDown(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        assert not HookNodes([(f"127.0.0.1:{port}", "t")])._answers(0, timeout=5.0, say=False)
+    finally:
+        server.stop(None)

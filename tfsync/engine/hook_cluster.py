@@ -160,7 +160,7 @@ class HookNodes:
             with self._stub(hook) as stub:
                 stub.Health(node_hook_pb2.HealthRequest(), timeout=timeout)
             return True
-        except client.Unreachable as e:
+        except (client.Unreachable, client.Cancelled) as e:   # (CANCELLED: a hook shutting down ended the call)
             if say:
                 logger.warning("hook %s does not answer (%s): this generation's tasks go to the other nodes",
                                self.hooks[hook][0], e.code)

@@ -462,30 +462,35 @@ class Loop:
         lost = self.lifecycle.recovering or ()
         dead = [d for d in dead if d[0] != "worker" or d[1] not in lost]
         if dead:
-            job, i, code = dead[0]
-            run_dir = self.runlog.run_dir
-            raise EngineError(f"task {job}:{i} died (exit code {code}); logs in {run_dir}/logs, "
-                              f"last checkpoint in {run_dir}/checkpoints") from cause
+            self._died(*dead[0], cause)
         return False
+
+    def _died(self, job: str, i: int, code: int, cause: BaseException | None = None):
+        run_dir = self.runlog.run_dir
+        raise EngineError(f"task {job}:{i} died (exit code {code}); logs in {run_dir}/logs, "
+                          f"last checkpoint in {run_dir}/checkpoints") from cause
 
     def recover_workers(self, policy: Policy, decided: recovery.WorkerRecovery) -> None:
         """Lost workers (``decided``): finish the live workers' steps, apply the round,
         checkpoint, and go on from it: new tasks for them, or without them where the job's
         elastic bounds allow (``scaling.after_loss``)."""
-        t0, s, lost_workers = time.time(), self.ledger, decided.workers
+        t0 = time.time()
         self.pilot.abandon()   # rounds the PS ran: what it applied is what was counted
-        for _, w, code in decided.dead:
-            logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
-                           w, code, s.clocks[w])
-            self.runlog.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
-                              pushes=s.pushes)
         # Not waiting for the live workers' running steps: ParameterServerStrategy holds every
         # closure while it waits for the lost worker to come back. What the PS has applied and
         # the engine counted is saved; steps still running anywhere are lost with the cluster.
-        lost = {w: s.granted[w] - s.clocks[w] for w in lost_workers}
+        lost = self._lost(decided.dead)
         in_flight = self.in_flight()
         self.finish(policy)  # what the round aggregated is applied, not lost
         path = self.checkpoint("worker_lost")
+        # A second look: workers lost while this loss was handled go with it (two node pods
+        # deleted at once, whose hooks went silent a second apart on a busy machine: the
+        # first look saw one, and the job went on at 3 workers of 4, the other never counted)
+        more = [d for d in self.lifecycle.current.cluster.dead_tasks() if d[0] == "worker" and d[1] not in lost]
+        if more and recovery.after_worker_loss(more, self.runlog.recoveries, self.lifecycle.max_recoveries) is None:
+            self._died(*more[0])   # (recovered as often as allowed already)
+        lost.update(self._lost(more))
+        lost_workers = sorted(lost)
         shrink = scaling.after_loss(scaling.phases_left(self.phases, self.phase), self.workers, list(lost_workers),
                                     self.elastic, self.lr_rule, self.lifecycle.setup.max_batch_size)
         shrunk = self.resize(shrink, path, t0) if shrink is not None else None   # go on without them
@@ -501,6 +506,19 @@ class Loop:
                 self.runlog.recovered(event)
         if shrunk is None and not self.draining:   # (a shrink started the policy)
             self.apply(policy.start(self.view()))
+
+    def _lost(self, dead) -> dict[int, int]:
+        """Say that the workers of ``dead`` (job, index, exit code) died and count their
+        closures' errors as expected; returns each one's steps granted and not counted."""
+        s = self.ledger
+        for _, w, code in dead:
+            logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
+                           w, code, s.clocks[w])
+            self.runlog.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
+                              pushes=s.pushes)
+            if self.lifecycle.recovering is not None:
+                self.lifecycle.recovering.add(w)
+        return {w: s.granted[w] - s.clocks[w] for _, w, _ in dead}
 
     def recover_ps(self, phase: Phase, wait_s: float = 0.0) -> bool:
         """Restart the cluster and restore if a PS died and a checkpoint exists
