@@ -396,7 +396,7 @@ HETEROGENEITY = "sudo python experiments/bench_heterogeneity.py"
 TABLES = {t.name: t for t in (
     heterogeneity_table("mlp", 4, 10.0, 0.4, f"{HETEROGENEITY} --scenario SCENARIO --seeds 0,1,2 --epochs 1.0"),
     heterogeneity_table("cnn", 4, 10.0, 0.4, f"{HETEROGENEITY} --model cnn --epochs 6 --scenario SCENARIO "
-                                             '--configs "fit 32/exec,BSP,ASP,LB-BSP,auto" --seeds 0,1 (cpu: 0,1,2)'),
+                                             '--configs "fit 32/exec,BSP,ASP,LB-BSP,auto" --seeds 0,1,2'),
     heterogeneity_table("mlp", 8, 10.0, 0.33, f"{HETEROGENEITY} --workers 8 --cpu 0.33 --epochs 1.5 "
                                               '--scenario SCENARIO --configs "fit 32/exec,BSP,ASP,LB-BSP,auto"'),
     Table("bench_control_path_final", ("bench_control_path_final.csv",),
