@@ -490,8 +490,9 @@ class Loop:
         if more and recovery.after_worker_loss(more, self.runlog.recoveries, self.lifecycle.max_recoveries) is None:
             self._died(*more[0])   # (recovered as often as allowed already)
         lost.update(self._lost(more))
+        self.lifecycle.recovering.update(lost)   # (their closures' errors and deaths are expected too)
         lost_workers = sorted(lost)
-        shrink = scaling.after_loss(scaling.phases_left(self.phases, self.phase), self.workers, list(lost_workers),
+        shrink = scaling.after_loss(scaling.phases_left(self.phases, self.phase), self.workers, lost_workers,
                                     self.elastic, self.lr_rule, self.lifecycle.setup.max_batch_size)
         shrunk = self.resize(shrink, path, t0) if shrink is not None else None   # go on without them
         if shrunk is None:
@@ -508,16 +509,14 @@ class Loop:
             self.apply(policy.start(self.view()))
 
     def _lost(self, dead) -> dict[int, int]:
-        """Say that the workers of ``dead`` (job, index, exit code) died and count their
-        closures' errors as expected; returns each one's steps granted and not counted."""
+        """Say that the workers of ``dead`` (job, index, exit code) died; returns each one's
+        steps granted and not counted."""
         s = self.ledger
         for _, w, code in dead:
             logger.warning("worker %d died (exit code %s) at step %d; restarting the cluster from its state now",
                            w, code, s.clocks[w])
             self.runlog.event("worker_lost", worker=w, exit_code=code, step=s.clocks[w], granted=s.granted[w],
                               pushes=s.pushes)
-            if self.lifecycle.recovering is not None:
-                self.lifecycle.recovering.add(w)
         return {w: s.granted[w] - s.clocks[w] for _, w, _ in dead}
 
     def recover_ps(self, phase: Phase, wait_s: float = 0.0) -> bool:
